@@ -1,0 +1,31 @@
+"""lightning-dos: Deep Optimizer States for PyTorch Lightning.
+
+``import lightning_dos`` checks the DeepSpeed and Lightning versions and registers the strategy name
+``"deep_optimizer_states"`` with Lightning (idempotently), plus the baselines ``"zero3_offload"`` and
+``"static_split_{0.25,0.5,0.75}"``, so ``Trainer(strategy="deep_optimizer_states")``
+works.
+"""
+
+from lightning_dos._versions import check_versions
+
+check_versions()
+
+from lightning.pytorch.strategies import StrategyRegistry  # noqa: E402
+
+from lightning_dos.baselines import ZeRO3OffloadStrategy  # noqa: E402
+from lightning_dos.strategy import STRATEGY_NAME, DeepOptimizerStatesStrategy  # noqa: E402
+
+__version__ = "0.1.0"
+
+
+def register() -> None:
+    """Register ``deep_optimizer_states`` with Lightning's strategy registry (safe to call repeatedly)."""
+    if STRATEGY_NAME not in StrategyRegistry:
+        DeepOptimizerStatesStrategy.register_strategies(StrategyRegistry)
+    if ZeRO3OffloadStrategy.strategy_name not in StrategyRegistry:
+        ZeRO3OffloadStrategy.register_strategies(StrategyRegistry)
+
+
+register()
+
+__all__ = ["DeepOptimizerStatesStrategy", "ZeRO3OffloadStrategy", "STRATEGY_NAME", "register", "__version__"]

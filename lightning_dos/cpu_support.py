@@ -1,0 +1,105 @@
+"""Owns running Lightning's ``DeepSpeedStrategy`` on a CPU-only machine.
+
+DeepSpeed itself runs on CPUs (its CPU accelerator, gloo); Lightning 2.6's strategy refuses them in three
+places: ``setup_environment`` (CUDA only), ``setup_distributed`` (device indices must be 0..n-1, a CPU's is
+None) and ``deepspeed.initialize(args.device_rank=root_device.index)`` (None crashes DeepSpeed). The mixin
+answers all three, and gives subclasses one hook around ``deepspeed.initialize``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from typing import Any, Optional
+
+import torch
+from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.accelerators import CPUAccelerator
+from lightning.pytorch.strategies import DeepSpeedStrategy
+from typing_extensions import override
+
+
+class CPUSupportMixin(DeepSpeedStrategy):
+    """Lets a ``DeepSpeedStrategy`` subclass run on CPUs; on GPUs it behaves exactly like its base."""
+
+    @override
+    def setup_environment(self) -> None:
+        if isinstance(self.accelerator, CPUAccelerator):
+            super(DeepSpeedStrategy, self).setup_environment()  # skip the CUDA-only check
+            return
+        super().setup_environment()
+
+    @override
+    def setup_distributed(self) -> None:
+        if isinstance(self.accelerator, CPUAccelerator):
+            reset_seed()
+            self.set_world_ranks()
+            self._init_deepspeed_distributed()
+            return
+        super().setup_distributed()
+
+    @property
+    def device_rank(self) -> int:
+        """What DeepSpeed calls the device rank: the device index, or the local rank on CPUs."""
+        index = self.root_device.index
+        return self.local_rank if index is None else index
+
+    def initialize_context(self) -> contextlib.AbstractContextManager:
+        """Context around ``deepspeed.initialize`` (subclasses swap the ZeRO optimizer in here)."""
+        return contextlib.nullcontext()
+
+    def after_initialize(self, engine: Any, optimizer: Any) -> None:
+        """Called once the engine exists."""
+
+    def prepare_config(self, model: torch.nn.Module) -> None:
+        """Last chance to complete the DeepSpeed config, with the (sharded) model built."""
+
+    @override
+    def _setup_model_and_optimizer(
+        self,
+        model: torch.nn.Module,
+        optimizer: Optional[torch.optim.Optimizer],
+        lr_scheduler: Any = None,
+    ) -> tuple[Any, Any]:
+        import deepspeed
+
+        self.prepare_config(model)
+        model_parameters = filter(lambda p: p.requires_grad, model.parameters())
+        with self.initialize_context():
+            engine, ds_optimizer, _, _ = deepspeed.initialize(
+                args=argparse.Namespace(device_rank=self.device_rank),
+                config=self.config,
+                model=model,
+                model_parameters=model_parameters,
+                optimizer=optimizer,
+                lr_scheduler=lr_scheduler,
+                dist_init_required=False,
+            )
+        self.after_initialize(engine, ds_optimizer)
+        return engine, ds_optimizer
+
+    @override
+    def _initialize_deepspeed_inference(self, model: torch.nn.Module) -> None:
+        # Lightning's own, with a device rank that exists on CPUs
+        import deepspeed
+        from lightning.pytorch.strategies.deepspeed import remove_module_hooks
+
+        assert isinstance(self.config, dict)
+        inference_config: dict[str, Any] = {"train_micro_batch_size_per_gpu": 1}
+        for key in ("fp16", "bf16"):
+            if key in self.config:
+                inference_config[key] = self.config[key]
+        if self.zero_stage_3:
+            inference_config["zero_allow_untested_optimizer"] = self.config["zero_allow_untested_optimizer"]
+            inference_config["zero_optimization"] = self.config["zero_optimization"]
+        remove_module_hooks(model)
+        engine, _, _, _ = deepspeed.initialize(
+            args=argparse.Namespace(device_rank=self.device_rank),
+            config=inference_config,
+            model=model,
+            optimizer=None,
+            lr_scheduler=None,
+            model_parameters=[],
+            dist_init_required=False,
+        )
+        self.model = engine

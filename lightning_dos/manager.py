@@ -1,0 +1,165 @@
+"""Owns the optimizer-state manager: which plan runs each step, and running it.
+
+The manager sits between the DeepSpeed seam and the executor. It resolves the user's ``plan`` against
+the real subgroup sizes (explicit plans) or asks the planner (``"auto"``), reads the device memory that
+is free when the update phase begins (``dispatch``, called from ``on_before_optimizer_step``) and demotes
+device-lane subgroups to the host if they would not fit, runs the executor, and keeps a record of every
+step (plan, timings, bytes) for telemetry. No DeepSpeed import: the optimizer is duck-typed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lightning_dos.executor import LaneTimings, UpdateExecutor
+from lightning_dos.planning.perf_model import CostParams, device_memory_bytes
+from lightning_dos.planning.plan import Plan, PlanSpec, resolve_plan
+from lightning_dos.planning.planner import best_plan, demote_to_fit
+
+log = logging.getLogger(__name__)
+
+GIB = 1024**3
+#: Device memory kept free for the allocator's fragmentation and the next forward's first kernels.
+SAFETY_MARGIN_BYTES = 1 * GIB
+DEFAULT_BUFFERS = 2
+
+
+@dataclass
+class StepRecord:
+    """What one update phase did: the plan that ran, demotions, timings and the free memory seen."""
+
+    step: int
+    plan: Plan
+    timings: LaneTimings
+    free_bytes: int | None
+    demoted: tuple[int, ...]
+    device_fraction: float
+
+
+class OptimizerStateManager:
+    """Runs DOS update phases for one rank's ZeRO-3 optimizer."""
+
+    def __init__(
+        self,
+        optimizer: Any,
+        plan: PlanSpec,
+        memory_budget_gib: float | None = None,
+        buffers: int | None = None,
+        device: torch.device | str = "cpu",
+        ranks_per_host: int = 1,
+        cost: CostParams | None = None,
+    ) -> None:
+        self.optimizer = optimizer
+        self.spec = plan
+        self.device = torch.device(device)
+        self.memory_budget_bytes = None if memory_budget_gib is None else int(memory_budget_gib * GIB)
+        self.buffers = buffers
+        self.cost = cost or CostParams(ranks_per_host=max(1, ranks_per_host))
+        self.sizes = list(optimizer.subgroup_sizes())
+        self.active = bool(optimizer._dos_supported())
+        self.base_plan = self._resolve(self.spec)
+        self.executor = UpdateExecutor(self.device)
+        self.records: list[StepRecord] = []
+        self._pending: tuple[Plan, int | None, tuple[int, ...]] | None = None
+        if self.active:
+            optimizer.update_phase = self._update_phase
+
+    # ------------------------------------------------------------------ planning
+    def _resolve(self, spec: PlanSpec) -> Plan:
+        if spec.kind == "auto":
+            return best_plan(self.sizes, self.cost, self.memory_budget_bytes, max_buffers=self.buffers or 4)
+        return resolve_plan(spec, self.sizes, buffers=self.buffers or DEFAULT_BUFFERS)
+
+    def set_plan(self, plan: Plan) -> None:
+        """Replace the plan used from the next step on (tests and sweeps change it every step)."""
+        if len(plan.lanes) != len(self.sizes):
+            raise ValueError(f"plan: has {len(plan.lanes)} lanes, this rank has {len(self.sizes)} subgroups")
+        self.base_plan = plan
+
+    def free_device_bytes(self) -> int | None:
+        """Device memory free for the device lane now (None: the host stands in, no limit)."""
+        if self.device.type != "cuda":
+            return None
+        free, _total = torch.cuda.mem_get_info(self.device)
+        # memory cached by the allocator but unused is free for us too
+        cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        return int(free + cached)
+
+    def dispatch(self) -> Plan:
+        """Finalise this step's plan: fit the device lane into the memory free now and within the budget."""
+        plan = self.base_plan
+        free = self.free_device_bytes()
+        limit = self.memory_budget_bytes
+        if free is not None:
+            usable = max(0, free - SAFETY_MARGIN_BYTES)
+            limit = usable if limit is None else min(limit, usable)
+        demoted: tuple[int, ...] = ()
+        if limit is not None and device_memory_bytes(plan, self.sizes, self.cost) > limit:
+            plan, demoted_ids = demote_to_fit(plan, self.sizes, limit, self.cost)
+            demoted = tuple(demoted_ids)
+            log.info("deep_optimizer_states: %d subgroups demoted to the host lane (limit %.2f GiB)",
+                     len(demoted), limit / GIB)
+        self._pending = (plan, free, demoted)
+        return plan
+
+    # ------------------------------------------------------------------ the update phase
+    def _update_phase(self, optimizer: Any, host_step: Any, inv_scale: torch.Tensor) -> None:
+        if self._pending is None:
+            self.dispatch()
+        assert self._pending is not None
+        plan, free, demoted = self._pending
+        self._pending = None
+        subgroups = optimizer.subgroups()
+        timings = self.executor.run(plan.lanes, plan.order, plan.buffers, subgroups, inv_scale, host_step)
+        self.records.append(
+            StepRecord(
+                step=len(self.records),
+                plan=plan,
+                timings=timings,
+                free_bytes=free,
+                demoted=demoted,
+                device_fraction=plan.device_fraction(self.sizes),
+            )
+        )
+
+    # ------------------------------------------------------------------ reporting
+    def describe(self) -> str:
+        sizes = self.sizes
+        total = sum(sizes)
+        if not self.active:
+            return (
+                f"deep_optimizer_states: {len(sizes)} subgroups ({total:,} params on this rank); this configuration "
+                "is not supported by the interleaved update, so DeepSpeed's own host-only update runs"
+            )
+        plan = self.base_plan
+        return (
+            f"deep_optimizer_states: {len(sizes)} subgroups ({total:,} params on this rank, "
+            f"largest {max(sizes):,}); {plan}; device lane runs on {self.device.type}"
+            + (" (the host stands in for the device)" if self.device.type != "cuda" else "")
+        )
+
+    def metrics(self) -> dict[str, float]:
+        """``dos/*`` values of the last update phase, for Lightning's loggers."""
+        if not self.records:
+            return {}
+        r = self.records[-1]
+        t = r.timings
+        out = {
+            "dos/device_fraction": r.device_fraction,
+            "dos/update_ms": t.total_s * 1e3,
+            "dos/host_busy_ms": t.host_busy_s * 1e3,
+            "dos/device_busy_ms": t.device_busy_s * 1e3,
+            "dos/h2d_gb": (t.h2d_bytes + t.upload_bytes) / 1e9,
+            "dos/d2h_gb": t.d2h_bytes / 1e9,
+            "dos/demoted_subgroups": float(len(r.demoted)),
+            "dos/device_buffer_gib": t.device_buffer_bytes / GIB,
+        }
+        if t.host_busy_s > 0:
+            out["dos/cpu_adam_gparam_s"] = t.host_params / t.host_busy_s / 1e9
+        if r.free_bytes is not None:
+            out["dos/free_device_gib"] = r.free_bytes / GIB
+        return out

@@ -1,0 +1,40 @@
+"""Owns the choice of AdamW implementation for a LightningModule's ``configure_optimizers``.
+
+Under a DeepSpeed strategy that offloads the optimizer, ZeRO needs DeepSpeed's ``DeepSpeedCPUAdam``
+(a plain torch optimizer is refused); everywhere else a torch AdamW is right. Models call
+:func:`adamw` and stay ignorant of how they are trained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+
+def offloads_optimizer(trainer: Any) -> bool:
+    """Whether ``trainer``'s strategy is DeepSpeed with the optimizer state offloaded to host memory."""
+    strategy = getattr(trainer, "strategy", None)
+    config = getattr(strategy, "config", None)
+    if not isinstance(config, dict):
+        return False
+    offload = (config.get("zero_optimization") or {}).get("offload_optimizer") or {}
+    return offload.get("device") in ("cpu", "nvme")
+
+
+def adamw(
+    trainer: Any,
+    param_groups: Iterable[dict[str, Any]] | Iterable[torch.nn.Parameter],
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.95),
+    eps: float = 1e-8,
+    weight_decay: float = 0.1,
+) -> torch.optim.Optimizer:
+    """AdamW with decoupled weight decay: ``DeepSpeedCPUAdam`` when the optimizer is offloaded, torch otherwise."""
+    if offloads_optimizer(trainer):
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(param_groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, adamw_mode=True)
+    fused = torch.cuda.is_available()
+    return torch.optim.AdamW(param_groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)

@@ -1,0 +1,245 @@
+"""Owns ``DeepOptimizerStatesStrategy``: DOS defaults for DeepSpeed ZeRO-3, validation, registration, hooks.
+
+The strategy is deliberately small. It resolves a DeepSpeed config with the optimizer state offloaded to
+pinned host memory and several subgroups, swaps the interleaved ZeRO-3 optimizer into the engine
+(``lightning_dos.zero``), and dispatches each update phase from ``on_before_optimizer_step``. It also
+lets the real strategy run on a CPU-only machine (DeepSpeed's CPU accelerator and gloo), so CI exercises
+the same code users run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.strategies import _StrategyRegistry
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import DeepSpeedStrategy
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from typing_extensions import override
+
+from lightning_dos.cpu_support import CPUSupportMixin
+from lightning_dos.planning.plan import parse_plan
+
+log = logging.getLogger(__name__)
+
+STRATEGY_NAME = "deep_optimizer_states"
+
+#: Largest subgroup chosen by ``sub_group_size="auto"``: 1e8 fp32 params = 1.2 GB of master/m/v per subgroup.
+AUTO_SUB_GROUP_MAX = 100_000_000
+#: ``sub_group_size="auto"`` aims for at least this many subgroups per rank, so the planner has choices.
+AUTO_SUB_GROUP_COUNT = 16
+
+
+class DeepOptimizerStatesStrategy(CPUSupportMixin):
+    """DeepSpeed ZeRO-3 with the optimizer state in pinned host memory, updated in two interleaved lanes.
+
+    Every update phase, each subgroup of this rank's optimizer state is updated either on the host
+    (DeepSpeed's CPU Adam) or streamed through the accelerator (prefetch, fused Adam, flush), as the
+    ``plan`` says. Everything else (ZeRO-3 partitioning, loss scaling, clipping, checkpoints) is DeepSpeed's.
+
+    Args:
+        plan: which lane updates each subgroup. ``"auto"`` lets the performance model choose every step;
+            ``"host"`` updates every subgroup on the CPU (vanilla ZeRO-3 offload, with pinned state);
+            ``"device"`` streams every subgroup through the accelerator; a float in [0, 1] puts that
+            fraction of the parameters (by size) on the device lane; ``"stride:K"`` puts every K-th
+            subgroup there (the reference implementation's rule); a list of ``"host"``/``"device"``
+            gives one lane per subgroup.
+        sub_group_size: parameters per subgroup (ZeRO-3 never splits a tensor, so subgroups are about this
+            size). ``"auto"`` picks ``min(1e8, partition / 16)`` from the model once it is built.
+        memory_budget_gib: most accelerator memory the device lane may use during the update phase
+            (``None``: whatever is free, minus a safety margin).
+        buffers: device-lane buffer slots (prefetch depth); ``None`` lets the planner choose.
+        pin_memory: keep offloaded optimizer state in page-locked memory (2-3x faster transfers).
+        stage, offload_optimizer: must stay 3 and True; they exist so a mistaken override is reported
+            clearly instead of silently ignored.
+        config: a DeepSpeed config dict or JSON path; it must keep ZeRO stage 3 and ``offload_optimizer``
+            on the CPU. ``sub_group_size`` and ``pin_memory`` from this strategy fill keys it leaves out.
+        **kwargs: any other argument of Lightning's ``DeepSpeedStrategy``.
+    """
+
+    strategy_name = STRATEGY_NAME
+
+    def __init__(
+        self,
+        accelerator: Optional[pl.accelerators.Accelerator] = None,
+        plan: Union[str, float, Sequence[str]] = "auto",
+        sub_group_size: Union[int, str] = "auto",
+        memory_budget_gib: Optional[float] = None,
+        buffers: Optional[int] = None,
+        pin_memory: bool = True,
+        stage: int = 3,
+        offload_optimizer: bool = True,
+        offload_parameters: bool = False,
+        config: Optional[Union[str, Path, dict[str, Any]]] = None,
+        **kwargs: Any,
+    ) -> None:
+        self.plan_spec = parse_plan(plan)
+        self._auto_sub_group_size = _validate_sub_group_size(sub_group_size)
+        if memory_budget_gib is not None and memory_budget_gib < 0:
+            raise ValueError(f"memory_budget_gib: {memory_budget_gib} is negative; set a size in GiB >= 0 or null")
+        if buffers is not None and buffers < 1:
+            raise ValueError(f"buffers: {buffers} must be >= 1 (device-lane buffer slots), or null to let the planner choose")
+        if stage != 3:
+            raise MisconfigurationException(
+                f"stage: deep_optimizer_states needs ZeRO stage 3, got {stage}; set stage: 3 "
+                "(or use strategy: deepspeed_stage_{stage} for plain DeepSpeed)"
+            )
+        if not offload_optimizer:
+            raise MisconfigurationException(
+                "offload_optimizer: deep_optimizer_states keeps the optimizer state in host memory; set "
+                "offload_optimizer: true (or use strategy: deepspeed_stage_3 for a GPU-resident optimizer)"
+            )
+        self.memory_budget_gib = memory_budget_gib
+        self.buffers = buffers
+        super().__init__(
+            accelerator=accelerator,
+            stage=3,
+            offload_optimizer=True,
+            offload_parameters=offload_parameters,
+            pin_memory=pin_memory,
+            sub_group_size=AUTO_SUB_GROUP_MAX if self._auto_sub_group_size else int(sub_group_size),
+            config=config,
+            **kwargs,
+        )
+        if config is not None:
+            _complete_user_config(self.config, pin_memory=pin_memory, sub_group_size=sub_group_size)
+        validate_dos_config(self.config)
+        self.manager: Any = None
+
+    # ------------------------------------------------------------------ registration
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+        strategy_registry.register(
+            STRATEGY_NAME,
+            cls,
+            description="DeepSpeed ZeRO-3 with interleaved CPU/GPU optimizer-state updates (Deep Optimizer States)",
+        )
+
+    @override
+    def setup(self, trainer: pl.Trainer) -> None:
+        if not any(isinstance(cb, _DispatchCallback) for cb in trainer.callbacks):
+            trainer.callbacks.append(_DispatchCallback())
+        super().setup(trainer)
+
+    # ------------------------------------------------------------------ engine construction
+    @override
+    def prepare_config(self, model: torch.nn.Module) -> None:
+        if self._auto_sub_group_size:
+            sub = auto_sub_group_size(_partition_numel(model, self.world_size))
+            self.config["zero_optimization"]["sub_group_size"] = sub
+
+    @override
+    def initialize_context(self) -> contextlib.AbstractContextManager:
+        from lightning_dos.zero import interleaved_zero3_optimizer
+
+        return interleaved_zero3_optimizer()
+
+    @override
+    def after_initialize(self, engine: Any, optimizer: Any) -> None:
+        self.manager = self._build_manager(optimizer)
+
+    def _build_manager(self, ds_optimizer: Any) -> Any:
+        from lightning_dos.manager import OptimizerStateManager
+
+        manager = OptimizerStateManager(
+            ds_optimizer,
+            plan=self.plan_spec,
+            memory_budget_gib=self.memory_budget_gib,
+            buffers=self.buffers,
+            device=self.root_device,
+            ranks_per_host=self.num_processes,
+        )
+        rank_zero_info(manager.describe())
+        return manager
+
+    # ------------------------------------------------------------------ hooks
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Finalise this step's plan (free memory is known now: activations are gone) at the update boundary."""
+        if self.manager is None:
+            return
+        engine = self.model
+        if hasattr(engine, "is_gradient_accumulation_boundary") and not engine.is_gradient_accumulation_boundary():
+            return
+        self.manager.dispatch()
+
+
+class _DispatchCallback(Callback):
+    """Forwards ``on_before_optimizer_step`` to the strategy (Lightning gives strategies no such hook)."""
+
+    @override
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        if isinstance(trainer.strategy, DeepOptimizerStatesStrategy):
+            trainer.strategy.on_before_optimizer_step(optimizer)
+
+
+# ---------------------------------------------------------------------- config helpers
+def _validate_sub_group_size(value: Union[int, str]) -> bool:
+    """Return whether the size is ``"auto"``; raise for anything that is not a positive integer."""
+    if value == "auto":
+        return True
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or int(value) != value:
+        raise ValueError(
+            f"sub_group_size: {value!r} is not a positive whole number of parameters; set e.g. 50000000 "
+            "(a few 1e7 to 1e8 per subgroup) or 'auto'"
+        )
+    return False
+
+
+def auto_sub_group_size(partition_numel: int) -> int:
+    """Subgroup size for ``"auto"``: about ``AUTO_SUB_GROUP_COUNT`` subgroups, never above ``AUTO_SUB_GROUP_MAX``."""
+    return int(max(1, min(AUTO_SUB_GROUP_MAX, math.ceil(partition_numel / AUTO_SUB_GROUP_COUNT))))
+
+
+def _partition_numel(model: torch.nn.Module, world_size: int) -> int:
+    total = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+    return math.ceil(total / max(1, world_size))
+
+
+def _complete_user_config(config: dict[str, Any], pin_memory: bool, sub_group_size: Union[int, str]) -> None:
+    """Fill the DOS keys a user-supplied DeepSpeed config leaves out (never overriding what it sets)."""
+    zero = config.get("zero_optimization")
+    if not isinstance(zero, dict):
+        return
+    offload = zero.get("offload_optimizer")
+    if isinstance(offload, dict):
+        offload.setdefault("pin_memory", pin_memory)
+    if sub_group_size != "auto":
+        zero.setdefault("sub_group_size", int(sub_group_size))
+    else:
+        zero.setdefault("sub_group_size", AUTO_SUB_GROUP_MAX)
+
+
+def validate_dos_config(config: Optional[dict[str, Any]]) -> None:
+    """Raise one ``MisconfigurationException`` listing every way ``config`` cannot run DOS."""
+    problems = []
+    zero = (config or {}).get("zero_optimization")
+    if not isinstance(zero, dict):
+        problems.append("zero_optimization: missing; set zero_optimization.stage: 3 with offload_optimizer.device: cpu")
+    else:
+        if zero.get("stage") != 3:
+            problems.append(f"zero_optimization.stage: is {zero.get('stage')!r}; set it to 3")
+        offload = zero.get("offload_optimizer")
+        if not isinstance(offload, dict) or offload.get("device") != "cpu":
+            got = offload.get("device") if isinstance(offload, dict) else offload
+            problems.append(f"zero_optimization.offload_optimizer.device: is {got!r}; set it to 'cpu'")
+        elif offload.get("ratio", 1.0) != 1.0:
+            problems.append(
+                "zero_optimization.offload_optimizer.ratio: DeepSpeed's static split conflicts with the plan; "
+                "remove ratio and set the strategy's plan instead"
+            )
+        sub = zero.get("sub_group_size")
+        if sub is not None and (not isinstance(sub, (int, float)) or sub <= 0):
+            problems.append(f"zero_optimization.sub_group_size: is {sub!r}; set a positive number such as 5e7")
+    if problems:
+        raise MisconfigurationException("deep_optimizer_states: " + "; ".join(problems))

@@ -1,0 +1,185 @@
+"""Owns every touch of DeepSpeed ZeRO-3 private internals (written against deepspeed 0.19.x).
+
+``InterleavedZeroOptimizer`` is a thin subclass of ``DeepSpeedZeroOptimizer_Stage3``:
+
+- it keeps the fp32 master partitions and both Adam moments in pinned host memory, created up front
+  *in DeepSpeed's own optimizer state dict*, so both lanes read and write one copy and DeepSpeed's
+  checkpoint code saves all of it (vanilla creates the moments lazily, pageable);
+- its ``step`` is vanilla's preamble (overflow check, global grad norm, loss scale) followed by one call
+  to the attached update phase instead of the sequential per-subgroup loop;
+- ``subgroups()`` exposes each subgroup as a plain :class:`~lightning_dos.subgroup.Subgroup`.
+
+Everything below this module (executor, manager, planner) sees only plain objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from deepspeed.accelerator import get_accelerator
+from deepspeed.runtime.zero import stage3 as _stage3
+
+from lightning_dos.subgroup import AdamHyper, Subgroup
+
+_VanillaStage3 = _stage3.DeepSpeedZeroOptimizer_Stage3
+
+#: Called with (optimizer, host_step, inv_scale) to run one update phase of every subgroup.
+UpdatePhase = Callable[["InterleavedZeroOptimizer", Callable[[int], None], torch.Tensor], None]
+
+
+class InterleavedZeroOptimizer(_VanillaStage3):
+    """ZeRO-3 optimizer whose update phase is delegated to an attached runner (see module docstring)."""
+
+    update_phase: UpdatePhase | None = None
+
+    # ------------------------------------------------------------------ pinned, single-home state
+    def _create_fp32_partitions(self) -> None:
+        super()._create_fp32_partitions()
+        if not self._dos_supported():
+            return
+        pin = self.offload_optimizer_pin_memory
+        for i, fp32 in enumerate(self.fp32_partitioned_groups_flat):
+            master = _host_tensor(fp32, pin)
+            master.ds_id = fp32.ds_id
+            master.requires_grad = True  # vanilla keeps it, in case the inner optimizer checks
+            self.fp32_partitioned_groups_flat[i] = master
+            zeros = torch.zeros_like(master, dtype=torch.float32).detach()
+            self.optimizer.state[master] = {
+                "step": 0,
+                "exp_avg": _host_tensor(zeros, pin),
+                "exp_avg_sq": _host_tensor(zeros, pin),
+            }
+
+    def _dos_supported(self) -> bool:
+        """Whether this configuration is one the interleaved update handles (else vanilla runs)."""
+        return (
+            self.offload_optimizer
+            and not self.swap_optimizer
+            and not getattr(self, "use_muon", False)
+            and not getattr(self, "zenflow", False)
+            and getattr(self, "torch_autocast_gradscaler", None) is None
+            and self.partial_offload == 1.0
+            and type(self.optimizer).__name__ == "DeepSpeedCPUAdam"
+        )
+
+    # ------------------------------------------------------------------ plain view for the layers below
+    def subgroups(self) -> list[Subgroup]:
+        """Every subgroup of this rank's partition, with the current hyperparameters of its param group."""
+        adamw = bool(getattr(self.optimizer, "adam_w_mode", True))
+        out = []
+        for i, master in enumerate(self.fp32_partitioned_groups_flat):
+            group = self.optimizer.param_groups[self.sub_group_to_group_id[i]]
+            if not group.get("bias_correction", True):
+                raise ValueError(
+                    "bias_correction: the device lane implements Adam with bias correction only; "
+                    "set bias_correction=True or plan='host'"
+                )
+            state = self.optimizer.state[master]
+            beta1, beta2 = group["betas"]
+            out.append(
+                Subgroup(
+                    index=i,
+                    numel=master.numel(),
+                    master=master,
+                    exp_avg=state["exp_avg"],
+                    exp_avg_sq=state["exp_avg_sq"],
+                    state=state,
+                    grad=master.grad,
+                    param16=self.fp16_partitioned_groups_flat[i],
+                    hyper=AdamHyper(
+                        lr=float(group["lr"]),
+                        beta1=float(beta1),
+                        beta2=float(beta2),
+                        eps=float(group["eps"]),
+                        weight_decay=float(group["weight_decay"]),
+                        adamw=adamw,
+                    ),
+                )
+            )
+        return out
+
+    def subgroup_sizes(self) -> list[int]:
+        return [int(n) for n in self.fp16_partitioned_groups_flat_numel]
+
+    # ------------------------------------------------------------------ the step
+    def step(self, closure: Any = None) -> None:
+        if self.update_phase is None or not self._dos_supported():
+            return super().step(closure)
+        # --- vanilla's preamble (deepspeed 0.19.8 stage3.step), unchanged
+        self._pre_step()
+        self._partition_all_parameters()
+        self._overflow_check_and_loss_scale_update(update_scale=False)
+        scaled_global_grad_norm = None
+        if not self.overflow:
+            norm_groups = self._get_norm_groups()
+            scaled_global_grad_norm = _stage3.combine_grad_norm_groups(norm_groups)
+            if _stage3.is_invalid_grad_norm(scaled_global_grad_norm):
+                self.overflow = True
+        if self._loss_scale_update_and_overflow_cleanup():
+            return
+        self._global_grad_norm = scaled_global_grad_norm / self.loss_scale
+
+        timer_names = {_stage3.OPTIMIZER_STEP_TIMER}
+        self.timers(_stage3.OPTIMIZER_STEP_TIMER).start()
+
+        def host_step(sub_group_id: int) -> None:
+            # vanilla's own per-subgroup code: unscale/clip, then DeepSpeedCPUAdam on the host
+            self.unscale_and_clip_grads(sub_group_id, scaled_global_grad_norm)
+            self._optimizer_step(sub_group_id)
+
+        self.update_phase(self, host_step, self._inverse_combined_scale(scaled_global_grad_norm))
+        for sub_group_id in range(len(self.fp16_groups)):
+            self._unflatten_partitioned_parameters(sub_group_id)
+
+        self.timers(_stage3.OPTIMIZER_STEP_TIMER).stop()
+        self._post_step(timer_names)
+
+    def _inverse_combined_scale(self, total_norm: Any) -> torch.Tensor:
+        """The factor ``unscale_and_clip_grads`` multiplies every gradient by (same arithmetic, one place)."""
+        combined_scale = self.loss_scale
+        if self.clip_grad > 0.0:
+            clip = ((total_norm / self.loss_scale) + 1e-6) / self.clip_grad
+            clip = torch.clamp(clip, min=1.0)
+            combined_scale = clip * self.loss_scale
+        inv = 1.0 / combined_scale
+        return inv if torch.is_tensor(inv) else torch.tensor(inv, dtype=torch.float32)
+
+    # ------------------------------------------------------------------ checkpoints
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().load_state_dict(*args, **kwargs)
+        self._check_single_home()
+        return out
+
+    def _check_single_home(self) -> None:
+        """After a load, every subgroup must still have exactly one host copy of master/m/v, pinned if asked."""
+        if not self._dos_supported():
+            return
+        for master in self.fp32_partitioned_groups_flat:
+            state = self.optimizer.state.get(master)
+            if state is None or "exp_avg" not in state:
+                raise RuntimeError("optimizer state lost its exp_avg/exp_avg_sq after loading a checkpoint")
+            if self.offload_optimizer_pin_memory and torch.cuda.is_available():
+                for key in ("exp_avg", "exp_avg_sq"):
+                    if not state[key].is_pinned():
+                        state[key] = _host_tensor(state[key], True)
+
+
+def _host_tensor(tensor: torch.Tensor, pin: bool) -> torch.Tensor:
+    """A host copy of ``tensor``, page-locked when asked and an accelerator exists to lock it for."""
+    host = tensor.detach().to("cpu", copy=True)
+    if pin and torch.cuda.is_available():
+        return get_accelerator().pin_memory(host)
+    return host
+
+
+@contextlib.contextmanager
+def interleaved_zero3_optimizer() -> Iterator[None]:
+    """Within this context, ``deepspeed.initialize`` builds :class:`InterleavedZeroOptimizer` for ZeRO-3."""
+    _stage3.DeepSpeedZeroOptimizer_Stage3 = InterleavedZeroOptimizer
+    try:
+        yield
+    finally:
+        _stage3.DeepSpeedZeroOptimizer_Stage3 = _VanillaStage3

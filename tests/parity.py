@@ -1,0 +1,135 @@
+"""Shared harness for parity tests: train one tiny LM under a strategy and return losses and fp32 masters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import lightning_dos  # noqa: F401  (registers the strategy)
+from lightning_dos import DeepOptimizerStatesStrategy, ZeRO3OffloadStrategy
+from lightning_dos.optim import adamw
+
+VOCAB = 97
+SEQ = 16
+
+
+class TinyLM(pl.LightningModule):
+    """Embedding -> 3 linear layers -> head: several params of different sizes, so several subgroups."""
+
+    def __init__(self, hidden: int = 48, lr: float = 1e-2, schedule: bool = True) -> None:
+        super().__init__()
+        self.hidden, self.lr, self.schedule = hidden, lr, schedule
+        self.net: torch.nn.Module | None = None
+
+    def configure_model(self) -> None:
+        if self.net is not None:
+            return
+        torch.manual_seed(0)
+        h = self.hidden
+        self.net = torch.nn.Sequential(
+            torch.nn.Embedding(VOCAB, h),
+            torch.nn.Linear(h, 2 * h),
+            torch.nn.GELU(),
+            torch.nn.Linear(2 * h, h),
+            torch.nn.LayerNorm(h),
+            torch.nn.Linear(h, VOCAB),
+        )
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        logits = self.net(x)
+        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, VOCAB), y.view(-1))
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        # under ZeRO-3 parameters are partitioned (1-D) here: their real shape is ds_shape
+        dims = [(p, len(getattr(p, "ds_shape", p.shape))) for p in self.net.parameters()]
+        decay = [p for p, d in dims if d >= 2]
+        no_decay = [p for p, d in dims if d < 2]
+        groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+        opt = adamw(self.trainer, groups, lr=self.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+        if not self.schedule:
+            return opt
+        # the lr changes at every step: GPU-lane subgroups must follow it
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1.0 + 0.3 * step))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def token_loader(n_batches: int, batch_size: int = 4, seed: int = 1234) -> DataLoader:
+    g = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, VOCAB, (n_batches * batch_size, SEQ + 1), generator=g)
+    return DataLoader(TensorDataset(data[:, :-1], data[:, 1:]), batch_size=batch_size, shuffle=False)
+
+
+class LossRecorder(pl.Callback):
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+        self.lrs: list[float] = []
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, idx: int) -> None:
+        self.losses.append(float(outputs["loss"]))
+        self.lrs.append(float(trainer.optimizers[0].param_groups[0]["lr"]))
+
+
+@dataclass
+class RunResult:
+    losses: list[float]
+    masters: torch.Tensor
+    lrs: list[float]
+    strategy: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def masters_of(strategy: Any) -> torch.Tensor:
+    opt = strategy.model.optimizer
+    return torch.cat([t.detach().float().cpu().clone() for t in opt.fp32_partitioned_groups_flat])
+
+
+def make_strategy(plan: Any | None, sub_group_size: int = 2000, **kwargs: Any) -> Any:
+    if plan is None:  # vanilla ZeRO-3 optimizer offload, the control run
+        return ZeRO3OffloadStrategy(sub_group_size=sub_group_size, **kwargs)
+    return DeepOptimizerStatesStrategy(plan=plan, sub_group_size=sub_group_size, **kwargs)
+
+
+def train(
+    plan: Any | None,
+    steps: int = 6,
+    precision: str = "32-true",
+    accumulate: int = 1,
+    clip: float | None = 1.0,
+    root: str | None = None,
+    ckpt_path: str | None = None,
+    model: TinyLM | None = None,
+    strategy: Any = None,
+    every_step: Any = None,
+) -> RunResult:
+    rec = LossRecorder()
+    callbacks: list[pl.Callback] = [rec]
+    if every_step is not None:
+        callbacks.append(every_step)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=strategy or make_strategy(plan),
+        precision=precision,
+        max_steps=steps,
+        accumulate_grad_batches=accumulate,
+        gradient_clip_val=clip,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+        callbacks=callbacks,
+    )
+    module = model or TinyLM()
+    trainer.fit(module, train_dataloaders=token_loader(steps * accumulate), ckpt_path=ckpt_path)
+    return RunResult(rec.losses, masters_of(trainer.strategy), rec.lrs, trainer.strategy, {"trainer": trainer})
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
