@@ -20,7 +20,6 @@ import lightning.pytorch as pl
 import torch
 from lightning.fabric.strategies import _StrategyRegistry
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.strategies import DeepSpeedStrategy
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
@@ -86,7 +85,9 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         if memory_budget_gib is not None and memory_budget_gib < 0:
             raise ValueError(f"memory_budget_gib: {memory_budget_gib} is negative; set a size in GiB >= 0 or null")
         if buffers is not None and buffers < 1:
-            raise ValueError(f"buffers: {buffers} must be >= 1 (device-lane buffer slots), or null to let the planner choose")
+            raise ValueError(
+                f"buffers: {buffers} must be >= 1 (device-lane buffer slots), or null to let the planner choose"
+            )
         if stage != 3:
             raise MisconfigurationException(
                 f"stage: deep_optimizer_states needs ZeRO stage 3, got {stage}; set stage: 3 "

@@ -1,0 +1,225 @@
+"""Owns decoder-only pretraining of a :class:`~lightning_dos.models.gpt.GPT` as a LightningModule.
+
+Next-token cross-entropy, AdamW with warm-up + cosine learning rate, and throughput logging (tokens/s,
+TFLOP/s, MFU). The network is built in ``configure_model`` so that a sharding strategy (DeepSpeed ZeRO-3)
+can construct it already partitioned; the optimizer comes from :func:`lightning_dos.optim.adamw`, which
+picks DeepSpeed's CPU Adam when the strategy offloads optimizer state.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from lightning.fabric.utilities.throughput import get_available_flops
+from lightning.pytorch.utilities import rank_zero_warn
+from torchmetrics import MeanMetric
+
+from lightning_dos.models.gpt import GPT, GPTConfig, flops_per_token
+from lightning_dos.optim import adamw
+
+__all__ = ["GPTModule", "lr_factor"]
+
+
+def lr_factor(step: int, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:
+    """Multiplier of the peak learning rate at optimizer step ``step``.
+
+    Linear warm-up from 0 at step 0 to 1 at ``warmup_steps``, then cosine decay to ``min_lr_ratio``
+    at ``max_steps``, held there afterwards.
+    """
+    if step < warmup_steps:
+        return step / warmup_steps
+    if step >= max_steps:
+        return min_lr_ratio
+    progress = (step - warmup_steps) / (max_steps - warmup_steps)
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _compute_dtype(precision: str) -> torch.dtype:
+    """The matmul dtype behind a Lightning precision string such as ``"bf16-mixed"``."""
+    if "bf16" in precision:
+        return torch.bfloat16
+    if precision.startswith("16"):
+        return torch.float16
+    if precision.startswith("64"):
+        return torch.float64
+    return torch.float32
+
+
+def _ndim(param: torch.Tensor) -> int:
+    # ZeRO-3 replaces a partitioned parameter's data by an empty 1-D tensor and keeps the real shape in ds_shape
+    return len(getattr(param, "ds_shape", param.shape))
+
+
+class GPTModule(pl.LightningModule):
+    """Pretrains a GPT on batches ``(x, y)`` of token ids ``[B, T]``, where ``y`` is ``x`` shifted by one.
+
+    Args:
+        name: Model preset (``"debug"``, ``"gpt-10m"``, ``"gpt-1b"``, ``"gpt-2.7b"``, ``"gpt-4b"``); the model
+            arguments below override its fields when not None.
+        vocab_size: Number of token ids; must cover the tokenizer's vocabulary.
+        block_size: Maximum sequence length.
+        n_layer: Number of transformer blocks.
+        n_head: Number of query heads.
+        n_kv_head: Number of key/value heads (grouped-query attention).
+        n_embd: Hidden size.
+        intermediate_size: MLP hidden size.
+        style: ``"llama"`` or ``"gpt2"``.
+        activation_checkpointing: Recompute block activations in the backward pass to save memory.
+        learning_rate: Peak learning rate, reached at the end of warm-up.
+        min_lr_ratio: Final learning rate as a fraction of ``learning_rate``.
+        warmup_steps: Optimizer steps of linear warm-up from 0.
+        max_steps: Optimizer step at which the cosine decay ends; None uses ``trainer.estimated_stepping_batches``.
+        weight_decay: Decoupled weight decay for matrices and embeddings; norms and biases get none.
+        betas: AdamW moment coefficients.
+        eps: AdamW denominator epsilon.
+        peak_flops: Peak FLOP/s of one device, for model FLOPs utilisation (MFU); None looks it up from the
+            device and precision, and MFU is not logged when it is unknown.
+    """
+
+    def __init__(
+        self,
+        name: str = "gpt-10m",
+        vocab_size: int | None = None,
+        block_size: int | None = None,
+        n_layer: int | None = None,
+        n_head: int | None = None,
+        n_kv_head: int | None = None,
+        n_embd: int | None = None,
+        intermediate_size: int | None = None,
+        style: str | None = None,
+        activation_checkpointing: bool = False,
+        learning_rate: float = 3e-4,
+        min_lr_ratio: float = 0.1,
+        warmup_steps: int = 100,
+        max_steps: int | None = None,
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        peak_flops: float | None = None,
+    ) -> None:
+        super().__init__()
+        if not learning_rate > 0:
+            raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        if not 0.0 <= min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
+        if max_steps is not None and max_steps <= 0:
+            raise ValueError(f"max_steps must be > 0 or None, got {max_steps}")
+        self.save_hyperparameters()
+        overrides = dict(
+            vocab_size=vocab_size,
+            block_size=block_size,
+            n_layer=n_layer,
+            n_head=n_head,
+            n_kv_head=n_kv_head,
+            n_embd=n_embd,
+            intermediate_size=intermediate_size,
+            style=style,
+        )
+        self.config = GPTConfig.from_name(
+            name,
+            activation_checkpointing=activation_checkpointing,
+            **{key: value for key, value in overrides.items() if value is not None},
+        )
+        self.model: GPT | None = None
+        self.val_loss = MeanMetric()
+        self._last_step_time: float | None = None
+        self._peak_flops: float | None = peak_flops
+
+    def configure_model(self) -> None:
+        # called inside the strategy's sharded-construction context, and possibly more than once
+        if self.model is None:
+            self.model = GPT(self.config)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.model(idx)
+
+    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        logits = self(x)
+        # cross-entropy over a large vocabulary is not accurate enough in bf16
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+        self._log_throughput(batch[0])
+        return loss
+
+    def _log_throughput(self, x: torch.Tensor) -> None:
+        now = time.perf_counter()
+        last, self._last_step_time = self._last_step_time, now
+        if last is None:
+            return
+        batch_size, seq_len = x.shape
+        tokens_per_s = batch_size * seq_len * self.trainer.world_size / (now - last)
+        flops_per_s = tokens_per_s * flops_per_token(self.config, seq_len)
+        self.log("train/tokens_per_s", tokens_per_s)
+        self.log("train/tflops_per_s", flops_per_s / 1e12)
+        if self._peak_flops:
+            self.log("train/mfu", flops_per_s / (self._peak_flops * self.trainer.world_size))
+
+    def on_fit_start(self) -> None:
+        if self._peak_flops is None:
+            self._peak_flops = get_available_flops(self.device, _compute_dtype(str(self.trainer.precision)))
+
+    def on_train_epoch_start(self) -> None:
+        # the gap since the last step (validation, epoch turnover) is not training time
+        self._last_step_time = None
+
+    def on_validation_start(self) -> None:
+        self._last_step_time = None
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self.val_loss.update(self._loss(batch), weight=batch[1].numel())
+
+    def on_validation_epoch_end(self) -> None:
+        loss = self.val_loss.compute()
+        self.val_loss.reset()
+        # the metric has already reduced across ranks; sync_dist only keeps Lightning from warning
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+        self.log("val/ppl", torch.exp(loss), sync_dist=True)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        if self.model is None:
+            raise RuntimeError("configure_model() must run before configure_optimizers()")
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if _ndim(p) >= 2], "weight_decay": self.hparams.weight_decay},
+            {"params": [p for p in params if _ndim(p) < 2], "weight_decay": 0.0},
+        ]
+        optimizer = adamw(
+            self.trainer,
+            [group for group in groups if group["params"]],
+            lr=self.hparams.learning_rate,
+            betas=tuple(self.hparams.betas),
+            eps=self.hparams.eps,
+            weight_decay=self.hparams.weight_decay,
+        )
+        max_steps = self.hparams.max_steps
+        if max_steps is None:
+            estimated = self.trainer.estimated_stepping_batches
+            if not math.isfinite(estimated):
+                raise ValueError("cannot infer the cosine horizon from an unbounded trainer; set max_steps")
+            max_steps = int(estimated)
+        if self.hparams.warmup_steps >= max_steps:
+            rank_zero_warn(
+                f"warmup_steps ({self.hparams.warmup_steps}) >= max_steps ({max_steps}): "
+                "the learning rate never reaches its peak"
+            )
+        schedule = functools.partial(
+            lr_factor,
+            warmup_steps=self.hparams.warmup_steps,
+            max_steps=max_steps,
+            min_lr_ratio=self.hparams.min_lr_ratio,
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,120 @@
+"""Owns the choice of plan: the ``auto`` search over the performance model, and demotion to fit GPU memory.
+
+:func:`best_plan` tries every number of device subgroups k = 0..n (spread evenly by size, see
+:func:`~.plan.even_device_lanes`) with every buffering depth 1..max_buffers, drops those that do not fit the
+memory budget, and keeps the smallest predicted makespan. :func:`demote_to_fit` shrinks an existing plan
+when the GPU turns out to have less free memory than planned for.
+
+Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from .perf_model import CostParams, Prediction, _check_grads, _timeline, device_memory_bytes, predict
+from .plan import Lane, Plan, _check_buffers, _check_length, _check_sizes, even_device_lanes
+
+TIE_TOLERANCE = 1e-9
+"""Makespans within this relative distance count as a tie (float noise must not buy a bigger plan)."""
+
+
+def candidate_plans(sizes: Sequence[int], max_buffers: int = 4) -> Iterator[Plan]:
+    """Every plan the ``auto`` search considers: k = 0..n device subgroups spread by size, buffers 1..max_buffers.
+
+    The all-host plan (k = 0) is yielded once, with 1 buffer, since its buffering depth does not matter.
+    """
+    sizes = _check_sizes(sizes)
+    max_buffers = _check_buffers(max_buffers)
+    yield Plan(lanes=tuple(Lane.HOST for _ in sizes), buffers=1, source="auto")
+    for count in range(1, len(sizes) + 1):
+        lanes = even_device_lanes(sizes, count)
+        for buffers in range(1, max_buffers + 1):
+            yield Plan(lanes=lanes, buffers=buffers, source="auto")
+
+
+def _check_budget(memory_budget_bytes: float | None) -> None:
+    if memory_budget_bytes is not None and not memory_budget_bytes >= 0:
+        raise ValueError(
+            f"memory_budget_gib: {memory_budget_bytes / 2**30:g} GiB is not a budget; set memory_budget_gib to a "
+            "number of GiB >= 0, or leave it unset for no limit"
+        )
+
+
+def _ranked(
+    sizes: Sequence[int],
+    params: CostParams,
+    memory_budget_bytes: float | None,
+    max_buffers: int,
+    grads_on_device: frozenset[int],
+) -> list[Plan]:
+    _check_budget(memory_budget_bytes)
+    sizes = _check_sizes(sizes)
+    grads_on_device = _check_grads(grads_on_device, len(sizes))
+    scored: list[tuple[Plan, float]] = []
+    for plan in candidate_plans(sizes, max_buffers):
+        if memory_budget_bytes is not None:
+            if device_memory_bytes(plan, sizes, params, grads_on_device) > memory_budget_bytes:
+                continue
+        scored.append((plan, _timeline(plan, sizes, params, grads_on_device).makespan_s()))
+    cutoff = min(makespan for _, makespan in scored) * (1 + TIE_TOLERANCE)  # the all-host plan always fits
+
+    def key(item: tuple[Plan, float]) -> tuple[bool, float, int, int]:
+        plan, makespan = item
+        tied = makespan <= cutoff
+        # tied plans compare only by size, the others by makespan first
+        return (not tied, 0.0 if tied else makespan, len(plan.order), plan.buffers)
+
+    return [plan for plan, _ in sorted(scored, key=key)]
+
+
+def rank_plans(
+    sizes: Sequence[int],
+    params: CostParams,
+    memory_budget_bytes: float | None,
+    max_buffers: int = 4,
+    grads_on_device: frozenset[int] = frozenset(),
+) -> list[tuple[Plan, Prediction]]:
+    """The candidates that fit ``memory_budget_bytes`` (None = unlimited) with their predictions, best first.
+
+    Order: smallest makespan (ties within :data:`TIE_TOLERANCE`), then fewer device subgroups, then fewer buffers.
+    """
+    ranked = _ranked(sizes, params, memory_budget_bytes, max_buffers, grads_on_device)
+    return [(plan, predict(plan, sizes, params, grads_on_device)) for plan in ranked]
+
+
+def best_plan(
+    sizes: Sequence[int],
+    params: CostParams,
+    memory_budget_bytes: float | None,
+    max_buffers: int = 4,
+    grads_on_device: frozenset[int] = frozenset(),
+) -> Plan:
+    """The ``auto`` plan: smallest predicted makespan within the memory budget; ties -> fewer device subgroups,
+    then fewer buffers. A zero budget gives the all-host plan."""
+    return _ranked(sizes, params, memory_budget_bytes, max_buffers, grads_on_device)[0]
+
+
+def demote_to_fit(
+    plan: Plan,
+    sizes: Sequence[int],
+    free_bytes: float,
+    params: CostParams | None = None,
+    grads_on_device: frozenset[int] = frozenset(),
+) -> tuple[Plan, tuple[int, ...]]:
+    """Move device subgroups to the host until ``device_memory_bytes`` fits in ``free_bytes``.
+
+    The largest subgroup goes first (it sets the buffer slot size); among equal sizes, the one processed last
+    in ``plan.order``. Returns the new plan (the same plan if it already fits) and the demoted ids in the order
+    they were demoted. A negative ``free_bytes`` demotes everything.
+    """
+    sizes = _check_sizes(sizes)
+    _check_length(plan, sizes)
+    position = {g: k for k, g in enumerate(plan.order)}
+    queue = sorted(plan.order, key=lambda g: (-sizes[g], -position[g]))
+    demoted: list[int] = []
+    current = plan
+    while current.order and device_memory_bytes(current, sizes, params, grads_on_device) > free_bytes:
+        demoted.append(queue[len(demoted)])
+        current = plan.demote(demoted)
+    return current, tuple(demoted)

@@ -1,0 +1,390 @@
+"""The performance model, the planner and calibration, checked against hand-computed schedules.
+
+Most cases use toy units (a subgroup of 1 parameter, rates of a few bytes per second) so that every duration is
+a multiple of 1/16 s and every expected value is exact in binary floating point.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lightning_dos.planning import (
+    Calibrator,
+    CostParams,
+    Lane,
+    Plan,
+    StepMeasurement,
+    best_plan,
+    candidate_plans,
+    demote_to_fit,
+    device_memory_bytes,
+    predict,
+    probe_plan,
+    rank_plans,
+    resolve_plan,
+)
+
+H, D = Lane.HOST, Lane.DEVICE
+
+
+def toy(**changes: float) -> CostParams:
+    """Toy rates: prefetch of 1 param (16 B) = 1 s, flush (12 B) = 1 s, GPU Adam = 1 s, CPU Adam = 2 s (contended)."""
+    values = dict(
+        cpu_adam_params_per_s=1.0,
+        cpu_contention=0.5,
+        h2d_bytes_per_s=16.0,
+        d2h_bytes_per_s=12.0,
+        duplex_bytes_per_s=1000.0,  # no duplex cap unless a test lowers it
+        gpu_adam_params_per_s=1.0,
+        launch_overhead_s=0.0,
+    )
+    values.update(changes)
+    return CostParams(**values)
+
+
+def letters(plan: Plan) -> str:
+    return "".join(lane.letter for lane in plan.lanes)
+
+
+# --- CostParams ---------------------------------------------------------------------------------------------------
+
+
+def test_cost_params_defaults_are_the_reference_starting_values():
+    params = CostParams()
+    assert (params.cpu_adam_params_per_s, params.cpu_contention) == (5.0e9, 0.76)
+    assert (params.h2d_bytes_per_s, params.d2h_bytes_per_s, params.duplex_bytes_per_s) == (55.5e9, 55.4e9, 101.6e9)
+    assert params.gpu_adam_params_per_s == 1.23e11
+    assert (params.host_upload_bytes_per_param, params.state_bytes_per_param, params.grad_bytes_per_param) == (2, 12, 4)
+    assert params.ranks_per_host == 1
+    # 101.6 / (55.5 + 55.4)
+    assert params.duplex_scale() == pytest.approx(101.6 / 110.9, rel=1e-15)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"cpu_contention": 0.0}, r"^cpu_contention: 0.0 is outside \(0, 1\]; set cpu_contention"),
+        ({"cpu_contention": 1.2}, r"^cpu_contention: 1.2 is outside"),
+        ({"h2d_bytes_per_s": -1.0}, r"^h2d_bytes_per_s: -1.0 is not a rate; set h2d_bytes_per_s to a positive"),
+        ({"gpu_adam_params_per_s": float("nan")}, r"^gpu_adam_params_per_s: nan is not a rate"),
+        ({"launch_overhead_s": -1e-6}, r"^launch_overhead_s: -1e-06 must be"),
+        ({"ranks_per_host": 0}, r"^ranks_per_host: 0; set ranks_per_host to an integer >= 1"),
+        ({"state_bytes_per_param": 0}, r"^state_bytes_per_param: must be > 0"),
+        ({"grad_bytes_per_param": 4.5}, r"^grad_bytes_per_param: 4.5 is not a byte count"),
+    ],
+)
+def test_cost_params_validation_names_the_field(changes, message):
+    with pytest.raises(ValueError, match=message):
+        CostParams(**changes)
+
+
+def test_with_values_converts_and_rejects_unknown_names():
+    params = CostParams().with_values({"ranks_per_host": 2.0, "cpu_adam_params_per_s": 4e9})
+    assert params.ranks_per_host == 2 and isinstance(params.ranks_per_host, int)
+    assert params.cpu_adam_params_per_s == 4e9
+    with pytest.raises(ValueError, match=r"^overrides: 'cpu_rate' is not a cost parameter; use one of cpu_adam_"):
+        CostParams().with_values({"cpu_rate": 1.0})
+    with pytest.raises(ValueError, match=r"^overrides: ranks_per_host must be an integer, got 1.5"):
+        CostParams().with_values({"ranks_per_host": 1.5})
+
+
+# --- predict: the device-lane pipeline ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("buffers", "makespan"), [(1, 9.0), (2, 6.0), (3, 5.0), (4, 5.0)])
+def test_device_pipeline_depth(buffers, makespan):
+    # every stage takes 1 s. 1 slot: fully serial, 3 subgroups * 3 stages = 9.
+    # 2 slots: k0 0-1|1-2|2-3, k1 1-2|2-3|3-4, k2 prefetch waits for flush(k0) at 3: 3-4|4-5|5-6 -> 6.
+    # 3+ slots: a perfect pipeline, 3 + 2 = 5.
+    plan = resolve_plan("device", [1, 1, 1], buffers=buffers)
+    prediction = predict(plan, [1, 1, 1], toy())
+    assert prediction.makespan_s == makespan == prediction.device_lane_s
+    assert prediction.host_lane_s == 0.0
+
+
+def test_device_pipeline_unequal_sizes_and_launch_overhead():
+    # sizes 2 1 1, 2 slots, Adam = 0.25 + size, prefetch = 16*size/16, flush = 12*size/12
+    # k0: prefetch 0-2,     adam 2-4.25,    flush 4.25-6.25
+    # k1: prefetch 2-3,     adam 4.25-5.5,  flush 6.25-7.25   (adam waits for adam(k0), flush for flush(k0))
+    # k2: prefetch 6.25-7.25 (slot of k0 frees at 6.25), adam 7.25-8.5, flush 8.5-9.5
+    prediction = predict(resolve_plan("device", [2, 1, 1]), [2, 1, 1], toy(launch_overhead_s=0.25))
+    assert prediction.makespan_s == 9.5
+    e = prediction.events
+    assert (e[1].h2d_start_s, e[1].h2d_end_s, e[1].adam_start_s, e[1].adam_end_s) == (2.0, 3.0, 4.25, 5.5)
+    assert (e[1].d2h_start_s, e[1].d2h_end_s, e[1].start_s, e[1].end_s) == (6.25, 7.25, 2.0, 7.25)
+    assert (e[2].h2d_start_s, e[2].adam_start_s, e[2].d2h_end_s) == (6.25, 7.25, 9.5)
+    assert all(event.lane is D for event in e)
+    # 4 params: 16 B each way in, 12 B out; busy times are the sums of stage durations
+    assert (prediction.bytes_h2d, prediction.bytes_d2h) == (64, 48)
+    assert (prediction.h2d_busy_s, prediction.d2h_busy_s, prediction.adam_busy_s) == (4.0, 4.0, 4.75)
+
+
+def test_device_lane_follows_plan_order():
+    # sizes 2 1, order (1, 0), 1 slot: subgroup 1 first 0-1|1-2|2-3, then subgroup 0 3-5|5-7|7-9
+    plan = Plan(lanes=(D, D), order=(1, 0), buffers=1)
+    events = predict(plan, [2, 1], toy()).events
+    assert (events[1].start_s, events[1].end_s, events[0].start_s, events[0].end_s) == (0.0, 3.0, 3.0, 9.0)
+
+
+def test_grad_already_on_device_is_not_prefetched():
+    # 1 param, grad on the GPU: prefetch 12 B / 16 B/s = 0.75, adam 1, flush 1 -> 2.75
+    prediction = predict(resolve_plan("device", [1]), [1], toy(), grads_on_device=frozenset({0}))
+    assert prediction.makespan_s == 2.75 and prediction.bytes_h2d == 12
+
+
+def test_duplex_cap_applies_only_with_a_device_lane():
+    params = toy(cpu_adam_params_per_s=2.0, ranks_per_host=2, h2d_bytes_per_s=16.0, d2h_bytes_per_s=16.0,
+                 duplex_bytes_per_s=16.0)
+    # device lane: both directions scaled by 16 / (16 + 16) = 0.5 -> 8 B/s; prefetch 16/8 = 2, adam 1, flush 12/8
+    assert predict(resolve_plan("device", [1]), [1], params).makespan_s == 2 + 1 + 1.5
+    # host only: CPU rate 2 / 2 ranks = 1 param/s, no contention -> Adam 4 s; upload 4*2 B at the full 16 B/s = 0.5
+    prediction = predict(resolve_plan("host", [4]), [4], params)
+    assert (prediction.host_lane_s, prediction.makespan_s, prediction.device_lane_s) == (4.5, 4.5, 0.0)
+    event = prediction.events[0]
+    assert (event.lane, event.adam_start_s, event.adam_end_s, event.h2d_start_s, event.h2d_end_s) == (H, 0, 4, 4, 4.5)
+    assert event.d2h_start_s is None and prediction.bytes_h2d == 8 and prediction.bytes_d2h == 0
+
+
+# --- predict: both lanes --------------------------------------------------------------------------------------------
+
+
+def test_mixed_plan_contention_and_uploads():
+    # lanes H D H D, sizes 2 1 2 1, 1 slot. Host CPU rate 1 * contention 0.5: subgroup 0 Adam 0-4, subgroup 2 4-8.
+    # Device (1 s stages): subgroup 1 0-1|1-2|2-3; subgroup 3 waits for the slot: 3-4|4-5|5-6.
+    # Uploads (2 B/param at 16 B/s = 0.25 s for 2 params) go on the H2D link after each CPU Adam: 4-4.25, 8-8.25.
+    plan = Plan(lanes=(H, D, H, D), buffers=1)
+    prediction = predict(plan, [2, 1, 2, 1], toy())
+    assert (prediction.host_lane_s, prediction.device_lane_s, prediction.makespan_s) == (8.25, 6.0, 8.25)
+    e = prediction.events
+    assert (e[0].adam_start_s, e[0].adam_end_s, e[0].h2d_start_s, e[0].h2d_end_s, e[0].end_s) == (0, 4, 4, 4.25, 4.25)
+    assert (e[2].adam_start_s, e[2].adam_end_s, e[2].h2d_end_s) == (4, 8, 8.25)
+    assert (e[3].h2d_start_s, e[3].d2h_end_s) == (3.0, 6.0)
+    # H2D: 2 prefetches of 16 B + uploads of 4 params * 2 B; D2H: 2 flushes of 12 B
+    assert (prediction.bytes_h2d, prediction.bytes_d2h) == (40, 24)
+    assert (prediction.host_busy_s, prediction.h2d_busy_s, prediction.d2h_busy_s, prediction.adam_busy_s) == (
+        8.0, 2.5, 2.0, 2.0)
+
+
+def test_an_upload_ready_first_delays_the_next_prefetch():
+    # lanes H D D, sizes 8 4 4, 1 slot, no contention, uploads of 16 B/param (1 s per param).
+    # subgroup 1: prefetch 0-4, adam 4-8, flush 8-12 -> the slot frees at 12.
+    # subgroup 0: CPU Adam 0-8, its upload is ready at 8 < 12 and takes the link 8-16.
+    # subgroup 2: prefetch waits for the link: 16-20, adam 20-24, flush 24-28.
+    params = toy(cpu_contention=1.0, host_upload_bytes_per_param=16)
+    prediction = predict(Plan(lanes=(H, D, D), buffers=1), [8, 4, 4], params)
+    e = prediction.events
+    assert (e[0].h2d_start_s, e[0].h2d_end_s) == (8.0, 16.0)
+    assert (e[2].h2d_start_s, e[2].adam_start_s, e[2].d2h_end_s) == (16.0, 20.0, 28.0)
+    assert (prediction.host_lane_s, prediction.makespan_s) == (16.0, 28.0)
+
+
+def test_a_prefetch_wins_a_tie_with_an_upload():
+    # lanes H D D, sizes 12 4 4, 1 slot: CPU Adam of subgroup 0 ends at 12, exactly when the slot frees.
+    # The prefetch of subgroup 2 goes first (12-16), then the upload (24 B at 16 B/s: 16-17.5).
+    prediction = predict(Plan(lanes=(H, D, D), buffers=1), [12, 4, 4], toy(cpu_contention=1.0))
+    e = prediction.events
+    assert (e[2].h2d_start_s, e[0].h2d_start_s, e[0].h2d_end_s) == (12.0, 16.0, 17.5)
+    assert prediction.makespan_s == 24.0  # subgroup 2: adam 16-20, flush 20-24
+
+
+def test_predict_rejects_mismatches():
+    with pytest.raises(ValueError, match=r"^plan: has 2 lanes but the partition has 3 subgroups"):
+        predict(resolve_plan("host", [1, 1]), [1, 1, 1], toy())
+    with pytest.raises(ValueError, match=r"^grads_on_device: subgroups \[5\] do not exist"):
+        predict(resolve_plan("host", [1, 1]), [1, 1], toy(), grads_on_device=frozenset({5}))
+
+
+# --- device memory --------------------------------------------------------------------------------------------------
+
+
+def test_device_memory_bytes():
+    plan = Plan(lanes=(D, H, D, D), buffers=2)
+    sizes = [10, 20, 30, 5]
+    # 2 slots * 30 params * (12 + 4) B = 960, + 4 B for the params of device subgroups 0 and 3 whose grads stay
+    # on the GPU ((10 + 5) * 4 = 60); subgroup 1 is on the host, so its grad does not count.
+    assert device_memory_bytes(plan, sizes, CostParams(), frozenset({0, 1, 3})) == 1020
+    assert device_memory_bytes(plan, sizes, frozenset({0, 1, 3})) == 1020  # ids in third place read as grads
+    assert device_memory_bytes(plan, sizes) == 960
+    assert device_memory_bytes(resolve_plan("host", sizes), sizes) == 0
+
+
+# --- planner --------------------------------------------------------------------------------------------------------
+
+PLANNER = dict(
+    cpu_adam_params_per_s=1.0, cpu_contention=0.8, h2d_bytes_per_s=32.0, d2h_bytes_per_s=24.0,
+    duplex_bytes_per_s=1000.0, gpu_adam_params_per_s=2.0, launch_overhead_s=0.0,
+)
+
+
+def test_candidate_plans():
+    plans = list(candidate_plans([1] * 4, max_buffers=2))
+    # all-host once, then k = 1..4 with 1 and 2 slots; k=1: targets (i+1)/4, device at i=2 (.5 < .75)
+    assert [(letters(p), p.buffers) for p in plans] == [
+        ("HHHH", 1), ("HHDH", 1), ("HHDH", 2), ("HDHD", 1), ("HDHD", 2), ("DHDD", 1), ("DHDD", 2), ("DDDD", 1),
+        ("DDDD", 2),
+    ]
+    assert {p.source for p in plans} == {"auto"}
+
+
+@pytest.mark.parametrize(
+    ("budget", "lanes", "buffers", "makespan"),
+    [
+        # 4 subgroups of 1 param: prefetch 0.5 s, GPU Adam 0.5 s, flush 0.5 s, CPU Adam 1 s alone or 1.25 s
+        # contended, upload 0.0625 s. Best plans per number k of device subgroups:
+        #   k=0 HHHH: 4 + 0.0625                                         = 4.0625
+        #   k=1 HHDH: 3 * 1.25 + 0.0625                                  = 3.8125
+        #   k=2 HDHD, 2+ slots: host 2 * 1.25 + 0.0625 = 2.5625 (device ends at 2)       -> 2.5625
+        #       1 slot: the second prefetch waits for the first flush (1.5): device ends at 3    -> 3.0
+        #   k=3 DHDD, 3+ slots: prefetches 0-1.5, flushes end at 2.5; host 1.25 + upload      -> 2.5
+        #       2 slots -> 3.0, 1 slot -> 4.5;  k=4 DDDD: 3+ slots -> 3.0, 2 slots -> 3.5, 1 slot -> 6.0
+        # Device memory = slots * 1 param * 16 B.
+        (None, "DHDD", 3, 2.5),  # unlimited: k=3 with 3 slots (4 slots ties, fewer wins)
+        (40, "HDHD", 2, 2.5625),  # 2 slots at most (32 B): k=2 beats k=3 (3.0)
+        (16, "HDHD", 1, 3.0),  # 1 slot: k=2 (3.0) beats k=1 (3.8125), k=3 (4.5), k=4 (6.0)
+        (15, "HHHH", 1, 4.0625),  # not even one slot fits
+        (0, "HHHH", 1, 4.0625),
+    ],
+)
+def test_best_plan_hand_computed(budget, lanes, buffers, makespan):
+    params = CostParams(**PLANNER)
+    plan = best_plan([1] * 4, params, budget)
+    assert (letters(plan), plan.buffers, plan.source) == (lanes, buffers, "auto")
+    assert predict(plan, [1] * 4, params).makespan_s == makespan
+
+
+def test_rank_plans_orders_ties_by_fewer_device_subgroups_then_fewer_buffers():
+    ranked = rank_plans([1] * 4, CostParams(**PLANNER), None)
+    table = [(letters(plan), plan.buffers, prediction.makespan_s) for plan, prediction in ranked]
+    # the schedules of the table in test_best_plan_hand_computed (DHDD with 1 slot: subgroup 0 0-.5|.5-1|1-1.5,
+    # the upload of subgroup 1 takes the link 1.25-1.3125, subgroup 2 1.5-2|2-2.5|2.5-3, subgroup 3 3-3.5|..|4-4.5)
+    assert table == [
+        ("DHDD", 3, 2.5), ("DHDD", 4, 2.5),
+        ("HDHD", 2, 2.5625), ("HDHD", 3, 2.5625), ("HDHD", 4, 2.5625),
+        ("HDHD", 1, 3.0), ("DHDD", 2, 3.0), ("DDDD", 3, 3.0), ("DDDD", 4, 3.0),
+        ("DDDD", 2, 3.5),
+        ("HHDH", 1, 3.8125), ("HHDH", 2, 3.8125), ("HHDH", 3, 3.8125), ("HHDH", 4, 3.8125),
+        ("HHHH", 1, 4.0625),
+        ("DHDD", 1, 4.5),
+        ("DDDD", 1, 6.0),
+    ]
+
+
+def test_best_plan_never_exceeds_the_budget():
+    sizes = [40_000_000] * 11 + [13_000_000]
+    params = CostParams()
+    for gib in (0, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4, 8, 16):
+        budget = gib * 2**30
+        plan = best_plan(sizes, params, budget)
+        assert device_memory_bytes(plan, sizes, params) <= budget
+    assert best_plan(sizes, params, 0).device_subgroups() == ()
+
+
+def test_best_plan_rejects_a_negative_budget():
+    with pytest.raises(ValueError, match=r"^memory_budget_gib: -1 GiB is not a budget; set memory_budget_gib"):
+        best_plan([1], CostParams(), -(2**30))
+
+
+def test_demote_to_fit_moves_the_largest_last_in_order_first():
+    sizes = [10, 30, 30, 20]
+    plan = resolve_plan("device", sizes)  # 2 slots * 30 * 16 B = 960
+    # 700 B: demote 2 (30, last of the two largest in order) -> still 960; demote 1 -> 2 * 20 * 16 = 640 fits
+    fitted, demoted = demote_to_fit(plan, sizes, 700)
+    assert demoted == (2, 1) and letters(fitted) == "DHHD" and fitted.source == "device+demoted"
+    assert device_memory_bytes(fitted, sizes) == 640
+    # with order (3, 2, 1, 0) subgroup 1 is the later of the two 30s
+    reordered = Plan(lanes=plan.lanes, order=(3, 2, 1, 0), source="list")
+    assert demote_to_fit(reordered, sizes, 700)[1] == (1, 2)
+    # nothing free: everything goes to the host, largest first
+    fitted, demoted = demote_to_fit(plan, sizes, 0)
+    assert demoted == (2, 1, 3, 0) and letters(fitted) == "HHHH"
+    assert demote_to_fit(plan, sizes, 960) == (plan, ())
+
+
+# --- calibration ----------------------------------------------------------------------------------------------------
+
+
+def step(**values: float) -> StepMeasurement:
+    base = dict(host_params=0, host_busy_s=0.0, host_overlapped=False, device_params=0, h2d_bytes=0, h2d_busy_s=0.0,
+                d2h_bytes=0, d2h_busy_s=0.0, adam_busy_s=0.0, predicted_s=0.0, measured_s=0.0)
+    base.update(values)
+    return StepMeasurement(**base)
+
+
+def test_calibrator_host_rate_alone_and_contended():
+    calibrator = Calibrator(CostParams(cpu_adam_params_per_s=4e9, cpu_contention=1.0), alpha=0.5)
+    # alone: 2e9 params in 1 s on 1 rank -> 2e9; ema = 0.5 * 4e9 + 0.5 * 2e9
+    calibrator.observe(step(host_params=2_000_000_000, host_busy_s=1.0))
+    assert calibrator.params.cpu_adam_params_per_s == 3e9
+    # overlapped: 1.5e9 / 3e9 = 0.5 -> contention 0.5 * 1 + 0.5 * 0.5
+    calibrator.observe(step(host_params=1_500_000_000, host_busy_s=1.0, host_overlapped=True))
+    assert (calibrator.params.cpu_adam_params_per_s, calibrator.params.cpu_contention) == (3e9, 0.75)
+    # overlapped but faster than alone (6e9 > 3e9): contention -> 0.5 * 0.75 + 0.5 * 1 = 0.875,
+    # rate -> 0.5 * 3e9 + 0.5 * 6e9 / 0.875
+    calibrator.observe(step(host_params=6_000_000_000, host_busy_s=1.0, host_overlapped=True))
+    assert calibrator.params.cpu_contention == 0.875
+    assert calibrator.params.cpu_adam_params_per_s == pytest.approx(1.5e9 + 3e9 / 0.875, rel=1e-15)
+
+
+def test_calibrator_counts_ranks_and_keeps_overrides_fixed():
+    calibrator = Calibrator(CostParams(cpu_adam_params_per_s=4e9, cpu_contention=1.0, ranks_per_host=2),
+                            alpha=0.5, overrides={"cpu_contention": 0.5, "gpu_adam_params_per_s": 1e11})
+    assert calibrator.params.cpu_contention == 0.5 and calibrator.params.gpu_adam_params_per_s == 1e11
+    # overlapped with pinned contention: 1.5e9 params/s per rank * 2 ranks = 3e9 -> rate target 3e9 / 0.5 = 6e9
+    calibrator.observe(step(host_params=1_500_000_000, host_busy_s=1.0, host_overlapped=True, device_params=10,
+                            adam_busy_s=1.0))
+    assert calibrator.params.cpu_adam_params_per_s == 5e9
+    assert calibrator.params.cpu_contention == 0.5 and calibrator.params.gpu_adam_params_per_s == 1e11
+    with pytest.raises(ValueError, match=r"^overrides: 'bogus' is not a cost parameter"):
+        Calibrator(CostParams(), overrides={"bogus": 1.0})
+
+
+def test_calibrator_pcie_and_gpu_rates():
+    capped = CostParams(h2d_bytes_per_s=64e9, d2h_bytes_per_s=64e9, duplex_bytes_per_s=96e9, launch_overhead_s=0.25,
+                        gpu_adam_params_per_s=2e11)
+    calibrator = Calibrator(capped, alpha=0.5)
+    # duplex cap active (64 + 64 > 96): learn the sum 48e9 + 32e9 = 80e9 -> 0.5 * 96e9 + 0.5 * 80e9
+    # GPU: 1e11 params in 1.5 s minus 2 launches * 0.25 s = 1 s -> 1e11 -> 0.5 * 2e11 + 0.5 * 1e11
+    calibrator.observe(step(device_params=100_000_000_000, h2d_bytes=48_000_000_000, h2d_busy_s=1.0,
+                            d2h_bytes=32_000_000_000, d2h_busy_s=1.0, adam_busy_s=1.5, device_subgroups=2))
+    p = calibrator.params
+    assert (p.duplex_bytes_per_s, p.h2d_bytes_per_s, p.d2h_bytes_per_s) == (88e9, 64e9, 64e9)
+    assert p.gpu_adam_params_per_s == 1.5e11
+    # host-only step: uploads alone, 8e9 B in 0.25 s = 32e9 -> h2d 0.5 * 64e9 + 0.5 * 32e9
+    calibrator.observe(step(h2d_bytes=8_000_000_000, h2d_busy_s=0.25))
+    assert calibrator.params.h2d_bytes_per_s == 48e9
+
+    uncapped = Calibrator(CostParams(h2d_bytes_per_s=40e9, d2h_bytes_per_s=40e9, duplex_bytes_per_s=100e9), alpha=0.5)
+    uncapped.observe(step(device_params=1, h2d_bytes=30_000_000_000, h2d_busy_s=1.0, d2h_bytes=20_000_000_000,
+                          d2h_busy_s=1.0))
+    assert (uncapped.params.h2d_bytes_per_s, uncapped.params.d2h_bytes_per_s) == (35e9, 30e9)
+    assert uncapped.params.duplex_bytes_per_s == 100e9
+
+
+def test_calibrator_drift_history_and_replan():
+    calibrator = Calibrator(CostParams(), drift_tolerance=0.10)
+    assert calibrator.median_relative_error() is None and not calibrator.should_replan()
+    assert calibrator.drifted(1.0, 1.25)  # |1 - 1.25| / 1.25 = 0.2
+    assert not calibrator.drifted(1.05, 1.0)  # 0.05
+    for predicted, measured in ((1.5, 2.0), (2.0, 2.0), (3.0, 2.0)):  # errors 0.25, 0, 0.5
+        calibrator.observe(step(predicted_s=predicted, measured_s=measured))
+    assert calibrator.history == ((1.5, 2.0), (2.0, 2.0), (3.0, 2.0))
+    assert calibrator.median_relative_error() == 0.25
+    assert calibrator.observations == 3
+    assert not calibrator.should_replan(patience=3)  # the middle step was spot on
+    assert calibrator.should_replan(patience=1)
+    with pytest.raises(ValueError, match=r"^measured_s: 0.0; a measured step time must be > 0"):
+        calibrator.drifted(1.0, 0.0)
+
+
+def test_calibrator_rejects_bad_settings():
+    with pytest.raises(ValueError, match=r"^alpha: 0 is outside \(0, 1\]"):
+        Calibrator(CostParams(), alpha=0)
+    with pytest.raises(ValueError, match=r"^drift_tolerance: -0.1; set drift_tolerance"):
+        Calibrator(CostParams(), drift_tolerance=-0.1)
+
+
+def test_probe_plan_puts_half_on_each_lane():
+    # count 2 of 4 equal: HDHD; 2 of 5: targets 0.4 0.8 1.2 1.6 2 -> device at i=1 (.5<.8) and i=3 (1.5<1.6)
+    assert (letters(probe_plan([7] * 4)), probe_plan([7] * 4).source) == ("HDHD", "probe")
+    assert letters(probe_plan([7] * 5)) == "HDHDH"
+    assert letters(probe_plan([7])) == "H"
