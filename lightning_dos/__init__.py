@@ -1,8 +1,8 @@
 """lightning-dos: Deep Optimizer States for PyTorch Lightning.
 
 ``import lightning_dos`` checks the DeepSpeed and Lightning versions and registers the strategy name
-``"deep_optimizer_states"`` with Lightning (idempotently), plus the baselines ``"zero3_offload"`` and
-``"static_split_{0.25,0.5,0.75}"``, so ``Trainer(strategy="deep_optimizer_states")``
+``"deep_optimizer_states"`` with Lightning (idempotently), plus the baselines ``"zero3_offload"``,
+``"static_split_{0.25,0.5,0.75}"`` and ``"zero3"`` (no offload), so ``Trainer(strategy="deep_optimizer_states")``
 works.
 """
 
@@ -12,7 +12,7 @@ check_versions()
 
 from lightning.pytorch.strategies import StrategyRegistry  # noqa: E402
 
-from lightning_dos.baselines import ZeRO3OffloadStrategy  # noqa: E402
+from lightning_dos.baselines import ZeRO3OffloadStrategy, ZeRO3Strategy  # noqa: E402
 from lightning_dos.strategy import STRATEGY_NAME, DeepOptimizerStatesStrategy  # noqa: E402
 
 __version__ = "0.1.0"
@@ -22,10 +22,18 @@ def register() -> None:
     """Register ``deep_optimizer_states`` with Lightning's strategy registry (safe to call repeatedly)."""
     if STRATEGY_NAME not in StrategyRegistry:
         DeepOptimizerStatesStrategy.register_strategies(StrategyRegistry)
-    if ZeRO3OffloadStrategy.strategy_name not in StrategyRegistry:
-        ZeRO3OffloadStrategy.register_strategies(StrategyRegistry)
+    for baseline in (ZeRO3OffloadStrategy, ZeRO3Strategy):
+        if baseline.strategy_name not in StrategyRegistry:
+            baseline.register_strategies(StrategyRegistry)
 
 
 register()
 
-__all__ = ["DeepOptimizerStatesStrategy", "ZeRO3OffloadStrategy", "STRATEGY_NAME", "register", "__version__"]
+__all__ = [
+    "DeepOptimizerStatesStrategy",
+    "ZeRO3OffloadStrategy",
+    "ZeRO3Strategy",
+    "STRATEGY_NAME",
+    "register",
+    "__version__",
+]

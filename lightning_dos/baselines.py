@@ -64,3 +64,30 @@ class ZeRO3OffloadStrategy(CPUSupportMixin):
                 description=f"DeepSpeed ZeRO-3 offload with ratio={ratio} (static split)",
                 ratio=ratio,
             )
+
+
+class ZeRO3Strategy(CPUSupportMixin):
+    """DeepSpeed ZeRO-3 with everything on the accelerator (the no-offload baseline).
+
+    Args:
+        sub_group_size: parameters per subgroup.
+        **kwargs: any other argument of Lightning's ``DeepSpeedStrategy``.
+    """
+
+    strategy_name = "zero3"
+
+    def __init__(
+        self,
+        accelerator: Optional[pl.accelerators.Accelerator] = None,
+        sub_group_size: int = 100_000_000,
+        **kwargs: Any,
+    ) -> None:
+        if sub_group_size <= 0:
+            raise ValueError(f"sub_group_size: {sub_group_size} must be a positive number of parameters, e.g. 1e8")
+        kwargs.setdefault("stage", 3)
+        super().__init__(accelerator=accelerator, sub_group_size=int(sub_group_size), **kwargs)
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+        strategy_registry.register("zero3", cls, description="DeepSpeed ZeRO-3 without offload")
