@@ -106,6 +106,8 @@ def train(
     model: TinyLM | None = None,
     strategy: Any = None,
     every_step: Any = None,
+    epoch_batches: int | None = None,
+    save_to: str | None = None,
 ) -> RunResult:
     rec = LossRecorder()
     callbacks: list[pl.Callback] = [rec]
@@ -116,7 +118,9 @@ def train(
         devices=1,
         strategy=strategy or make_strategy(plan),
         precision=precision,
-        max_steps=steps,
+        # whole epochs when epochs are short, so a checkpoint lands on an epoch boundary
+        max_steps=-1 if epoch_batches else steps,
+        max_epochs=steps * accumulate // epoch_batches if epoch_batches else None,
         accumulate_grad_batches=accumulate,
         gradient_clip_val=clip,
         logger=False,
@@ -127,7 +131,10 @@ def train(
         callbacks=callbacks,
     )
     module = model or TinyLM()
-    trainer.fit(module, train_dataloaders=token_loader(steps * accumulate), ckpt_path=ckpt_path)
+    loader = token_loader(epoch_batches or steps * accumulate)
+    trainer.fit(module, train_dataloaders=loader, ckpt_path=ckpt_path)
+    if save_to is not None:
+        trainer.save_checkpoint(save_to)
     return RunResult(rec.losses, masters_of(trainer.strategy), rec.lrs, trainer.strategy, {"trainer": trainer})
 
 
