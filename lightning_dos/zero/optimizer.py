@@ -15,6 +15,7 @@ Everything below this module (executor, manager, planner) sees only plain object
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -40,18 +41,19 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         super()._create_fp32_partitions()
         if not self._dos_supported():
             return
-        pin = self.offload_optimizer_pin_memory
+        pin = self.offload_optimizer_pin_memory and torch.cuda.is_available()
         for i, fp32 in enumerate(self.fp32_partitioned_groups_flat):
-            master = _host_tensor(fp32, pin)
+            master = _pinned_copy(fp32) if pin else fp32  # one home: reuse DeepSpeed's tensor unless pinning
             master.ds_id = fp32.ds_id
             master.requires_grad = True  # vanilla keeps it, in case the inner optimizer checks
             self.fp32_partitioned_groups_flat[i] = master
-            zeros = torch.zeros_like(master, dtype=torch.float32).detach()
             self.optimizer.state[master] = {
                 "step": 0,
-                "exp_avg": _host_tensor(zeros, pin),
-                "exp_avg_sq": _host_tensor(zeros, pin),
+                "exp_avg": _host_zeros(master.numel(), pin),
+                "exp_avg_sq": _host_zeros(master.numel(), pin),
             }
+        if pin:
+            _return_freed_heap_to_os()  # the pageable originals are gone; do not let them inflate RSS
 
     def _dos_supported(self) -> bool:
         """Whether this configuration is one the interleaved update handles (else vanilla runs)."""
@@ -164,15 +166,27 @@ class InterleavedZeroOptimizer(_VanillaStage3):
             if self.offload_optimizer_pin_memory and torch.cuda.is_available():
                 for key in ("exp_avg", "exp_avg_sq"):
                     if not state[key].is_pinned():
-                        state[key] = _host_tensor(state[key], True)
+                        state[key] = _pinned_copy(state[key])
 
 
-def _host_tensor(tensor: torch.Tensor, pin: bool) -> torch.Tensor:
-    """A host copy of ``tensor``, page-locked when asked and an accelerator exists to lock it for."""
-    host = tensor.detach().to("cpu", copy=True)
-    if pin and torch.cuda.is_available():
-        return get_accelerator().pin_memory(host)
-    return host
+def _pinned_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A page-locked host copy of ``tensor``."""
+    return get_accelerator().pin_memory(tensor.detach().to("cpu"))
+
+
+def _host_zeros(numel: int, pin: bool) -> torch.Tensor:
+    """fp32 zeros in host memory, allocated page-locked directly when asked (no pageable twin)."""
+    if pin:
+        return torch.zeros(numel, dtype=torch.float32, pin_memory=True)
+    return torch.zeros(numel, dtype=torch.float32)
+
+
+def _return_freed_heap_to_os() -> None:
+    """Ask glibc to release freed heap pages (no-op where there is no glibc)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 @contextlib.contextmanager

@@ -1,0 +1,55 @@
+"""Train the tiny LM with two CPU ranks (gloo) under one strategy; each rank saves its losses and fp32 masters.
+
+Usage: python tests/scripts/two_ranks.py PLAN OUT_DIR   (PLAN "vanilla" for ZeRO-3 offload, else a DOS plan)
+Lightning re-runs this script for rank 1, as it does for any multi-process CPU run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from parity import LossRecorder, TinyLM, make_strategy, token_loader  # noqa: E402
+
+
+def main() -> None:
+    plan_arg, out = sys.argv[1], Path(sys.argv[2])
+    plan = None if plan_arg == "vanilla" else (float(plan_arg) if plan_arg[0].isdigit() else plan_arg)
+    rec = LossRecorder()
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=make_strategy(plan),
+        precision="32-true",
+        max_steps=4,
+        gradient_clip_val=0.05,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[rec],
+    )
+    trainer.fit(TinyLM(), train_dataloaders=token_loader(8))
+    rank = trainer.global_rank
+    opt = trainer.strategy.model.optimizer
+    masters = torch.cat([t.detach().float().clone() for t in opt.fp32_partitioned_groups_flat])
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(masters, out / f"masters_rank{rank}.pt")
+    manager = getattr(trainer.strategy, "manager", None)
+    info = {
+        "losses": rec.losses,
+        "world_size": trainer.world_size,
+        "ranks_per_host": manager.cost.ranks_per_host if manager else None,
+        "subgroups": len(manager.sizes) if manager else None,
+        "device_subgroups": len(manager.records[-1].plan.device_subgroups()) if manager else None,
+    }
+    (out / f"rank{rank}.json").write_text(json.dumps(info))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+"""The bench harness: one end-to-end CPU run through ``main`` with real worker processes, plus its parts.
+
+The end-to-end test runs a tiny model under vanilla ZeRO-3 offload and DOS (auto, host, device and a lane list
+of the wrong length that must fail in its worker) and checks results.json, the report and the chart. The other
+tests cover the parent alone: argument resolution, statistics, aggregation, comparisons, failure classification
+(timeouts with a real child process) and a harness run whose launcher fails one configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import matplotlib.image
+import pytest
+
+from lightning_dos.bench import main
+from lightning_dos.bench.arguments import parse_args
+from lightning_dos.bench.config import BenchConfig, RunSpec, expand, plan_argument, schedule
+from lightning_dos.bench.harness import no_offload_skip_reason, run_bench
+from lightning_dos.bench.launcher import classify_exit, launch
+from lightning_dos.bench.report import hardware_slug
+from lightning_dos.bench.results import aggregate, compare_to_baseline
+from lightning_dos.bench.stats import spread
+
+TINY = ["--model", "debug", "--n-layer", "2", "--n-embd", "64", "--vocab-size", "512", "--seq-len", "32",
+        "--micro-batch", "2", "--steps", "4", "--warmup", "1", "--precision", "32-true", "--sub-group-size", "40000",
+        "--lr", "0.01"]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+RESULT_KEYS = {"label", "strategy", "plan", "status", "reason", "fwd_ms", "bwd_ms", "step_ms", "iteration_ms",
+               "spread", "tokens_per_s", "tflops_per_s", "peak_gpu_gib", "peak_gpu_reserved_gib", "peak_host_gib",
+               "final_loss", "losses", "dos", "runs", "speedup_vs_zero3_offload", "loss_vs_zero3_offload"}
+
+
+# --- end to end ---------------------------------------------------------------------------------------------------
+
+
+def test_bench_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bench"
+    started = time.perf_counter()
+    code = main([*TINY, "--strategies", "zero3_offload", "deep_optimizer_states",
+                 "--plans", "host", "device", "host,device", "--out", str(out)])
+    elapsed = time.perf_counter() - started
+    assert code == 0
+    assert elapsed < 170, f"the end-to-end bench took {elapsed:.0f} s"
+    printed = capsys.readouterr().out
+    assert "[1/5] zero3_offload: ok" in printed and "dos(host,device): FAILED" in printed
+
+    doc = json.loads((out / "results.json").read_text())
+    assert {"hardware", "versions", "config", "date", "results", "model", "measurement"} <= set(doc)
+    hw = doc["hardware"]
+    for key in ("gpu_name", "gpu_count", "gpu_memory_gib", "cpu_model", "cpu_cores_logical", "host_ram_gib", "pcie"):
+        assert key in hw
+    assert hw["cpu_cores_logical"] >= 1 and hw["host_ram_gib"] > 0
+    assert hw["bench_device"]["type"] == "cpu"
+    assert set(doc["versions"]) == {"python", "torch", "cuda", "lightning", "deepspeed", "lightning-dos"}
+    assert doc["config"]["steps"] == 4 and doc["config"]["warmup"] == 1 and doc["config"]["out"] == str(out)
+    assert doc["measurement"]["measured_iterations"] == [2, 3, 4]
+
+    by_label = {r["label"]: r for r in doc["results"]}
+    assert list(by_label) == ["zero3_offload", "dos(auto)", "dos(host)", "dos(device)", "dos(host,device)"]
+    for result in doc["results"]:
+        assert RESULT_KEYS <= set(result), RESULT_KEYS - set(result)
+
+    # the failing configuration is reported as such, and did not stop the others
+    failed = by_label.pop("dos(host,device)")
+    assert failed["status"] == "failed"
+    assert "plan" in failed["reason"] and "subgroups" in failed["reason"]
+    assert failed["iteration_ms"] is None and failed["final_loss"] is None
+    assert (out / failed["runs"][0]["log"]).is_file()
+
+    base = by_label["zero3_offload"]
+    assert base["strategy"] == "zero3_offload" and base["plan"] == 1.0 and base["dos"] is None
+    for label, result in by_label.items():
+        assert result["status"] == "ok", (label, result["reason"])
+        for phase in ("fwd_ms", "bwd_ms", "step_ms", "iteration_ms"):
+            assert result[phase] > 0, (label, phase)
+            s = result["spread"][phase]
+            assert s["n"] == 3 and s["min"] <= s["p25"] <= s["median"] <= s["p75"] <= s["max"]
+        assert result["iteration_ms"] >= result["fwd_ms"]
+        assert result["tokens_per_s"] == pytest.approx(64 / (result["iteration_ms"] / 1e3))
+        assert result["tflops_per_s"] > 0
+        assert result["peak_gpu_gib"] is None and result["peak_gpu_reserved_gib"] is None  # no GPU here
+        assert 0.05 < result["peak_host_gib"] < 24
+        assert len(result["losses"]) == 4 and math.isfinite(result["final_loss"])
+        assert result["speedup_vs_zero3_offload"]["iteration"] > 0
+    for plan in ("auto", "host", "device"):
+        dos = by_label[f"dos({plan})"]
+        assert dos["strategy"] == "deep_optimizer_states" and dos["plan"] == plan
+        # fp32 on the CPU: the interleaved update must train exactly like vanilla offload
+        assert abs(dos["final_loss"] - base["final_loss"]) < 1e-4
+        assert dos["loss_vs_zero3_offload"]["max_abs_diff"] < 1e-4
+        summary = dos["dos"]
+        assert summary["active"] and summary["subgroups"] >= 3 and summary["update_phases"] == 3
+        assert summary["update_ms"] > 0
+    assert by_label["dos(device)"]["dos"]["device_fraction"] == 1.0
+    assert by_label["dos(host)"]["dos"]["device_fraction"] == 0.0
+    assert base["speedup_vs_zero3_offload"]["iteration"] == pytest.approx(1.0)
+
+    report = (out / "report.md").read_text()
+    for text in ("## Hardware", "## Versions", "## Configuration", "Averaged: iterations 2-4", "## Results",
+                 "## Speedup vs zero3_offload", "## Loss agreement", "dos(auto)", "failed", "chart.png"):
+        assert text in report, text
+    assert (out / f"debug_cpu_{doc['date'][:10]}.md").read_text() == report
+
+    png = out / "chart.png"
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    image = matplotlib.image.imread(png)
+    assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 400
+
+
+# --- command line and configurations ------------------------------------------------------------------------------
+
+
+def test_defaults_target_a_gpu_host() -> None:
+    config = parse_args([]).config
+    assert (config.model, config.seq_len, config.micro_batch, config.precision) == ("gpt-2.7b", 2048, 4, "bf16-mixed")
+    assert config.activation_checkpointing and config.sub_group_size == 100_000_000
+    assert config.steps == 10 and config.warmup == 3
+    labels = [spec.label for spec in expand(config)]
+    assert labels == ["zero3_offload", "static_split(0.25)", "static_split(0.5)", "static_split(0.75)", "dos(auto)",
+                      "no_offload"]
+
+
+def test_flags_override_a_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"model": "gpt-1b", "steps": 6, "plans": ["host"]}))
+    config = parse_args(["--config", str(path), "--steps", "8", "--sub-group-size", "5e7", "--text",
+                         "--no-activation-checkpointing", "--plans", "auto", "0.5", "stride:3"]).config
+    assert (config.model, config.steps, config.sub_group_size, config.data) == ("gpt-1b", 8, 50_000_000, "text")
+    assert not config.activation_checkpointing
+    specs = expand(BenchConfig(strategies=["deep_optimizer_states"], plans=config.plans))
+    assert [spec.plan for spec in specs] == ["auto", "0.5", "stride:3"]
+    assert plan_argument("0.5") == 0.5 and plan_argument("host,device") == ["host", "device"]
+
+
+@pytest.mark.parametrize("argv", [["--plans", "sideways"], ["--steps", "3", "--warmup", "3"],
+                                  ["--strategies", "zero2"], ["--ratios", "1.5"]])
+def test_bad_arguments_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_dry_run_lists_configurations(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*TINY, "--plans", "stride:2", "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "dos(stride:2)" in printed and "static_split(0.5)" in printed and "no_offload" in printed
+
+
+def test_repeats_are_interleaved() -> None:
+    specs = expand(BenchConfig(strategies=["zero3_offload", "no_offload"]))
+    assert [(s.label, s.repeat) for s in schedule(specs, 2)] == [
+        ("zero3_offload", 0), ("no_offload", 0), ("zero3_offload", 1), ("no_offload", 1)]
+
+
+def test_no_offload_is_skipped_only_when_it_cannot_fit() -> None:
+    config = BenchConfig()
+    model = {"no_offload_state_gib_lower_bound": 41.7}
+    assert no_offload_skip_reason(config, model, {"gpu_count": 1, "gpu_memory_gib": 139.8}) is None
+    reason = no_offload_skip_reason(config, model, {"gpu_count": 1, "gpu_memory_gib": 22.0})
+    assert reason is not None and "does not fit" in reason
+    assert no_offload_skip_reason(config, model, {"gpu_count": 0, "gpu_memory_gib": None}) is None
+    config.force_no_offload = True
+    assert no_offload_skip_reason(config, model, {"gpu_count": 1, "gpu_memory_gib": 22.0}) is None
+
+
+def test_hardware_slug() -> None:
+    assert hardware_slug({"gpu_name": "NVIDIA H200"}) == "H200"
+    assert hardware_slug({"gpu_name": "NVIDIA H100 80GB HBM3"}) == "H100-80GB-HBM3"
+    assert hardware_slug({"gpu_name": None}) == "cpu"
+
+
+# --- statistics and comparisons -----------------------------------------------------------------------------------
+
+
+def test_spread_uses_interpolated_percentiles() -> None:
+    s = spread([4.0, 1.0, 3.0, 2.0, float("nan")])
+    assert (s.n, s.min, s.p25, s.median, s.p75, s.max) == (4, 1.0, 1.75, 2.5, 3.25, 4.0)
+    assert spread([]) is None
+
+
+def _raw(label: str, strategy: str, iteration: list[float], losses: list[float], repeat: int = 0) -> dict[str, Any]:
+    return {"status": "ok", "reason": None, "label": label, "strategy": strategy, "plan": None, "repeat": repeat,
+            "iterations": {"fwd_ms": [1.0] * len(iteration), "bwd_ms": [2.0] * len(iteration),
+                           "step_ms": [x - 3.0 for x in iteration], "iteration_ms": iteration, "loss": losses},
+            "peak_gpu_gib": None, "peak_host_gib": 1.0 + repeat, "dos": None, "device": {"type": "cpu"}}
+
+
+def test_aggregate_pools_repeats_and_compares_with_vanilla() -> None:
+    config = BenchConfig(steps=3, warmup=1, micro_batch=2, seq_len=8)
+    model = {"flops_per_token": 1e9}
+    base_spec, dos_spec = RunSpec("zero3_offload", "zero3_offload", 1.0), RunSpec("dos(auto)", "deep_optimizer_states",
+                                                                                  "auto")
+    base = aggregate(base_spec, [_raw("zero3_offload", "zero3_offload", [99.0, 10.0, 12.0], [5.0, 4.0, 3.0]),
+                                 _raw("zero3_offload", "zero3_offload", [99.0, 14.0, 16.0], [5.0, 4.0, 3.0], 1)],
+                     config, model)
+    dos = aggregate(dos_spec, [_raw("dos(auto)", "deep_optimizer_states", [50.0, 5.0, 7.0], [5.0, 4.0, 3.5])],
+                    config, model)
+    assert base["iteration_ms"] == 13.0 and base["spread"]["iteration_ms"]["n"] == 4  # warm-up 99s excluded
+    assert base["peak_host_gib"] == 2.0 and base["repeats_ok"] == 2
+    assert dos["tokens_per_s"] == pytest.approx(16 / 6e-3)
+    assert dos["tflops_per_s"] == pytest.approx(16 / 6e-3 * 1e9 / 1e12)
+    assert compare_to_baseline([base, dos]) is base
+    assert dos["speedup_vs_zero3_offload"]["iteration"] == pytest.approx(13.0 / 6.0)
+    assert dos["loss_vs_zero3_offload"]["final_abs_diff"] == pytest.approx(0.5)
+    assert dos["loss_vs_zero3_offload"]["max_abs_diff"] == pytest.approx(0.5)
+
+
+def test_a_failed_repeat_marks_the_configuration() -> None:
+    config = BenchConfig(steps=3, warmup=1)
+    spec = RunSpec("dos(auto)", "deep_optimizer_states", "auto")
+    runs = [_raw("dos(auto)", "deep_optimizer_states", [9.0, 5.0, 7.0], [1.0, 1.0, 1.0]),
+            {**spec.to_dict(), "repeat": 1, "status": "oom", "reason": "OutOfMemoryError: CUDA out of memory"}]
+    result = aggregate(spec, runs, config, {"flops_per_token": 1.0})
+    assert result["status"] == "oom" and result["reason"].startswith("repeat 2/2: OutOfMemoryError")
+    assert result["iteration_ms"] == 6.0 and result["repeats_ok"] == 1
+
+
+# --- failures -----------------------------------------------------------------------------------------------------
+
+
+def test_exit_classification(tmp_path: Path) -> None:
+    log = tmp_path / "worker.log"
+    log.write_text("loading\nRuntimeError: CUDA error: out of memory\n")
+    assert classify_exit(1, False, 60, log)["status"] == "oom"
+    assert classify_exit(-signal.SIGKILL, False, 60, log)["status"] == "oom"
+    timeout = classify_exit(None, True, 60, log)
+    assert timeout == {"status": "timeout", "reason": "no result within 60 s (raise --timeout)"}
+    log.write_text("Traceback\nSegmentation fault\n")
+    failed = classify_exit(-11, False, 60, log)
+    assert failed["status"] == "failed" and "code -11" in failed["reason"]
+
+
+def test_a_worker_past_its_timeout_is_stopped(tmp_path: Path) -> None:
+    spec = RunSpec("zero3_offload", "zero3_offload", 1.0)
+    started = time.perf_counter()
+    result = launch(BenchConfig(model="debug"), spec, tmp_path / "run", timeout_s=0.5)
+    assert result["status"] == "timeout" and result["label"] == "zero3_offload"
+    assert time.perf_counter() - started < 15
+    assert (tmp_path / "run" / "config.json").is_file() and not (tmp_path / "run" / "result.json").exists()
+
+
+def test_harness_reports_a_failed_configuration_and_runs_the_rest(tmp_path: Path) -> None:
+    config = BenchConfig(model="debug", n_layer=1, n_embd=32, vocab_size=64, seq_len=8, micro_batch=1, steps=3,
+                         warmup=1, strategies=["zero3_offload", "deep_optimizer_states", "no_offload"],
+                         plans=["host"])
+    calls: list[str] = []
+
+    def fake_launcher(cfg: BenchConfig, spec: RunSpec, run_dir: Path) -> dict[str, Any]:
+        calls.append(spec.label)
+        if spec.label == "dos(host)":
+            return {**spec.to_dict(), "status": "failed", "reason": "RuntimeError: injected", "log": None}
+        return {**_raw(spec.label, spec.strategy, [9.0, 5.0, 7.0], [2.0, 1.5, 1.0]), "plan": spec.plan}
+
+    doc = run_bench(config, tmp_path, launcher=fake_launcher, progress=False)
+    assert calls == ["zero3_offload", "dos(auto)", "dos(host)", "no_offload"]
+    statuses = {r["label"]: r["status"] for r in doc["results"]}
+    assert statuses == {"zero3_offload": "ok", "dos(auto)": "ok", "dos(host)": "failed", "no_offload": "ok"}
+    report = (tmp_path / "report.md").read_text()
+    assert "**dos(host)**: failed: RuntimeError: injected" in report
+    assert (tmp_path / "chart.png").read_bytes()[:8] == PNG_SIGNATURE

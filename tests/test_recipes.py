@@ -1,0 +1,206 @@
+"""Every recipe, alone and composed with every config fragment, parses and instantiates through the CLI.
+
+A renamed argument anywhere (model, data module, strategy, logger) breaks one of these tests instead of a
+recipe at launch time; an unknown key is reported by name; fragments really replace the recipe's strategy
+and logger (jsonargparse carries ``init_args`` over when ``class_path`` changes, which must not leak).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from lightning.pytorch.loggers import CSVLogger
+
+from lightning_dos import DeepOptimizerStatesStrategy, ZeRO3OffloadStrategy, ZeRO3Strategy
+from lightning_dos.callbacks import DOSMetricsLogger, ValLossReport
+from lightning_dos.cli import DOSLightningCLI
+from lightning_dos.data import SyntheticDataModule, TextDataModule
+from lightning_dos.loggers import DOSWandbLogger
+
+# the tests pass args while pytest's own arguments sit in sys.argv
+pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+STRATEGY_FRAGMENTS = sorted((ROOT / "configs" / "strategy").glob("*.yaml"))
+LOGGER_FRAGMENTS = sorted((ROOT / "configs" / "logger").glob("*.yaml"))
+
+# recipe -> (model preset, data module class, plan kind); a new recipe must be added here
+EXPECTED_RECIPES: dict[str, tuple[str, type, str]] = {
+    "debug": ("debug", TextDataModule, "fraction"),
+    "quickstart": ("gpt-10m", TextDataModule, "auto"),
+    "gpt-2.7b": ("gpt-2.7b", SyntheticDataModule, "auto"),
+}
+# strategy fragment -> (strategy class, optimizer state offloaded, DeepSpeed's static-split ratio)
+EXPECTED_STRATEGIES: dict[str, tuple[type, bool, float | None]] = {
+    "dos_auto": (DeepOptimizerStatesStrategy, True, None),
+    "zero3_offload": (ZeRO3OffloadStrategy, True, None),
+    "static_split_0.25": (ZeRO3OffloadStrategy, True, 0.25),
+    "static_split_0.5": (ZeRO3OffloadStrategy, True, 0.5),
+    "static_split_0.75": (ZeRO3OffloadStrategy, True, 0.75),
+    "no_offload": (ZeRO3Strategy, False, None),
+}
+EXPECTED_LOGGERS: dict[str, type] = {"csv": CSVLogger, "wandb": DOSWandbLogger}
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # recipes log under relative paths (runs/); keep whatever instantiation creates out of the repo
+    monkeypatch.chdir(tmp_path)
+
+
+def _cli(*configs: Path, extra: tuple[str, ...] = ()) -> DOSLightningCLI:
+    args: list[str] = []
+    for config in configs:
+        args += ["--config", str(config)]
+    if configs and _needs_gpu(configs[0]):
+        args += ["--trainer.accelerator", "cpu"]  # GPU recipes are instantiated, never run, on CPU CI
+    return DOSLightningCLI(args=[*args, *extra], run=False)
+
+
+def _needs_gpu(recipe: Path) -> bool:
+    return yaml.safe_load(recipe.read_text())["trainer"].get("accelerator") in ("gpu", "cuda")
+
+
+def _zero(cli: DOSLightningCLI) -> dict[str, Any]:
+    return cli.trainer.strategy.config["zero_optimization"]
+
+
+def _check_recipe(cli: DOSLightningCLI, recipe: Path) -> None:
+    preset, data_class, _ = EXPECTED_RECIPES[recipe.stem]
+    assert cli.model.hparams.name == preset
+    assert cli.model.config.name == preset
+    assert type(cli.datamodule) is data_class
+    # the links: the model's vocabulary and context length follow the data module
+    assert cli.model.config.vocab_size == cli.datamodule.vocab_size
+    assert cli.model.config.block_size == cli.datamodule.seq_len
+    assert _zero(cli)["stage"] == 3
+
+
+def test_every_recipe_is_listed() -> None:
+    assert {p.stem for p in RECIPES} == set(EXPECTED_RECIPES)
+    assert {p.stem for p in STRATEGY_FRAGMENTS} == set(EXPECTED_STRATEGIES)
+    assert {p.stem for p in LOGGER_FRAGMENTS} == set(EXPECTED_LOGGERS)
+
+
+@pytest.mark.parametrize("config", RECIPES + STRATEGY_FRAGMENTS + LOGGER_FRAGMENTS, ids=lambda p: p.stem)
+def test_every_key_has_a_comment(config: Path) -> None:
+    lines = config.read_text().splitlines()
+    assert lines[0].startswith("# "), f"{config.name}: starts without a header comment"
+    for number, line in enumerate(lines, 1):
+        if re.match(r"^\s*[\w.-]+:\s*[^\s#]", line):  # a key with a value (section headers hold only keys)
+            assert " # " in line, f"{config.name}:{number}: key without a comment: {line.strip()}"
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_recipe_instantiates(recipe: Path) -> None:
+    cli = _cli(recipe)
+    _check_recipe(cli, recipe)
+    strategy = cli.trainer.strategy
+    assert type(strategy) is DeepOptimizerStatesStrategy
+    assert strategy.plan_spec.kind == EXPECTED_RECIPES[recipe.stem][2]
+    assert _zero(cli)["offload_optimizer"]["device"] == "cpu"
+    # the CLI adds its callbacks exactly once
+    for kind in (ValLossReport, DOSMetricsLogger):
+        assert sum(isinstance(c, kind) for c in cli.trainer.callbacks) == 1
+    assert cli.trainer.max_steps > 0
+
+
+def test_quickstart_values() -> None:
+    cli = _cli(ROOT / "recipes" / "quickstart.yaml")
+    assert cli.trainer.precision == "32-true"
+    assert cli.datamodule.paths is None and cli.datamodule.bpe_vocab_size == 4096  # stdlib corpus, 4k BPE
+    assert cli.model.config.vocab_size == 4096
+    assert isinstance(cli.trainer.logger, CSVLogger)
+
+
+def test_gpt_2_7b_values() -> None:
+    cli = _cli(ROOT / "recipes" / "gpt-2.7b.yaml")
+    config = cli.model.config
+    assert (config.n_layer, config.n_embd, config.block_size, config.vocab_size) == (32, 2560, 2048, 50304)
+    assert config.activation_checkpointing
+    assert cli.datamodule.batch_size == 4
+    assert cli.trainer.precision == "bf16-mixed"
+    assert _zero(cli)["sub_group_size"] == 100_000_000
+    assert math.isclose(cli.model.hparams.learning_rate, 1.6e-4)
+
+
+@pytest.mark.parametrize("fragment", STRATEGY_FRAGMENTS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_strategy_fragment_overrides_recipe(recipe: Path, fragment: Path) -> None:
+    cli = _cli(recipe, fragment)
+    _check_recipe(cli, recipe)
+    strategy_class, offloaded, ratio = EXPECTED_STRATEGIES[fragment.stem]
+    assert type(cli.trainer.strategy) is strategy_class
+    zero = _zero(cli)
+    assert zero["stage"] == 3
+    offload = zero.get("offload_optimizer")
+    if offloaded:
+        assert offload["device"] == "cpu" and offload["pin_memory"] is True
+        assert offload.get("ratio", 1.0) == (ratio if ratio is not None else 1.0)
+    else:
+        assert not offload
+    if strategy_class is DeepOptimizerStatesStrategy:
+        assert cli.trainer.strategy.plan_spec.kind == "auto"  # the fragment's plan, not the recipe's
+    else:
+        assert zero["sub_group_size"] == 100_000_000
+
+
+@pytest.mark.parametrize("fragment", LOGGER_FRAGMENTS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_logger_fragment_overrides_recipe(recipe: Path, fragment: Path) -> None:
+    cli = _cli(recipe, fragment)
+    logger = cli.trainer.logger
+    assert type(logger) is EXPECTED_LOGGERS[fragment.stem]
+    # the recipe's run name is kept when the logger class changes
+    name = yaml.safe_load(recipe.read_text())["trainer"]["logger"]["init_args"]["name"]
+    if isinstance(logger, DOSWandbLogger):
+        assert logger._wandb_init["name"] == name and logger._wandb_init["project"] == "lightning-dos"
+    else:
+        assert logger.name == name
+
+
+def test_strategy_and_logger_fragments_compose() -> None:
+    recipe = ROOT / "recipes" / "quickstart.yaml"
+    cli = _cli(recipe, ROOT / "configs/strategy/static_split_0.5.yaml", ROOT / "configs/logger/wandb.yaml")
+    assert type(cli.trainer.strategy) is ZeRO3OffloadStrategy and cli.trainer.strategy.ratio == 0.5
+    assert type(cli.trainer.logger) is DOSWandbLogger
+    # the last fragment wins, and no static-split ratio leaks into the DOS config
+    cli = _cli(recipe, ROOT / "configs/strategy/static_split_0.5.yaml", ROOT / "configs/strategy/dos_auto.yaml")
+    assert type(cli.trainer.strategy) is DeepOptimizerStatesStrategy
+    assert "ratio" not in _zero(cli)["offload_optimizer"]
+
+
+@pytest.mark.parametrize("name", ["zero3_offload", "static_split_0.25", "zero3", "deep_optimizer_states"])
+def test_strategy_by_registered_name(name: str) -> None:
+    cli = _cli(ROOT / "recipes" / "debug.yaml", extra=("--trainer.strategy", name))
+    assert cli.trainer.strategy.strategy_name == name.replace("static_split_0.25", "zero3_offload")
+    assert _zero(cli)["stage"] == 3
+
+
+@pytest.mark.parametrize(
+    ("path", "typo"),
+    [
+        (("model",), "learnig_rate"),
+        (("data", "init_args"), "seq_lenn"),
+        (("trainer", "strategy", "init_args"), "plann"),
+        (("trainer",), "max_stpes"),
+    ],
+)
+def test_unknown_key_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str], path: tuple, typo: str) -> None:
+    config = yaml.safe_load((ROOT / "recipes" / "debug.yaml").read_text())
+    section = config
+    for key in path:
+        section = section[key]
+    section[typo] = 1
+    bad = tmp_path / "typo.yaml"
+    bad.write_text(yaml.safe_dump(config))
+    with pytest.raises(SystemExit) as exit_info:
+        _cli(bad)
+    assert exit_info.value.code != 0
+    assert typo in capsys.readouterr().err
