@@ -41,13 +41,17 @@ class LaneTimings:
     total_s: float = 0.0
     host_busy_s: float = 0.0
     device_busy_s: float = 0.0
+    prefetch_busy_s: float = 0.0
+    adam_busy_s: float = 0.0
+    flush_busy_s: float = 0.0
+    device_subgroups: int = 0
     host_params: int = 0
     device_params: int = 0
     h2d_bytes: int = 0
     d2h_bytes: int = 0
     upload_bytes: int = 0
     device_buffer_bytes: int = 0
-    events: list[dict[str, Any]] = field(default_factory=list)  # per-subgroup lane spans, for timelines
+    events: list[dict[str, Any]] = field(default_factory=list)  # per-subgroup stage spans (s since start)
 
 
 class _HostEvent:
@@ -134,20 +138,20 @@ class UpdateExecutor:
         host_ids = [i for i, lane in enumerate(lanes) if lane == Lane.HOST]
 
         s = self.streams
-        start = s.record(s.current())
+        start = s.record(s.current(), timing=True)
         for stream in (s.prefetch, s.adam, s.flush, s.upload):
             s.wait(stream, start)
 
-        device_done = self._issue_device_lane(device_ids, buffers, subgroups, inv_scale, timings)
-        host_done = self._run_host_lane(host_ids, subgroups, host_step, timings)
+        spans: list[tuple[int, str, str, Any, Any]] = []  # (subgroup, lane, stage, begin event, end event)
+        device_done = self._issue_device_lane(device_ids, buffers, subgroups, inv_scale, timings, spans)
+        host_done = self._run_host_lane(host_ids, subgroups, host_step, timings, spans)
 
         # the caller's stream (next forward's all-gather) must see every param write
         for event in (*device_done, *host_done):
             s.wait(s.current(), event)
             event.synchronize()
-        if s.is_cuda and device_ids:
-            timings.device_busy_s = self._device_first.elapsed_time(device_done[-1]) / 1e3
         timings.total_s = time.perf_counter() - t0
+        _resolve_spans(start, t0, spans, timings)
         return timings
 
     # ------------------------------------------------------------------ device lane
@@ -158,11 +162,11 @@ class UpdateExecutor:
         subgroups: Sequence[Subgroup],
         inv_scale: torch.Tensor | float,
         timings: LaneTimings,
+        spans: list[tuple[int, str, str, Any, Any]],
     ) -> list[Any]:
         if not ids:
             return []
         s = self.streams
-        t0 = time.perf_counter()
         numel = max(subgroups[i].numel for i in ids)
         n_slots = max(1, min(buffers, len(ids)))
         slots = [torch.empty((4, numel), dtype=torch.float32, device=self.device) for _ in range(n_slots)]
@@ -177,7 +181,6 @@ class UpdateExecutor:
         ready = s.record(s.current())
 
         flushed: list[Any] = [None] * n_slots
-        self._device_first = s.record(s.prefetch, timing=True)
         last_flush = None
         for k, i in enumerate(ids):
             sg = subgroups[i]
@@ -187,31 +190,35 @@ class UpdateExecutor:
             with s.use(s.prefetch):
                 s.wait(s.prefetch, flushed[k % n_slots])  # slot free only once its last flush is done
                 s.wait(s.prefetch, ready)
+                begin = s.record(s.prefetch, timing=True)
                 master.copy_(sg.master, non_blocking=True)
                 exp_avg.copy_(sg.exp_avg, non_blocking=True)
                 exp_avg_sq.copy_(sg.exp_avg_sq, non_blocking=True)
                 grad.copy_(sg.grad, non_blocking=True)
-                prefetched = s.record(s.prefetch)
+                prefetched = s.record(s.prefetch, timing=True)
+                spans.append((i, "device", "prefetch", begin, prefetched))
             with s.use(s.adam):
                 s.wait(s.adam, prefetched)
+                begin = s.record(s.adam, timing=True)
                 grad.mul_(inv)  # same unscale/clip factor as the host lane, in fp32
                 _adam(sg, master, grad, exp_avg, exp_avg_sq, step_count[k])
                 sg.param16.copy_(master)  # 16-bit params in their own dtype, on the device
-                adam_done = s.record(s.adam)
+                adam_done = s.record(s.adam, timing=True)
+                spans.append((i, "device", "adam", begin, adam_done))
             with s.use(s.flush):
                 s.wait(s.flush, adam_done)
+                begin = s.record(s.flush, timing=True)
                 sg.master.copy_(master, non_blocking=True)
                 sg.exp_avg.copy_(exp_avg, non_blocking=True)
                 sg.exp_avg_sq.copy_(exp_avg_sq, non_blocking=True)
                 last_flush = s.record(s.flush, timing=True)
+                spans.append((i, "device", "flush", begin, last_flush))
                 flushed[k % n_slots] = last_flush
             sg.state["step"] += 1
             timings.device_params += n
+            timings.device_subgroups += 1
             timings.h2d_bytes += 16 * n
             timings.d2h_bytes += 12 * n
-            timings.events.append({"subgroup": i, "lane": "device", "issued_s": time.perf_counter() - t0})
-        if not s.is_cuda:
-            timings.device_busy_s = time.perf_counter() - t0
         return [adam_done, last_flush]
 
     # ------------------------------------------------------------------ host lane
@@ -221,6 +228,7 @@ class UpdateExecutor:
         subgroups: Sequence[Subgroup],
         host_step: Callable[[int], None],
         timings: LaneTimings,
+        spans: list[tuple[int, str, str, Any, Any]],
     ) -> list[Any]:
         if not ids:
             return []
@@ -231,23 +239,52 @@ class UpdateExecutor:
         t0 = time.perf_counter()
         for k, i in enumerate(ids):
             sg = subgroups[i]
-            begin = time.perf_counter() - t0
+            begin = _HostEvent()
+            begin.record()
             host_step(i)
+            adam_done = _HostEvent()
+            adam_done.record()
+            spans.append((i, "host", "adam", begin, adam_done))
             slot = k % len(staging)
             if uploaded[slot] is not None:
                 uploaded[slot].synchronize()  # the host may overwrite a staging buffer only once it is sent
             buf = staging[slot][: sg.numel]
             buf.copy_(sg.master)  # fp32 -> param dtype on the host: half the bytes cross the link
             with s.use(s.upload):
+                up_begin = s.record(s.upload, timing=True)
                 sg.param16.copy_(buf, non_blocking=True)
-                uploaded[slot] = s.record(s.upload)
+                uploaded[slot] = s.record(s.upload, timing=True)
+            spans.append((i, "host", "upload", up_begin, uploaded[slot]))
             timings.host_params += sg.numel
             timings.upload_bytes += sg.numel * buf.element_size()
-            timings.events.append(
-                {"subgroup": i, "lane": "host", "start_s": begin, "end_s": time.perf_counter() - t0}
-            )
         timings.host_busy_s = time.perf_counter() - t0
         return [e for e in uploaded if e is not None]
+
+
+def _resolve_spans(
+    start: Any, host_origin: float, spans: list[tuple[int, str, str, Any, Any]], timings: LaneTimings
+) -> None:
+    """Turn recorded events into per-stage spans (seconds since the phase began) and busy times."""
+    by_key: dict[tuple[int, str], dict[str, Any]] = {}
+    busy = {"prefetch": 0.0, "adam": 0.0, "flush": 0.0}
+    device_end = 0.0
+    for subgroup, lane, stage, begin, end in spans:
+        if isinstance(begin, _HostEvent) and isinstance(end, _HostEvent):
+            b, e = begin.time - host_origin, end.time - host_origin  # host clock (the host lane on a GPU too)
+        elif isinstance(begin, _HostEvent):
+            b, e = begin.time - host_origin, start.elapsed_time(end) / 1e3
+        else:
+            b, e = start.elapsed_time(begin) / 1e3, start.elapsed_time(end) / 1e3
+        entry = by_key.setdefault((subgroup, lane), {"subgroup": subgroup, "lane": lane})
+        entry[stage] = (b, e)
+        if lane == "device":
+            busy[stage] += e - b
+            device_end = max(device_end, e)
+    timings.prefetch_busy_s = busy["prefetch"]
+    timings.adam_busy_s = busy["adam"]
+    timings.flush_busy_s = busy["flush"]
+    timings.device_busy_s = device_end
+    timings.events = sorted(by_key.values(), key=lambda d: (d["lane"], d["subgroup"]))
 
 
 def _adam(

@@ -108,13 +108,14 @@ def train(
     every_step: Any = None,
     epoch_batches: int | None = None,
     save_to: str | None = None,
+    accelerator: str = "cpu",
 ) -> RunResult:
     rec = LossRecorder()
     callbacks: list[pl.Callback] = [rec]
     if every_step is not None:
         callbacks.append(every_step)
     trainer = pl.Trainer(
-        accelerator="cpu",
+        accelerator=accelerator,
         devices=1,
         strategy=strategy or make_strategy(plan),
         precision=precision,

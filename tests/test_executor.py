@@ -1,0 +1,106 @@
+"""The executor alone (no DeepSpeed): results equal torch's AdamW, stages are ordered, bytes are counted."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_dos.executor import UpdateExecutor
+from lightning_dos.planning.plan import Lane
+from lightning_dos.subgroup import AdamHyper, Subgroup
+
+HYPER = AdamHyper(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, adamw=True)
+SIZES = [300, 120, 500, 80, 260]
+
+
+def _subgroups(param_dtype: torch.dtype = torch.float32) -> list[Subgroup]:
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i, n in enumerate(SIZES):
+        master = torch.randn(n, generator=g)
+        out.append(
+            Subgroup(
+                index=i,
+                numel=n,
+                master=master,
+                exp_avg=torch.randn(n, generator=g).abs() * 1e-2,
+                exp_avg_sq=torch.randn(n, generator=g).abs() * 1e-3,
+                state={"step": 3},
+                grad=torch.randn(n, generator=g),
+                param16=master.to(param_dtype),
+                hyper=HYPER,
+            )
+        )
+    return out
+
+
+def _reference(sg: Subgroup, inv: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """torch.optim.AdamW (single-tensor, not fused) from the same state."""
+    p = torch.nn.Parameter(sg.master.clone())
+    opt = torch.optim.AdamW([p], lr=HYPER.lr, betas=(HYPER.beta1, HYPER.beta2), eps=HYPER.eps,
+                            weight_decay=HYPER.weight_decay, foreach=False)
+    opt.state[p] = {"step": torch.tensor(float(sg.state["step"])), "exp_avg": sg.exp_avg.clone(),
+                    "exp_avg_sq": sg.exp_avg_sq.clone()}
+    p.grad = sg.grad.clone() * inv
+    opt.step()
+    return p.detach(), opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"]
+
+
+def _host_step_with_torch(subgroups: list[Subgroup], inv: float):
+    def host_step(i: int) -> None:
+        sg = subgroups[i]
+        m, a, v = _reference(sg, inv)
+        sg.master.copy_(m)
+        sg.exp_avg.copy_(a)
+        sg.exp_avg_sq.copy_(v)
+        sg.state["step"] += 1
+
+    return host_step
+
+
+@pytest.mark.parametrize("buffers", [1, 2, 3])
+@pytest.mark.parametrize("lanes", ["HDHDD", "DDDDD", "HHHHH"])
+def test_both_lanes_match_torch_adamw(lanes: str, buffers: int) -> None:
+    inv = 0.5
+    subgroups = _subgroups(torch.bfloat16)
+    expected = [_reference(sg, inv) for sg in subgroups]
+    plan = [Lane.DEVICE if c == "D" else Lane.HOST for c in lanes]
+    order = [4, 0, 1, 2, 3]  # a device-lane order other than ascending
+    timings = UpdateExecutor(torch.device("cpu")).run(
+        plan, order, buffers, subgroups, torch.tensor(inv), _host_step_with_torch(subgroups, inv)
+    )
+    for sg, (m, a, v) in zip(subgroups, expected):
+        torch.testing.assert_close(sg.master, m, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(sg.exp_avg, a, rtol=1e-6, atol=1e-9)
+        torch.testing.assert_close(sg.exp_avg_sq, v, rtol=1e-6, atol=1e-10)
+        assert sg.state["step"] == 4
+        # 16-bit params written in their own dtype, from the updated master
+        assert sg.param16.dtype == torch.bfloat16
+        assert torch.equal(sg.param16, sg.master.to(torch.bfloat16))
+    n_dev = sum(n for n, c in zip(SIZES, lanes) if c == "D")
+    n_host = sum(SIZES) - n_dev
+    assert timings.device_params == n_dev and timings.host_params == n_host
+    assert timings.h2d_bytes == 16 * n_dev and timings.d2h_bytes == 12 * n_dev
+    assert timings.upload_bytes == 2 * n_host
+    assert len(timings.events) == len(SIZES)
+
+
+def test_device_lane_stages_are_ordered_by_slot() -> None:
+    """prefetch -> adam -> flush per subgroup; with one slot, a prefetch starts after the previous flush."""
+    subgroups = _subgroups()
+    timings = UpdateExecutor(torch.device("cpu")).run(
+        [Lane.DEVICE] * len(SIZES), list(range(len(SIZES))), 1, subgroups, 1.0, lambda i: None
+    )
+    spans = {e["subgroup"]: e for e in timings.events}
+    for i in range(len(SIZES)):
+        e = spans[i]
+        assert e["prefetch"][1] <= e["adam"][0] <= e["adam"][1] <= e["flush"][0]
+        if i:
+            assert spans[i - 1]["flush"][1] <= e["prefetch"][0]
+    assert timings.prefetch_busy_s > 0 and timings.adam_busy_s > 0 and timings.flush_busy_s > 0
+    assert timings.device_busy_s >= timings.adam_busy_s
+
+
+def test_plan_length_must_match() -> None:
+    with pytest.raises(ValueError, match="lanes"):
+        UpdateExecutor(torch.device("cpu")).run([Lane.HOST], [0], 2, _subgroups(), 1.0, lambda i: None)
