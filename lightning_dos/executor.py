@@ -44,6 +44,7 @@ class LaneTimings:
     prefetch_busy_s: float = 0.0
     adam_busy_s: float = 0.0
     flush_busy_s: float = 0.0
+    upload_busy_s: float = 0.0
     device_subgroups: int = 0
     host_params: int = 0
     device_params: int = 0
@@ -266,7 +267,7 @@ def _resolve_spans(
 ) -> None:
     """Turn recorded events into per-stage spans (seconds since the phase began) and busy times."""
     by_key: dict[tuple[int, str], dict[str, Any]] = {}
-    busy = {"prefetch": 0.0, "adam": 0.0, "flush": 0.0}
+    busy = {"prefetch": 0.0, "adam": 0.0, "flush": 0.0, "upload": 0.0}
     device_end = 0.0
     for subgroup, lane, stage, begin, end in spans:
         if isinstance(begin, _HostEvent) and isinstance(end, _HostEvent):
@@ -277,12 +278,14 @@ def _resolve_spans(
             b, e = start.elapsed_time(begin) / 1e3, start.elapsed_time(end) / 1e3
         entry = by_key.setdefault((subgroup, lane), {"subgroup": subgroup, "lane": lane})
         entry[stage] = (b, e)
-        if lane == "device":
+        if lane == "device" or stage == "upload":
             busy[stage] += e - b
+        if lane == "device":
             device_end = max(device_end, e)
     timings.prefetch_busy_s = busy["prefetch"]
     timings.adam_busy_s = busy["adam"]
     timings.flush_busy_s = busy["flush"]
+    timings.upload_busy_s = busy["upload"]
     timings.device_busy_s = device_end
     timings.events = sorted(by_key.values(), key=lambda d: (d["lane"], d["subgroup"]))
 

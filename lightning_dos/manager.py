@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from lightning_dos.executor import LaneTimings, UpdateExecutor
-from lightning_dos.planning.perf_model import CostParams, device_memory_bytes
+from lightning_dos.planning.calibration import Calibrator, StepMeasurement, probe_plan
+from lightning_dos.planning.perf_model import CostParams, device_memory_bytes, predicted_makespan_s
 from lightning_dos.planning.plan import Plan, PlanSpec, resolve_plan
 from lightning_dos.planning.planner import best_plan, demote_to_fit
 
@@ -26,6 +27,8 @@ GIB = 1024**3
 #: Device memory kept free for the allocator's fragmentation and the next forward's first kernels.
 SAFETY_MARGIN_BYTES = 1 * GIB
 DEFAULT_BUFFERS = 2
+#: ``auto`` starts with one probe step that puts half the subgroups on each lane, to measure both lanes.
+PROBE_STEPS = 1
 
 
 @dataclass
@@ -38,6 +41,8 @@ class StepRecord:
     free_bytes: int | None
     demoted: tuple[int, ...]
     device_fraction: float
+    predicted_s: float
+    replanned: bool = False
 
 
 class OptimizerStateManager:
@@ -52,16 +57,22 @@ class OptimizerStateManager:
         device: torch.device | str = "cpu",
         ranks_per_host: int = 1,
         cost: CostParams | None = None,
+        cost_overrides: dict[str, float] | None = None,
     ) -> None:
         self.optimizer = optimizer
         self.spec = plan
         self.device = torch.device(device)
         self.memory_budget_bytes = None if memory_budget_gib is None else int(memory_budget_gib * GIB)
         self.buffers = buffers
-        self.cost = cost or CostParams(ranks_per_host=max(1, ranks_per_host))
+        base = cost or CostParams(ranks_per_host=max(1, ranks_per_host))
+        if cost_overrides:
+            base = base.with_values(cost_overrides, key="cost_overrides")
+        self.calibrator = Calibrator(base, overrides=cost_overrides)
         self.sizes = list(optimizer.subgroup_sizes())
         self.active = bool(optimizer._dos_supported())
         self.base_plan = self._resolve(self.spec)
+        if self.spec.kind == "auto":
+            self.base_plan = probe_plan(self.sizes, buffers=self.buffers or DEFAULT_BUFFERS)
         self.executor = UpdateExecutor(self.device)
         self.records: list[StepRecord] = []
         self._pending: tuple[Plan, int | None, tuple[int, ...]] | None = None
@@ -69,6 +80,11 @@ class OptimizerStateManager:
             optimizer.update_phase = self._update_phase
 
     # ------------------------------------------------------------------ planning
+    @property
+    def cost(self) -> CostParams:
+        """The cost parameters in force (starting values, user overrides, then what calibration learnt)."""
+        return self.calibrator.params
+
     def _resolve(self, spec: PlanSpec) -> Plan:
         if spec.kind == "auto":
             return best_plan(self.sizes, self.cost, self.memory_budget_bytes, max_buffers=self.buffers or 4)
@@ -114,17 +130,45 @@ class OptimizerStateManager:
         plan, free, demoted = self._pending
         self._pending = None
         subgroups = optimizer.subgroups()
+        predicted = predicted_makespan_s(plan, self.sizes, self.cost)
         timings = self.executor.run(plan.lanes, plan.order, plan.buffers, subgroups, inv_scale, host_step)
-        self.records.append(
-            StepRecord(
-                step=len(self.records),
-                plan=plan,
-                timings=timings,
-                free_bytes=free,
-                demoted=demoted,
-                device_fraction=plan.device_fraction(self.sizes),
+        record = StepRecord(
+            step=len(self.records),
+            plan=plan,
+            timings=timings,
+            free_bytes=free,
+            demoted=demoted,
+            device_fraction=plan.device_fraction(self.sizes),
+            predicted_s=predicted,
+        )
+        self.records.append(record)
+        self._calibrate(record)
+
+    def _calibrate(self, record: StepRecord) -> None:
+        """Fold the measured step into the cost model; re-plan ``auto`` after the probe or on drift."""
+        t = record.timings
+        self.calibrator.observe(
+            StepMeasurement(
+                host_params=t.host_params,
+                host_busy_s=t.host_busy_s,
+                host_overlapped=t.device_params > 0 and self.device.type == "cuda",
+                device_params=t.device_params,
+                h2d_bytes=t.h2d_bytes + t.upload_bytes,
+                h2d_busy_s=t.prefetch_busy_s + t.upload_busy_s,
+                d2h_bytes=t.d2h_bytes,
+                d2h_busy_s=t.flush_busy_s,
+                adam_busy_s=t.adam_busy_s,
+                predicted_s=record.predicted_s,
+                measured_s=t.total_s,
+                device_subgroups=t.device_subgroups,
             )
         )
+        if self.spec.kind != "auto":
+            return
+        if len(self.records) == PROBE_STEPS or self.calibrator.should_replan():
+            self.base_plan = self._resolve(self.spec)
+            record.replanned = True
+            log.info("deep_optimizer_states: re-planned at update %d: %s", record.step, self.base_plan)
 
     # ------------------------------------------------------------------ reporting
     def describe(self) -> str:
@@ -151,6 +195,11 @@ class OptimizerStateManager:
         out = {
             "dos/device_fraction": r.device_fraction,
             "dos/update_ms": t.total_s * 1e3,
+            "dos/predicted_update_ms": r.predicted_s * 1e3,
+            "dos/replanned": float(r.replanned),
+            "dos/prefetch_busy_ms": t.prefetch_busy_s * 1e3,
+            "dos/adam_busy_ms": t.adam_busy_s * 1e3,
+            "dos/flush_busy_ms": t.flush_busy_s * 1e3,
             "dos/host_busy_ms": t.host_busy_s * 1e3,
             "dos/device_busy_ms": t.device_busy_s * 1e3,
             "dos/h2d_gb": (t.h2d_bytes + t.upload_bytes) / 1e9,
@@ -162,4 +211,11 @@ class OptimizerStateManager:
             out["dos/cpu_adam_gparam_s"] = t.host_params / t.host_busy_s / 1e9
         if r.free_bytes is not None:
             out["dos/free_device_gib"] = r.free_bytes / GIB
+        if t.prefetch_busy_s + t.upload_busy_s > 0:
+            out["dos/h2d_gb_per_s"] = (t.h2d_bytes + t.upload_bytes) / (t.prefetch_busy_s + t.upload_busy_s) / 1e9
+        if t.flush_busy_s > 0:
+            out["dos/d2h_gb_per_s"] = t.d2h_bytes / t.flush_busy_s / 1e9
+        median = self.calibrator.median_relative_error()
+        if median is not None:
+            out["dos/median_prediction_error"] = median
         return out

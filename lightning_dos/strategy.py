@@ -25,6 +25,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
 from lightning_dos.cpu_support import CPUSupportMixin
+from lightning_dos.planning.perf_model import CostParams
 from lightning_dos.planning.plan import parse_plan
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,8 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         memory_budget_gib: most accelerator memory the device lane may use during the update phase
             (``None``: whatever is free, minus a safety margin).
         buffers: device-lane buffer slots (prefetch depth); ``None`` lets the planner choose.
+        cost_overrides: fixed values for performance-model parameters (e.g. ``{"h2d_bytes_per_s": 25e9}``);
+            calibration never changes an overridden parameter. See ``docs/performance-model.md``.
         pin_memory: keep offloaded optimizer state in page-locked memory (2-3x faster transfers).
         stage, offload_optimizer: must stay 3 and True; they exist so a mistaken override is reported
             clearly instead of silently ignored.
@@ -73,6 +76,7 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         sub_group_size: Union[int, str] = "auto",
         memory_budget_gib: Optional[float] = None,
         buffers: Optional[int] = None,
+        cost_overrides: Optional[dict[str, float]] = None,
         pin_memory: bool = True,
         stage: int = 3,
         offload_optimizer: bool = True,
@@ -86,7 +90,8 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             raise ValueError(f"memory_budget_gib: {memory_budget_gib} is negative; set a size in GiB >= 0 or null")
         if buffers is not None and buffers < 1:
             raise ValueError(
-                f"buffers: {buffers} must be >= 1 (device-lane buffer slots), or null to let the planner choose"
+                f"buffers: {buffers} is not a number of device-lane buffer slots; "
+                "set 1 or more, or null to let the planner choose"
             )
         if stage != 3:
             raise MisconfigurationException(
@@ -98,8 +103,11 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
                 "offload_optimizer: deep_optimizer_states keeps the optimizer state in host memory; set "
                 "offload_optimizer: true (or use strategy: deepspeed_stage_3 for a GPU-resident optimizer)"
             )
+        if cost_overrides:
+            CostParams().with_values(cost_overrides, key="cost_overrides")  # unknown names fail here, early
         self.memory_budget_gib = memory_budget_gib
         self.buffers = buffers
+        self.cost_overrides = dict(cost_overrides or {})
         super().__init__(
             accelerator=accelerator,
             stage=3,
@@ -158,6 +166,7 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             buffers=self.buffers,
             device=self.root_device,
             ranks_per_host=self.num_processes,
+            cost_overrides=self.cost_overrides,
         )
         rank_zero_info(manager.describe())
         return manager

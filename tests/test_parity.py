@@ -19,7 +19,7 @@ from lightning_dos.planning.plan import Lane, Plan
 CLIP = 0.05
 FP32_TOL = 1e-5
 RANDOM_LIST = ["device", "host", "host", "device", "device"]
-PLANS = ["host", "device", 0.5, "stride:2", "stride:3", RANDOM_LIST]
+PLANS = ["host", "device", 0.5, "stride:2", "stride:3", RANDOM_LIST, "auto"]
 
 
 def _ids(plan: object) -> str:

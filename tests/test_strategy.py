@@ -1,0 +1,125 @@
+"""The strategy: registration, resolved DeepSpeed config, early errors, dispatch at the update boundary."""
+
+from __future__ import annotations
+
+import logging
+
+import lightning.pytorch as pl
+import pytest
+from lightning.pytorch.strategies import StrategyRegistry
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from parity import train
+
+import lightning_dos
+from lightning_dos import DeepOptimizerStatesStrategy, ZeRO3OffloadStrategy
+from lightning_dos._versions import check_versions
+from lightning_dos.strategy import AUTO_SUB_GROUP_MAX, auto_sub_group_size
+
+
+def test_import_registers_names_idempotently() -> None:
+    lightning_dos.register()
+    lightning_dos.register()
+    for name in ("deep_optimizer_states", "zero3_offload", "static_split_0.5", "zero3"):
+        assert name in StrategyRegistry
+    trainer = pl.Trainer(strategy="deep_optimizer_states", accelerator="cpu", devices=1, logger=False)
+    assert isinstance(trainer.strategy, DeepOptimizerStatesStrategy)
+    split = pl.Trainer(strategy="static_split_0.5", accelerator="cpu", devices=1, logger=False).strategy
+    assert isinstance(split, ZeRO3OffloadStrategy)
+    assert split.config["zero_optimization"]["offload_optimizer"]["ratio"] == 0.5
+
+
+def test_resolved_config_has_dos_defaults() -> None:
+    s = DeepOptimizerStatesStrategy()
+    zero = s.config["zero_optimization"]
+    assert zero["stage"] == 3
+    assert zero["offload_optimizer"]["device"] == "cpu"
+    assert zero["offload_optimizer"]["pin_memory"] is True
+    assert "offload_param" not in zero
+    assert 0 < zero["sub_group_size"] <= AUTO_SUB_GROUP_MAX
+    assert s.plan_spec.kind == "auto"
+    explicit = DeepOptimizerStatesStrategy(plan="stride:3", sub_group_size=50_000_000)
+    assert explicit.config["zero_optimization"]["sub_group_size"] == 50_000_000
+    assert explicit.plan_spec.kind == "stride" and explicit.plan_spec.stride == 3
+
+
+def test_user_config_is_completed_not_overridden() -> None:
+    config = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
+    s = DeepOptimizerStatesStrategy(config=config, sub_group_size=1000)
+    assert s.config["zero_optimization"]["offload_optimizer"]["pin_memory"] is True
+    assert s.config["zero_optimization"]["sub_group_size"] == 1000
+
+
+def test_auto_sub_group_size_gives_several_subgroups() -> None:
+    assert auto_sub_group_size(2_795_276_800) == AUTO_SUB_GROUP_MAX  # 2.78B: 28 subgroups of 1e8
+    assert auto_sub_group_size(10_981_440) == 686_340  # 10M: 16 subgroups
+    assert auto_sub_group_size(1) == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "key"),
+    [
+        ({"plan": "strid:2"}, ValueError, "plan"),
+        ({"plan": 1.5}, ValueError, "plan"),
+        ({"plan": "stride:0"}, ValueError, "plan"),
+        ({"sub_group_size": 0}, ValueError, "sub_group_size"),
+        ({"sub_group_size": -5}, ValueError, "sub_group_size"),
+        ({"sub_group_size": "big"}, ValueError, "sub_group_size"),
+        ({"memory_budget_gib": -1}, ValueError, "memory_budget_gib"),
+        ({"buffers": 0}, ValueError, "buffers"),
+        ({"cost_overrides": {"pcie": 1.0}}, ValueError, "cost_overrides"),
+        ({"stage": 2}, MisconfigurationException, "stage"),
+        ({"offload_optimizer": False}, MisconfigurationException, "offload_optimizer"),
+        ({"config": {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}},
+         MisconfigurationException, "zero_optimization.stage"),
+        ({"config": {"zero_optimization": {"stage": 3}}},
+         MisconfigurationException, "zero_optimization.offload_optimizer.device"),
+        ({"config": {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}}},
+         MisconfigurationException, "zero_optimization.offload_optimizer.device"),
+        ({"config": {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}}},
+         MisconfigurationException, "ratio"),
+        ({"config": {"zero_optimization": {"stage": 3, "sub_group_size": -1,
+                                           "offload_optimizer": {"device": "cpu"}}}},
+         MisconfigurationException, "sub_group_size"),
+    ],
+)
+def test_bad_input_is_one_clear_error(kwargs: dict, exc: type, key: str) -> None:
+    with pytest.raises(exc) as info:
+        DeepOptimizerStatesStrategy(**kwargs)
+    message = str(info.value)
+    assert key in message
+    assert "set" in message or "use" in message  # says what to do instead
+
+
+def test_every_config_problem_is_reported_at_once() -> None:
+    with pytest.raises(MisconfigurationException) as info:
+        DeepOptimizerStatesStrategy(config={"zero_optimization": {"stage": 1, "sub_group_size": 0}})
+    message = str(info.value)
+    assert "zero_optimization.stage" in message and "offload_optimizer" in message and "sub_group_size" in message
+
+
+def test_unsupported_versions_fail_naming_the_range() -> None:
+    check_versions({"deepspeed": "0.19.8", "lightning": "2.6.6"})
+    with pytest.raises(ImportError, match=r"deepspeed>=0\.19,<0\.20"):
+        check_versions({"deepspeed": "0.20.1", "lightning": "2.6.6"})
+    with pytest.raises(ImportError, match=r"lightning>=2\.6,<2\.7"):
+        check_versions({"deepspeed": "0.19.8", "lightning": "2.7.0"})
+
+
+def test_log_line_says_what_runs(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO):
+        run = train("stride:2", steps=1)
+    lines = [r.getMessage() for r in caplog.records if "deep_optimizer_states:" in r.getMessage()]
+    assert lines, "the strategy must say which plan runs"
+    n = len(run.strategy.manager.sizes)
+    assert f"{n} subgroups" in lines[0] and "stride:2" in lines[0]
+    assert "host stands in for the device" in lines[0]
+
+
+def test_dispatch_once_per_update_with_accumulation() -> None:
+    """on_before_optimizer_step runs every micro-batch; only boundary ones dispatch an update phase."""
+    run = train(0.5, steps=3, accumulate=2)
+    manager = run.strategy.manager
+    assert len(manager.records) == 3
+    metrics = manager.metrics()
+    assert metrics["dos/device_fraction"] == manager.records[-1].device_fraction
+    assert metrics["dos/update_ms"] > 0 and metrics["dos/predicted_update_ms"] > 0
