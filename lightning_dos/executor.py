@@ -195,7 +195,10 @@ class UpdateExecutor:
                 master.copy_(sg.master, non_blocking=True)
                 exp_avg.copy_(sg.exp_avg, non_blocking=True)
                 exp_avg_sq.copy_(sg.exp_avg_sq, non_blocking=True)
-                grad.copy_(sg.grad, non_blocking=True)
+                if sg.grad_on_device:
+                    grad = sg.grad  # kept on the device through backward: nothing to prefetch
+                else:
+                    grad.copy_(sg.grad, non_blocking=True)
                 prefetched = s.record(s.prefetch, timing=True)
                 spans.append((i, "device", "prefetch", begin, prefetched))
             with s.use(s.adam):
@@ -218,7 +221,7 @@ class UpdateExecutor:
             sg.state["step"] += 1
             timings.device_params += n
             timings.device_subgroups += 1
-            timings.h2d_bytes += 16 * n
+            timings.h2d_bytes += (12 if sg.grad_on_device else 16) * n
             timings.d2h_bytes += 12 * n
         return [adam_done, last_flush]
 

@@ -78,6 +78,7 @@ class OptimizerStateManager:
         self._pending: tuple[Plan, int | None, tuple[int, ...]] | None = None
         if self.active:
             optimizer.update_phase = self._update_phase
+            self._plan_gradients()
 
     # ------------------------------------------------------------------ planning
     @property
@@ -91,10 +92,24 @@ class OptimizerStateManager:
         return resolve_plan(spec, self.sizes, buffers=self.buffers or DEFAULT_BUFFERS)
 
     def set_plan(self, plan: Plan) -> None:
-        """Replace the plan used from the next step on (tests and sweeps change it every step)."""
+        """Replace the plan used from the next step on (call it before the backward of that step)."""
         if len(plan.lanes) != len(self.sizes):
             raise ValueError(f"plan: has {len(plan.lanes)} lanes, this rank has {len(self.sizes)} subgroups")
         self.base_plan = plan
+        self._plan_gradients()
+
+    def _plan_gradients(self) -> None:
+        """Before the next backward: the device lane's subgroups keep their gradients on the device, if they fit.
+
+        Their fp32 gradients (4 bytes/param) then live on the device from backward to the end of the update,
+        beside the buffer slots; when a budget is set and both do not fit, gradients go to the host as in vanilla.
+        """
+        plan = self.base_plan
+        keep = frozenset(plan.device_subgroups())
+        if self.device.type == "cuda" and self.memory_budget_bytes is not None:
+            if device_memory_bytes(plan, self.sizes, self.cost, keep) > self.memory_budget_bytes:
+                keep = frozenset()
+        self.optimizer.device_grad_subgroups = keep
 
     def free_device_bytes(self) -> int | None:
         """Device memory free for the device lane now (None: the host stands in, no limit)."""
@@ -167,6 +182,7 @@ class OptimizerStateManager:
             return
         if len(self.records) == PROBE_STEPS or self.calibrator.should_replan():
             self.base_plan = self._resolve(self.spec)
+            self._plan_gradients()
             record.replanned = True
             log.info("deep_optimizer_states: re-planned at update %d: %s", record.step, self.base_plan)
 

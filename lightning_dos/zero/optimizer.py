@@ -35,6 +35,8 @@ class InterleavedZeroOptimizer(_VanillaStage3):
     """ZeRO-3 optimizer whose update phase is delegated to an attached runner (see module docstring)."""
 
     update_phase: UpdatePhase | None = None
+    #: subgroups whose gradients stay on the device through the next backward (set by the manager)
+    device_grad_subgroups: frozenset[int] = frozenset()
 
     # ------------------------------------------------------------------ pinned, single-home state
     def _create_fp32_partitions(self) -> None:
@@ -81,6 +83,7 @@ class InterleavedZeroOptimizer(_VanillaStage3):
                 )
             state = self.optimizer.state[master]
             beta1, beta2 = group["betas"]
+            device_grad = self._device_grads().get(i)
             out.append(
                 Subgroup(
                     index=i,
@@ -89,7 +92,8 @@ class InterleavedZeroOptimizer(_VanillaStage3):
                     exp_avg=state["exp_avg"],
                     exp_avg_sq=state["exp_avg_sq"],
                     state=state,
-                    grad=master.grad,
+                    grad=master.grad if device_grad is None else device_grad,
+                    grad_on_device=device_grad is not None,
                     param16=self.fp16_partitioned_groups_flat[i],
                     hyper=AdamHyper(
                         lr=float(group["lr"]),
@@ -106,10 +110,64 @@ class InterleavedZeroOptimizer(_VanillaStage3):
     def subgroup_sizes(self) -> list[int]:
         return [int(n) for n in self.fp16_partitioned_groups_flat_numel]
 
+    # ------------------------------------------------------------------ gradients during backward
+    def _device_grads(self) -> dict[int, torch.Tensor]:
+        if "_dos_device_grads" not in self.__dict__:
+            self._dos_device_grads: dict[int, torch.Tensor] = {}
+        return self._dos_device_grads
+
+    def partition_grads(self, params_to_release: list, grad_partitions: list) -> Any:
+        """At an update boundary without accumulation, move each gradient partition once, asynchronously.
+
+        Vanilla (0.19.8) copies every partition device->host in the accumulation dtype, back host->device, then
+        device->host again in fp32. Here a partition becomes fp32 on the device once: a host-lane subgroup's goes
+        straight to its pinned fp32 buffer (non-blocking), a device-lane subgroup's stays on the device. Same
+        values, same per-parameter norms. With gradient accumulation vanilla's path runs unchanged.
+        """
+        if not (self._dos_supported() and self.is_gradient_accumulation_boundary() and self.micro_step_id == 0):
+            return super().partition_grads(params_to_release, grad_partitions)
+        device_grads = self._device_grads()
+        for param, grad_partition in zip(params_to_release, grad_partitions):
+            if not param.partition_numel() * self._get_param_partition_rank(param) < param.ds_numel:
+                param.grad = None  # this rank's partition of the param is empty
+                continue
+            self._offload_boundary_param_ids.add(param.ds_id)
+            param_id = self.get_param_id(param)
+            i, offset, _ = self.grad_position[param_id]
+            grad = grad_partition.to(self.gradient_accumulation_dtype)
+            self.norm_for_param_grads[param_id] = self._constant_buffered_norm2(grad)
+            grad32 = grad.to(self.master_weights_and_grads_dtype)
+            if i in self.device_grad_subgroups:
+                if i not in device_grads:
+                    device_grads[i] = torch.empty(
+                        self.fp16_partitioned_groups_flat_numel[i], dtype=self.master_weights_and_grads_dtype,
+                        device=grad.device,
+                    )
+                device_grads[i].narrow(0, offset, grad32.numel()).copy_(grad32)
+            else:
+                host = self.fp32_partitioned_groups_flat[i].grad.narrow(0, offset, grad32.numel())
+                host.copy_(grad32, non_blocking=True)
+            if not get_accelerator().is_synchronized_device() and param.grad is not None:
+                param.grad.record_stream(get_accelerator().current_stream())
+            param.grad = None
+        return None
+
+    def _grad_to_host(self, sub_group_id: int) -> None:
+        """A subgroup planned for the device lane was demoted: bring its device gradient to the host buffer."""
+        device_grad = self._device_grads().pop(sub_group_id, None)
+        if device_grad is not None:
+            self.fp32_partitioned_groups_flat[sub_group_id].grad.copy_(device_grad)
+
     # ------------------------------------------------------------------ the step
     def step(self, closure: Any = None) -> None:
         if self.update_phase is None or not self._dos_supported():
             return super().step(closure)
+        try:
+            self._interleaved_step()
+        finally:
+            self._device_grads().clear()  # device gradients live from backward to the end of the update only
+
+    def _interleaved_step(self) -> None:
         # --- vanilla's preamble (deepspeed 0.19.8 stage3.step), unchanged
         self._pre_step()
         self._partition_all_parameters()
@@ -129,6 +187,7 @@ class InterleavedZeroOptimizer(_VanillaStage3):
 
         def host_step(sub_group_id: int) -> None:
             # vanilla's own per-subgroup code: unscale/clip, then DeepSpeedCPUAdam on the host
+            self._grad_to_host(sub_group_id)
             self.unscale_and_clip_grads(sub_group_id, scaled_global_grad_norm)
             self._optimizer_step(sub_group_id)
 
