@@ -172,6 +172,7 @@ class UpdateExecutor:
         n_slots = max(1, min(buffers, len(ids)))
         slots = [torch.empty((4, numel), dtype=torch.float32, device=self.device) for _ in range(n_slots)]
         timings.device_buffer_bytes = sum(t.numel() * t.element_size() for t in slots)
+        unit_scale = float(inv_scale) == 1.0  # x * 1.0 == x: no unscale kernel needed
         if torch.is_tensor(inv_scale):
             inv = inv_scale.to(device=self.device, dtype=torch.float32)
         else:
@@ -204,7 +205,8 @@ class UpdateExecutor:
             with s.use(s.adam):
                 s.wait(s.adam, prefetched)
                 begin = s.record(s.adam, timing=True)
-                grad.mul_(inv)  # same unscale/clip factor as the host lane, in fp32
+                if not unit_scale:
+                    grad.mul_(inv)  # same unscale/clip factor as the host lane, in fp32
                 _adam(sg, master, grad, exp_avg, exp_avg_sq, step_count[k])
                 sg.param16.copy_(master)  # 16-bit params in their own dtype, on the device
                 adam_done = s.record(s.adam, timing=True)

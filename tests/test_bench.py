@@ -138,6 +138,34 @@ def test_flags_override_a_config_file(tmp_path: Path) -> None:
     assert plan_argument("0.5") == 0.5 and plan_argument("host,device") == ["host", "device"]
 
 
+def test_a_recipe_sets_the_workload_and_flags_override_it(tmp_path: Path) -> None:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "seed_everything: 7\n"
+        "trainer:\n"
+        "  precision: 32-true\n"
+        "  max_steps: 50\n"
+        "  strategy:\n"
+        "    class_path: lightning_dos.DeepOptimizerStatesStrategy\n"
+        "    init_args: {plan: 0.5, sub_group_size: 20000000, pin_memory: false}\n"
+        "model:\n"
+        "  name: gpt-1b\n"
+        "  n_layer: 4\n"
+        "  activation_checkpointing: false\n"
+        "  learning_rate: 1.0e-3\n"
+        "data:\n"
+        "  class_path: lightning_dos.data.TextDataModule\n"
+        "  init_args: {bpe_vocab_size: 512, seq_len: 64, batch_size: 8}\n"
+    )
+    config = parse_args(["--recipe", str(recipe), "--micro-batch", "2"]).config
+    assert (config.model, config.n_layer, config.seq_len, config.micro_batch) == ("gpt-1b", 4, 64, 2)
+    assert (config.precision, config.sub_group_size, config.seed, config.learning_rate) == ("32-true", 20_000_000, 7,
+                                                                                             1e-3)
+    assert config.data == "text" and config.bpe_vocab_size == 512 and config.recipe == str(recipe)
+    assert not config.activation_checkpointing and not config.pin_memory
+    assert config.steps == 10  # the bench decides how long to run, not the recipe
+
+
 @pytest.mark.parametrize("argv", [["--plans", "sideways"], ["--steps", "3", "--warmup", "3"],
                                   ["--strategies", "zero2"], ["--ratios", "1.5"]])
 def test_bad_arguments_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -263,3 +291,19 @@ def test_harness_reports_a_failed_configuration_and_runs_the_rest(tmp_path: Path
     report = (tmp_path / "report.md").read_text()
     assert "**dos(host)**: failed: RuntimeError: injected" in report
     assert (tmp_path / "chart.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_an_interrupted_bench_reports_what_ran(tmp_path: Path) -> None:
+    config = BenchConfig(model="debug", n_layer=1, n_embd=32, vocab_size=64, seq_len=8, micro_batch=1, steps=3,
+                         warmup=1, strategies=["zero3_offload", "deep_optimizer_states"], plans=["host"])
+
+    def interrupted_launcher(cfg: BenchConfig, spec: RunSpec, run_dir: Path) -> dict[str, Any]:
+        if spec.label == "dos(auto)":
+            raise KeyboardInterrupt
+        return {**_raw(spec.label, spec.strategy, [9.0, 5.0, 7.0], [2.0, 1.5, 1.0]), "plan": spec.plan}
+
+    doc = run_bench(config, tmp_path, launcher=interrupted_launcher, progress=False)
+    assert doc["interrupted"]
+    assert [(r["label"], r["status"]) for r in doc["results"]] == [
+        ("zero3_offload", "ok"), ("dos(auto)", "skipped"), ("dos(host)", "skipped")]
+    assert "The bench was interrupted" in (tmp_path / "report.md").read_text()

@@ -126,3 +126,12 @@ def test_device_lane_gradients_stay_on_the_device() -> None:
     acc = train("device", steps=2, accumulate=2, clip=CLIP)
     for record in acc.strategy.manager.records:
         assert record.timings.h2d_bytes == 16 * record.timings.device_params
+
+
+def test_parity_without_clipping_skips_the_unit_unscale() -> None:
+    """No clipping and no loss scale: the factor is exactly 1 and the unscale pass is skipped, same result."""
+    ref = train(None, steps=4, clip=None)
+    run = train(0.5, steps=4, clip=None)
+    for a, b in zip(run.losses, ref.losses):
+        assert abs(a - b) <= FP32_TOL * abs(b)
+    assert rel(run.masters, ref.masters) <= FP32_TOL

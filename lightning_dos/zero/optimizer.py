@@ -185,13 +185,18 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         timer_names = {_stage3.OPTIMIZER_STEP_TIMER}
         self.timers(_stage3.OPTIMIZER_STEP_TIMER).start()
 
+        inv_scale = self._inverse_combined_scale(scaled_global_grad_norm)
+        # x * 1.0 == x exactly: skip a full read-modify-write pass over the host gradients when nothing scales
+        unit_scale = float(inv_scale) == 1.0
+
         def host_step(sub_group_id: int) -> None:
             # vanilla's own per-subgroup code: unscale/clip, then DeepSpeedCPUAdam on the host
             self._grad_to_host(sub_group_id)
-            self.unscale_and_clip_grads(sub_group_id, scaled_global_grad_norm)
+            if not unit_scale:
+                self.unscale_and_clip_grads(sub_group_id, scaled_global_grad_norm)
             self._optimizer_step(sub_group_id)
 
-        self.update_phase(self, host_step, self._inverse_combined_scale(scaled_global_grad_norm))
+        self.update_phase(self, host_step, inv_scale)
         for sub_group_id in range(len(self.fp16_groups)):
             self._unflatten_partitioned_parameters(sub_group_id)
 

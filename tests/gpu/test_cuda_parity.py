@@ -79,7 +79,8 @@ def test_200_steps_random_plan_every_step_bf16() -> None:
     diffs = [abs(a - b) for a, b in zip(run.losses, ref.losses)]
     assert len(diffs) == 200
     assert max(diffs) <= 1e-2, f"max loss difference {max(diffs)} at step {diffs.index(max(diffs))}"
-    assert run.losses[-1] < run.losses[0] - 0.5  # it trains
+    # it trains: on uniformly random tokens the floor is ln(vocab) = ln(97) = 4.575
+    assert run.losses[-1] < run.losses[0] - 0.2 and run.losses[-1] < 4.7
     assert rel(run.masters, ref.masters) <= 1e-2
 
 

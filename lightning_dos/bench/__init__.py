@@ -1,0 +1,47 @@
+"""Owns ``lightning-dos bench``: compare optimizer-offload strategies on this host in one invocation.
+
+The same model, data, seed and batch run under vanilla ZeRO-3 optimizer offload, DeepSpeed's static split,
+Deep Optimizer States (``auto`` and any fixed plans) and no offload, each configuration in its own worker
+process. Outputs: ``results.json``, ``report.md`` (plus a copy named after model, hardware and date) and
+``chart.png``. Modules: ``arguments`` (command line), ``config`` (settings and configurations), ``harness``
+(the invocation), ``launcher`` (one worker process), ``worker`` (one configuration's run), ``timing`` and
+``memory`` (measurement), ``stats`` and ``results`` (statistics, comparisons), ``report`` and ``chart``.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``lightning-dos bench`` with ``argv`` (default: the process's arguments); return the exit status.
+
+    0 when at least one configuration completed (failed ones are part of the report), 1 when none did,
+    2 for a usage error, 130 when interrupted (the report covers what ran).
+    """
+    from lightning_dos.bench.arguments import parse_args
+
+    try:
+        invocation = parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as exit_:  # --help or a usage error
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
+    from lightning_dos.bench.harness import default_out_dir, dry_run_text, run_bench
+
+    config = invocation.config
+    if invocation.dry_run:
+        print(dry_run_text(config))
+        return 0
+    now = datetime.now(timezone.utc)
+    out_dir = Path(config.out) if config.out else default_out_dir(config, now)
+    config.out = str(out_dir)
+    doc = run_bench(config, out_dir, now=now)
+    completed = sum(r["status"] == "ok" for r in doc["results"])
+    print(f"{completed}/{len(doc['results'])} configurations completed; results in {out_dir}: results.json, "
+          "report.md, chart.png")
+    if doc.get("interrupted"):
+        return 130
+    return 0 if completed else 1

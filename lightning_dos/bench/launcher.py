@@ -1,0 +1,123 @@
+"""Owns running one configuration in a child process and turning whatever happened into a result.
+
+The parent writes ``config.json`` into the configuration's run directory, starts
+``python -m lightning_dos.bench.worker config.json result.json`` in a new process group with the worker's
+output going to ``worker.log``, waits up to the timeout, and reads ``result.json``. A worker that wrote no
+result is classified here: killed by SIGKILL (most often the kernel's out-of-memory killer) is ``oom``, a
+timeout is ``timeout``, any other exit is ``failed``, each with a one-line reason taken from its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning_dos.bench.config import BenchConfig, RunSpec
+
+WORKER_MODULE = "lightning_dos.bench.worker"
+#: Seconds a timed-out worker gets to exit after SIGTERM before SIGKILL.
+TERMINATE_GRACE_S = 10.0
+#: Launcher or distributed settings of an enclosing job that would confuse a single-process worker.
+DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+                   "MASTER_ADDR", "MASTER_PORT", "PL_TRAINER_GPUS", "SLURM_NTASKS")
+_ERROR_LINE = re.compile(r"(Error|Exception|error:|Killed|out of memory)", re.IGNORECASE)
+
+
+def package_root() -> Path:
+    """The directory holding the ``lightning_dos`` package, so workers import the same code as the parent."""
+    return Path(__file__).resolve().parents[2]
+
+
+def worker_env() -> dict[str, str]:
+    """The parent's environment (TORCH_EXTENSIONS_DIR included, so no op is rebuilt) for a worker."""
+    env = {key: value for key, value in os.environ.items() if key not in DISTRIBUTED_ENV}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(package_root()), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def log_reason(log_path: Path, max_chars: int = 300) -> str | None:
+    """The last line of the log that looks like an error, cut to ``max_chars``."""
+    try:
+        lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-400:]
+    except OSError:
+        return None
+    for line in reversed(lines):
+        text = line.strip()
+        if text and _ERROR_LINE.search(text):
+            return text if len(text) <= max_chars else text[: max_chars - 3] + "..."
+    return None
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the worker's process group, then SIGKILL it if it lingers."""
+    for sig, grace in ((signal.SIGTERM, TERMINATE_GRACE_S), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def classify_exit(returncode: int | None, timed_out: bool, timeout_s: float, log_path: Path) -> dict[str, Any]:
+    """Status and reason of a worker that wrote no result."""
+    detail = log_reason(log_path)
+    if timed_out:
+        return {"status": "timeout", "reason": f"no result within {timeout_s:g} s (raise --timeout)"}
+    if returncode == -signal.SIGKILL:
+        reason = "killed by SIGKILL, most likely the kernel's out-of-memory killer (host memory exhausted)"
+        return {"status": "oom", "reason": reason}
+    if detail and "out of memory" in detail.lower():
+        return {"status": "oom", "reason": detail}
+    reason = f"worker exited with code {returncode} without a result"
+    return {"status": "failed", "reason": f"{reason}: {detail}" if detail else reason}
+
+
+def launch(config: BenchConfig, spec: RunSpec, run_dir: Path, timeout_s: float | None = None) -> dict[str, Any]:
+    """Run ``spec`` in a fresh worker process and return its result, whatever happened.
+
+    Every result has ``status``, ``reason``, the spec's fields, ``returncode``, ``elapsed_s`` (start-up
+    included) and ``log`` (the worker's log file).
+    """
+    timeout_s = config.timeout_s if timeout_s is None else timeout_s
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path, result_path, log_path = run_dir / "config.json", run_dir / "result.json", run_dir / "worker.log"
+    result_path.unlink(missing_ok=True)
+    config_path.write_text(json.dumps({"bench": config.to_dict(), "run": spec.to_dict()}, indent=2),
+                           encoding="utf-8")
+    command = [sys.executable, "-m", WORKER_MODULE, str(config_path), str(result_path)]
+    started = time.perf_counter()
+    timed_out = False
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=worker_env(),
+                                cwd=str(run_dir), start_new_session=True)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _stop_group(proc)
+        except BaseException:  # Ctrl-C: take the worker down with the parent
+            _stop_group(proc)
+            raise
+    elapsed = time.perf_counter() - started
+    result: dict[str, Any] | None = None
+    if result_path.is_file() and not timed_out:
+        try:
+            result = json.loads(result_path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            result = None
+    if result is None:
+        result = {**spec.to_dict(), **classify_exit(proc.returncode, timed_out, timeout_s, log_path)}
+    result.update(returncode=proc.returncode, elapsed_s=elapsed, log=str(log_path))
+    return result

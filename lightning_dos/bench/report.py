@@ -1,0 +1,228 @@
+"""Owns the markdown report of a bench: hardware, versions, configuration, results, speedups, loss agreement.
+
+Formats the results.json document (``results.document``) and computes nothing new, so the report and the JSON
+always agree. Also owns the report's file names: ``report.md`` plus ``<model>_<hardware>_<date>.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from lightning_dos.bench.config import BASELINE
+
+MISSING = "–"
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    if value is None:
+        return MISSING
+    return f"{value:,.{digits}f}"
+
+
+def _ratio(value: float | None) -> str:
+    return MISSING if value is None else f"{value:.2f}x"
+
+
+def _sig(value: float | None) -> str:
+    return MISSING if value is None else f"{value:.3g}"
+
+
+def _scaled(value: float, unit: str) -> str:
+    """``2.8e9`` -> ``2.80 B``-style with K/M/B/T prefixes (``unit`` appended)."""
+    for factor, prefix in ((1e12, "T"), (1e9, "B" if not unit else "G"), (1e6, "M"), (1e3, "K")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}".rstrip()
+
+
+def _sci(value: float | None) -> str:
+    return MISSING if value is None else f"{value:.2e}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return lines
+
+
+def hardware_slug(hardware: dict[str, Any]) -> str:
+    """Short hardware name for file names: ``H200`` for "NVIDIA H200", ``cpu`` without a GPU."""
+    name = hardware.get("gpu_name")
+    if not name:
+        return "cpu"
+    name = re.sub(r"^(NVIDIA|Tesla)\s+", "", str(name).strip(), flags=re.IGNORECASE)
+    return re.sub(r"[^A-Za-z0-9.-]+", "-", name).strip("-") or "gpu"
+
+
+def report_name(doc: dict[str, Any]) -> str:
+    """``<model>_<hardware>_<date>.md``, e.g. ``gpt-2.7b_H200_2026-11-21.md``."""
+    model = re.sub(r"[^A-Za-z0-9.-]+", "-", str(doc["config"]["model"]))
+    return f"{model}_{hardware_slug(doc['hardware'])}_{doc['date'][:10]}.md"
+
+
+def _hardware_lines(hw: dict[str, Any]) -> list[str]:
+    if hw.get("gpu_count"):
+        gpu = f"{hw['gpu_count']} x {hw.get('gpu_name') or 'unknown GPU'}"
+        if hw.get("gpu_memory_gib"):
+            gpu += f", {hw['gpu_memory_gib']:.1f} GiB each"
+        if hw.get("gpu_driver"):
+            gpu += f" (driver {hw['gpu_driver']})"
+        gpu += "; each configuration uses one"
+    else:
+        gpu = "none (accelerator: CPU)"
+    cores = (f"{hw.get('cpu_cores_physical')} physical / {hw.get('cpu_cores_logical')} logical cores, "
+             f"{hw.get('cpu_cores_available')} available to the bench")
+    pcie = hw.get("pcie")
+    if pcie:
+        link = f"Gen {pcie.get('pcie_gen') or '?'} x{pcie.get('pcie_width') or '?'}"
+        link += f" (max Gen {pcie.get('pcie_gen_max') or '?'} x{pcie.get('pcie_width_max') or '?'}"
+        link += f"; from {pcie['source']}; an idle GPU may report a lower current generation)"
+    else:
+        link = "not readable (no nvidia-smi, no NVIDIA device in /sys)"
+    rows = [
+        ("GPU", gpu),
+        ("CPU", f"{hw.get('cpu_model') or 'unknown'}"),
+        ("CPU cores", cores),
+        ("Host RAM", f"{_num(hw.get('host_ram_gib'))} GiB"),
+        ("PCIe (first GPU)", link),
+        ("Platform", str(hw.get("platform"))),
+    ]
+    return _table(("", ""), rows)
+
+
+def _config_lines(doc: dict[str, Any]) -> list[str]:
+    cfg, model = doc["config"], doc["model"]
+    shape = (f"{model['preset']} ({model['style']}): {model['n_layer']} layers, n_embd {model['n_embd']}, "
+             f"{model['n_head']} heads ({model['n_kv_head']} kv), MLP {model['intermediate_size']}, "
+             f"vocab {model['vocab_size']}; {_scaled(model['params'], '')} parameters ({model['params']:,}), "
+             f"{_scaled(model['flops_per_token'], 'FLOP')} per token (model FLOPs, recomputation not counted)")
+    lines = [f"- Model: {shape}",
+             f"- Batch: micro-batch {cfg['micro_batch']} x seq {cfg['seq_len']} = "
+             f"{cfg['micro_batch'] * cfg['seq_len']:,} tokens per iteration, one device",
+             f"- Precision {cfg['precision']}, activation checkpointing "
+             f"{'on' if cfg['activation_checkpointing'] else 'off'}, sub_group_size {cfg['sub_group_size']:,} "
+             f"for every strategy, pinned host memory {'on' if cfg['pin_memory'] else 'off'}",
+             f"- Data: {cfg['data']}, seed {cfg['seed']} (same model init, data and order for every configuration); "
+             f"AdamW lr {cfg['learning_rate']:g}",
+             "", "Full resolved configuration (as in results.json):", "", "```json"]
+    lines += json.dumps(cfg, indent=2).splitlines()
+    lines.append("```")
+    return lines
+
+
+def _measurement_lines(doc: dict[str, Any]) -> list[str]:
+    m, cfg = doc["measurement"], doc["config"]
+    warm = m["warmup_iterations"]
+    measured = m["measured_iterations"]
+    warm_text = f"iterations {warm[0]}-{warm[-1]}" if len(warm) > 1 else (f"iteration {warm[0]}" if warm else "none")
+    measured_text = f"iterations {measured[0]}-{measured[-1]}" if len(measured) > 1 else f"iteration {measured[0]}"
+    return [
+        f"- Each configuration ran {cfg['steps']} iterations per repeat, {cfg['repeats']} repeat(s), each repeat in "
+        "a fresh process; repeats were interleaved across configurations.",
+        f"- Warm-up excluded: {warm_text}. Averaged: {measured_text} of every successful repeat "
+        f"({len(measured)} per repeat), as the median; the spread is min / p25-p75 / max.",
+        f"- {m['timing']}",
+        "- tokens/s = tokens per iteration / median iteration time; TFLOP/s = model FLOPs per token x tokens/s.",
+        "- Peak GPU memory is the caching allocator's peak (allocated; reserved in results.json) over the whole "
+        "process; peak host memory is the larger of a 50 ms RSS sampler and the kernel's ru_maxrss.",
+    ]
+
+
+def _results_table(results: Sequence[dict[str, Any]]) -> list[str]:
+    header = ("configuration", "status", "fwd ms", "bwd ms", "step ms", "iteration ms (p25-p75)", "tokens/s",
+              "TFLOP/s", "peak GPU GiB", "peak host GiB", "final loss")
+    rows = []
+    for r in results:
+        spread = (r.get("spread") or {}).get("iteration_ms")
+        iteration = _num(r["iteration_ms"])
+        if spread:
+            iteration += f" ({_num(spread['p25'])}-{_num(spread['p75'])})"
+        rows.append((r["label"], r["status"], _num(r["fwd_ms"]), _num(r["bwd_ms"]), _num(r["step_ms"]), iteration,
+                     _num(r["tokens_per_s"], 0), _sig(r["tflops_per_s"]), _num(r["peak_gpu_gib"], 2),
+                     _num(r["peak_host_gib"], 2), _num(r["final_loss"], 4)))
+    return _table(header, rows)
+
+
+def _speedup_lines(results: Sequence[dict[str, Any]], base: dict[str, Any] | None) -> list[str]:
+    if base is None:
+        return [f"No successful `{BASELINE}` run in this invocation, so no speedups or loss comparison."]
+    rows, loss_rows = [], []
+    for r in results:
+        s, loss = r.get("speedup_vs_zero3_offload"), r.get("loss_vs_zero3_offload")
+        if not s:
+            continue
+        rows.append((r["label"], _ratio(s["iteration"]), _ratio(s["step"]), _ratio(s["bwd"])))
+        loss_rows.append((r["label"], _num(r["final_loss"], 6), _sci(loss["final_abs_diff"]),
+                          _sci(loss["final_rel_diff"]), _sci(loss["max_abs_diff"]), str(loss["iterations_compared"])))
+    lines = [f"Ratios of `{BASELINE}` time to each configuration's time, both measured in this invocation "
+             "(> 1 is faster than vanilla offload).", ""]
+    lines += _table(("configuration", "iteration", "step", "bwd"), rows)
+    lines += ["", "## Loss agreement vs zero3_offload", "",
+              "Same seed, data and initial weights: any difference comes from the update path (e.g. CPU Adam vs "
+              "fused GPU Adam, or reduced precision).", ""]
+    lines += _table(("configuration", "final loss", "abs diff", "rel diff", "max abs diff (all iterations)",
+                     "iterations"), loss_rows)
+    return lines
+
+
+def _dos_lines(results: Sequence[dict[str, Any]]) -> list[str]:
+    rows = []
+    for r in results:
+        d = r.get("dos")
+        if not d:
+            continue
+        rows.append((r["label"], d["plan"] + ("" if d["active"] else " (inactive: DeepSpeed's host update ran)"),
+                     str(d["subgroups"]), _num(d["device_fraction"], 2), _num(d["update_ms"]),
+                     _num(d["host_busy_ms"]), _num(d["device_busy_ms"]), _num(d["h2d_gb"], 2), _num(d["d2h_gb"], 2),
+                     str(d["demoted_subgroups_max"])))
+    if not rows:
+        return []
+    lines = ["## DOS update phase", "",
+             "Medians over the measured update phases, from the strategy's own records (update = makespan of "
+             "both lanes; busy = time each lane computed; GB moved per step).", ""]
+    return lines + _table(("configuration", "plan", "subgroups", "device fraction", "update ms", "host busy ms",
+                           "device busy ms", "H2D GB", "D2H GB", "demoted (max)"), rows) + [""]
+
+
+def _failure_lines(results: Sequence[dict[str, Any]]) -> list[str]:
+    failed = [r for r in results if r["status"] != "ok"]
+    if not failed:
+        return []
+    lines = ["## Configurations that did not complete", ""]
+    for r in failed:
+        logs = ", ".join(f"`{run['log']}`" for run in r.get("runs", []) if run.get("log"))
+        lines.append(f"- **{r['label']}**: {r['status']}: {r['reason']}" + (f" (log: {logs})" if logs else ""))
+    return lines + [""]
+
+
+def render(doc: dict[str, Any], base: dict[str, Any] | None, chart: str | None = "chart.png") -> str:
+    """The markdown report of a results.json document."""
+    hw, versions, results = doc["hardware"], doc["versions"], doc["results"]
+    device = hw.get("gpu_name") or "CPU"
+    lines = [f"# lightning-dos bench: {doc['config']['model']} on {device}", "",
+             f"Date: {doc['date']}", ""]
+    if doc.get("interrupted"):
+        lines += ["**The bench was interrupted**: configurations after the interruption were not run.", ""]
+    lines += ["## Hardware", ""]
+    lines += _hardware_lines(hw)
+    lines += ["", "## Versions", ""]
+    lines += _table(tuple(versions), [tuple(str(v) if v is not None else MISSING for v in versions.values())])
+    lines += ["", "## Configuration", ""]
+    lines += _config_lines(doc)
+    lines += ["", "## How it was measured", ""]
+    lines += _measurement_lines(doc)
+    lines += ["", "## Results", ""]
+    lines += _results_table(results)
+    if chart:
+        lines += ["", f"![fwd / bwd / step per configuration, and peak memory]({chart})"]
+    lines += ["", f"## Speedup vs {BASELINE}", ""]
+    lines += _speedup_lines(results, base)
+    lines += [""]
+    lines += _dos_lines(results)
+    lines += _failure_lines(results)
+    lines += ["Raw per-iteration samples, spreads and per-repeat details are in `results.json`; each worker's log is "
+              "under `runs/`.", ""]
+    return "\n".join(lines)

@@ -1,0 +1,217 @@
+"""Owns one configuration's run, in its own process: ``python -m lightning_dos.bench.worker CONFIG RESULT``.
+
+Reads the bench settings and the configuration from ``CONFIG`` (JSON), trains the model for ``steps``
+iterations under that configuration's strategy with a :class:`~lightning_dos.bench.timing.PhaseTimer`, and
+writes the raw measurements to ``RESULT`` (JSON): per-iteration phase times and losses, peak host and GPU
+memory, and for DOS the manager's per-update records. Statistics are computed by the parent, not here.
+A failure is written as a result too (status ``oom`` or ``failed`` and a one-line reason), and the exit
+status is non-zero. A fresh process per configuration gives each one a fresh CUDA context and memory peak.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from lightning_dos.bench.config import BenchConfig, RunSpec, plan_argument
+from lightning_dos.bench.data import build_data
+from lightning_dos.bench.model import module_kwargs
+
+#: Longest failure reason kept in a result (the full traceback is in the worker's log).
+MAX_REASON_CHARS = 400
+OOM_MARKERS = ("out of memory", "cudaerrormemoryallocation", "cuda_error_out_of_memory")
+
+
+def build_strategy(config: BenchConfig, spec: RunSpec) -> Any:
+    """The Lightning strategy of ``spec``, with the bench's subgroup size and pinning."""
+    from lightning_dos import DeepOptimizerStatesStrategy
+    from lightning_dos.baselines import ZeRO3OffloadStrategy, ZeRO3Strategy
+
+    if spec.strategy in ("zero3_offload", "static_split"):
+        ratio = 1.0 if spec.plan is None else float(spec.plan)
+        return ZeRO3OffloadStrategy(ratio=ratio, sub_group_size=config.sub_group_size, pin_memory=config.pin_memory)
+    if spec.strategy == "deep_optimizer_states":
+        return DeepOptimizerStatesStrategy(
+            plan=plan_argument(str(spec.plan)),
+            sub_group_size=config.sub_group_size,
+            memory_budget_gib=config.memory_budget_gib,
+            pin_memory=config.pin_memory,
+        )
+    if spec.strategy == "no_offload":
+        return ZeRO3Strategy(sub_group_size=config.sub_group_size)
+    raise ValueError(f"strategy: {spec.strategy!r} is not a bench strategy kind")
+
+
+def build_module(config: BenchConfig) -> Any:
+    """The GPT LightningModule, initialised from ``config.seed`` whatever ran before it in the process."""
+    import torch
+
+    from lightning_dos.models import GPTModule
+
+    class SeededGPTModule(GPTModule):
+        def configure_model(self) -> None:
+            if self.model is None:
+                torch.manual_seed(config.seed)
+            super().configure_model()
+
+    return SeededGPTModule(**module_kwargs(config))
+
+
+def dos_records(strategy: Any) -> dict[str, Any] | None:
+    """The DOS manager's plan and per-update-phase records, or None for other strategies."""
+    manager = getattr(strategy, "manager", None)
+    if manager is None:
+        return None
+    steps = []
+    for record in manager.records:
+        t = record.timings
+        steps.append({
+            "lanes": record.plan.lane_letters(),
+            "source": record.plan.source,
+            "update_ms": t.total_s * 1e3,
+            "host_busy_ms": t.host_busy_s * 1e3,
+            "device_busy_ms": t.device_busy_s * 1e3,
+            "device_fraction": record.device_fraction,
+            "h2d_gb": (t.h2d_bytes + t.upload_bytes) / 1e9,
+            "d2h_gb": t.d2h_bytes / 1e9,
+            "demoted_subgroups": len(record.demoted),
+            "free_device_gib": None if record.free_bytes is None else record.free_bytes / 1024**3,
+            "predicted_ms": record.predicted_s * 1e3,
+            "replanned": record.replanned,
+            "prefetch_busy_ms": t.prefetch_busy_s * 1e3,
+            "adam_busy_ms": t.adam_busy_s * 1e3,
+            "flush_busy_ms": t.flush_busy_s * 1e3,
+            "upload_busy_ms": t.upload_busy_s * 1e3,
+        })
+    return {
+        "active": bool(manager.active),
+        "subgroups": len(manager.sizes),
+        "largest_subgroup": max(manager.sizes) if manager.sizes else 0,
+        "plan": str(manager.base_plan),
+        "steps": steps,
+        "cost": manager.cost.to_json(),  # the cost parameters calibration ended with
+    }
+
+
+def run(config: BenchConfig, spec: RunSpec, workdir: Path) -> dict[str, Any]:
+    """Train ``config.steps`` iterations under ``spec`` and return the raw measurements."""
+    import lightning.pytorch as pl
+
+    import lightning_dos  # noqa: F401  (registers the strategies)
+    from lightning_dos.bench.environment import device_info
+    from lightning_dos.bench.memory import HostMemorySampler, gpu_peaks
+    from lightning_dos.bench.timing import PhaseTimer
+
+    started = time.perf_counter()
+    with HostMemorySampler() as sampler:
+        pl.seed_everything(config.seed, verbose=False)
+        strategy = build_strategy(config, spec)
+        module = build_module(config)
+        data = build_data(config, module.config.vocab_size)
+        timer = PhaseTimer()
+        trainer = pl.Trainer(
+            accelerator=config.accelerator,
+            devices=1,
+            strategy=strategy,
+            precision=config.precision,
+            max_steps=config.steps,
+            limit_val_batches=0,
+            num_sanity_val_steps=0,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[timer],
+            default_root_dir=str(workdir),
+        )
+        fit_started = time.perf_counter()
+        trainer.fit(module, datamodule=data)
+        fit_s = time.perf_counter() - fit_started
+    device = trainer.strategy.root_device
+    ran = len(timer.samples["iteration_ms"])
+    if ran < config.steps:
+        raise RuntimeError(f"only {ran} of {config.steps} iterations ran; the data ran out or training stopped early")
+    return {
+        "status": "ok",
+        "reason": None,
+        **spec.to_dict(),
+        "device": device_info(device),
+        "iterations": {**timer.samples, "loss": timer.losses},
+        **gpu_peaks(device),
+        **sampler.summary(),
+        "dos": dos_records(trainer.strategy),
+        "fit_s": fit_s,
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def is_oom(err: BaseException) -> bool:
+    """Whether ``err`` reports device or host memory exhaustion."""
+    if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":
+        return True
+    text = str(err).lower()
+    return any(marker in text for marker in OOM_MARKERS)
+
+
+def one_line(err: BaseException) -> str:
+    """``Type: first line of the message``, cut to :data:`MAX_REASON_CHARS`."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    text = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
+
+
+def failure(spec: RunSpec, err: BaseException) -> dict[str, Any]:
+    """The result of a configuration that raised ``err``."""
+    return {"status": "oom" if is_oom(err) else "failed", "reason": one_line(err), **spec.to_dict()}
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` atomically (a reader never sees half a file); NaN becomes null."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(_finite(data), fh, indent=2)
+    os.replace(tmp, path)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the configuration in ``argv[0]`` and write its result to ``argv[1]``; 0 when it succeeded."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m lightning_dos.bench.worker CONFIG.json RESULT.json", file=sys.stderr)
+        return 2
+    config_path, result_path = Path(args[0]), Path(args[1])
+    payload = json.loads(config_path.read_text(encoding="utf-8"))
+    spec = RunSpec(**payload["run"])
+    try:
+        config = BenchConfig.from_dict(payload["bench"])
+        result = run(config, spec, config_path.parent)
+    except Exception as err:  # every failure becomes a result; the traceback goes to the log
+        traceback.print_exc()
+        result = failure(spec, err)
+    write_json(result_path, result)
+    return 0 if result["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The result is on disk. Skip interpreter teardown, where a library's lingering thread could turn a
+    # finished run into a timeout.
+    os._exit(code)
