@@ -37,15 +37,28 @@ class ZeRO3OffloadStrategy(CPUSupportMixin):
         ratio: float = 1.0,
         sub_group_size: int = 100_000_000,
         pin_memory: bool = True,
+        stage: int = 3,
+        offload_optimizer: bool = True,
         **kwargs: Any,
     ) -> None:
         if not 0.0 <= ratio <= 1.0:
             raise MisconfigurationException(f"ratio: {ratio} is outside [0, 1]; set 1.0 for vanilla offload")
         if sub_group_size <= 0:
             raise ValueError(f"sub_group_size: {sub_group_size} must be a positive number of parameters, e.g. 1e8")
-        kwargs.setdefault("stage", 3)
-        kwargs.setdefault("offload_optimizer", True)
-        super().__init__(accelerator=accelerator, sub_group_size=int(sub_group_size), pin_memory=pin_memory, **kwargs)
+        # real parameters, not setdefault: a class_path config passes every DeepSpeedStrategy default explicitly
+        if stage != 3 or not offload_optimizer:
+            raise MisconfigurationException(
+                "stage/offload_optimizer: zero3_offload is ZeRO stage 3 with the optimizer offloaded; set stage: 3 and "
+                "offload_optimizer: true (or use Lightning's DeepSpeedStrategy for other stages)"
+            )
+        super().__init__(
+            accelerator=accelerator,
+            sub_group_size=int(sub_group_size),
+            pin_memory=pin_memory,
+            stage=3,
+            offload_optimizer=True,
+            **kwargs,
+        )
         self.ratio = float(ratio)
         zero = self.config.get("zero_optimization", {})
         if ratio != 1.0 and isinstance(zero.get("offload_optimizer"), dict):
@@ -80,12 +93,14 @@ class ZeRO3Strategy(CPUSupportMixin):
         self,
         accelerator: Optional[pl.accelerators.Accelerator] = None,
         sub_group_size: int = 100_000_000,
+        stage: int = 3,
         **kwargs: Any,
     ) -> None:
         if sub_group_size <= 0:
             raise ValueError(f"sub_group_size: {sub_group_size} must be a positive number of parameters, e.g. 1e8")
-        kwargs.setdefault("stage", 3)
-        super().__init__(accelerator=accelerator, sub_group_size=int(sub_group_size), **kwargs)
+        if stage != 3:
+            raise MisconfigurationException(f"stage: zero3 is ZeRO stage 3, got {stage}; set stage: 3")
+        super().__init__(accelerator=accelerator, sub_group_size=int(sub_group_size), stage=3, **kwargs)
 
     @classmethod
     @override

@@ -31,7 +31,10 @@ import torch
 from lightning_dos.planning.plan import Lane
 from lightning_dos.subgroup import Subgroup
 
-HOST_STAGING_SLOTS = 2  # 16-bit upload buffers: one being filled while the other is in flight
+HOST_STAGING_SLOTS = 3  # 16-bit upload buffers, so the host lane rarely waits for an upload to leave
+#: Prefetches and flushes are issued in chunks of this many fp32 elements (64 MB): the copy engine serves
+#: streams between commands, so chunking lets the host lane's uploads interleave with a long prefetch queue.
+COPY_CHUNK = 16 * 1024 * 1024
 
 
 @dataclass
@@ -193,13 +196,13 @@ class UpdateExecutor:
                 s.wait(s.prefetch, flushed[k % n_slots])  # slot free only once its last flush is done
                 s.wait(s.prefetch, ready)
                 begin = s.record(s.prefetch, timing=True)
-                master.copy_(sg.master, non_blocking=True)
-                exp_avg.copy_(sg.exp_avg, non_blocking=True)
-                exp_avg_sq.copy_(sg.exp_avg_sq, non_blocking=True)
+                _chunked_copy(master, sg.master)
+                _chunked_copy(exp_avg, sg.exp_avg)
+                _chunked_copy(exp_avg_sq, sg.exp_avg_sq)
                 if sg.grad_on_device:
                     grad = sg.grad  # kept on the device through backward: nothing to prefetch
                 else:
-                    grad.copy_(sg.grad, non_blocking=True)
+                    _chunked_copy(grad, sg.grad)
                 prefetched = s.record(s.prefetch, timing=True)
                 spans.append((i, "device", "prefetch", begin, prefetched))
             with s.use(s.adam):
@@ -214,9 +217,9 @@ class UpdateExecutor:
             with s.use(s.flush):
                 s.wait(s.flush, adam_done)
                 begin = s.record(s.flush, timing=True)
-                sg.master.copy_(master, non_blocking=True)
-                sg.exp_avg.copy_(exp_avg, non_blocking=True)
-                sg.exp_avg_sq.copy_(exp_avg_sq, non_blocking=True)
+                _chunked_copy(sg.master, master)
+                _chunked_copy(sg.exp_avg, exp_avg)
+                _chunked_copy(sg.exp_avg_sq, exp_avg_sq)
                 last_flush = s.record(s.flush, timing=True)
                 spans.append((i, "device", "flush", begin, last_flush))
                 flushed[k % n_slots] = last_flush
@@ -265,6 +268,17 @@ class UpdateExecutor:
             timings.upload_bytes += sg.numel * buf.element_size()
         timings.host_busy_s = time.perf_counter() - t0
         return [e for e in uploaded if e is not None]
+
+
+def _chunked_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src, non_blocking=True)`` in ``COPY_CHUNK``-element pieces (see ``COPY_CHUNK``)."""
+    n = src.numel()
+    if n <= COPY_CHUNK:
+        dst.copy_(src, non_blocking=True)
+        return
+    for start in range(0, n, COPY_CHUNK):
+        length = min(COPY_CHUNK, n - start)
+        dst.narrow(0, start, length).copy_(src.narrow(0, start, length), non_blocking=True)
 
 
 def _resolve_spans(

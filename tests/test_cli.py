@@ -4,7 +4,7 @@ the callbacks the CLI adds (validation-loss report, ``dos/*`` metrics)."""
 from __future__ import annotations
 
 import csv
-import importlib
+import importlib.util
 import io
 import math
 import os
@@ -21,6 +21,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from torch.utils.data import DataLoader, TensorDataset
 
+import lightning_dos
 import lightning_dos.loggers as loggers
 from lightning_dos.callbacks import DOSMetricsLogger, ValLossReport
 from lightning_dos.cli import DOSLightningCLI, main
@@ -140,24 +141,24 @@ def test_wandb_key_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_csv_fallback_without_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                     capsys: pytest.CaptureFixture[str]) -> None:
-    try:
-        with monkeypatch.context() as patch:
-            patch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
-            importlib.reload(loggers)
-            assert not loggers.wandb_available()
-            logger = loggers.DOSWandbLogger(name="run", save_dir=str(tmp_path), project="p", tags=["a"])
-            assert isinstance(logger, CSVLogger) and not isinstance(logger, WandbLogger)
-            assert Path(logger.log_dir).parent == tmp_path / "run"
-            message = "W&B: wandb is not installed, logging to CSV under"
-            assert capsys.readouterr().err.count(message) == 1
-            # a recipe naming the W&B logger still parses, and gets CSV
-            patch.chdir(tmp_path)
-            cli = DOSLightningCLI(args=["--config", str(ROOT / "recipes" / "debug.yaml"),
-                                        "--config", str(ROOT / "configs" / "logger" / "wandb.yaml")], run=False)
-            assert isinstance(cli.trainer.logger, CSVLogger) and cli.trainer.logger.name == "debug"
-    finally:
-        importlib.reload(loggers)
-    assert issubclass(loggers.DOSWandbLogger, WandbLogger)
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
+    # a fresh copy of the module, imported without wandb, stands in for the real one until the test ends
+    spec = importlib.util.find_spec("lightning_dos.loggers")
+    fresh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fresh)
+    monkeypatch.setitem(sys.modules, "lightning_dos.loggers", fresh)
+    monkeypatch.setattr(lightning_dos, "loggers", fresh)
+    assert not fresh.wandb_available()
+
+    logger = fresh.DOSWandbLogger(name="run", save_dir=str(tmp_path), project="p", tags=["a"])
+    assert isinstance(logger, CSVLogger) and not isinstance(logger, WandbLogger)
+    assert Path(logger.log_dir).parent == tmp_path / "run"
+    assert capsys.readouterr().err.count("W&B: wandb is not installed, logging to CSV under") == 1
+    # a recipe naming the W&B logger still parses, and gets CSV
+    monkeypatch.chdir(tmp_path)
+    cli = DOSLightningCLI(args=["--config", str(ROOT / "recipes" / "debug.yaml"),
+                                "--config", str(ROOT / "configs" / "logger" / "wandb.yaml")], run=False)
+    assert isinstance(cli.trainer.logger, CSVLogger) and cli.trainer.logger.name == "debug"
 
 
 # ---------------------------------------------------------------------------------------------- callbacks

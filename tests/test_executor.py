@@ -104,3 +104,20 @@ def test_device_lane_stages_are_ordered_by_slot() -> None:
 def test_plan_length_must_match() -> None:
     with pytest.raises(ValueError, match="lanes"):
         UpdateExecutor(torch.device("cpu")).run([Lane.HOST], [0], 2, _subgroups(), 1.0, lambda i: None)
+
+
+def test_chunked_transfers_give_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefetch and flush in chunks (64 MB on a real run; 7 elements here) move every element exactly once."""
+    import lightning_dos.executor as executor
+
+    monkeypatch.setattr(executor, "COPY_CHUNK", 7)
+    inv = 0.25
+    subgroups = _subgroups()
+    expected = [_reference(sg, inv) for sg in subgroups]
+    UpdateExecutor(torch.device("cpu")).run(
+        [Lane.DEVICE] * len(SIZES), list(range(len(SIZES))), 2, subgroups, inv, lambda i: None
+    )
+    for sg, (m, a, v) in zip(subgroups, expected):
+        torch.testing.assert_close(sg.master, m, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(sg.exp_avg, a, rtol=1e-6, atol=1e-9)
+        torch.testing.assert_close(sg.exp_avg_sq, v, rtol=1e-6, atol=1e-10)

@@ -204,3 +204,20 @@ def test_unknown_key_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         _cli(bad)
     assert exit_info.value.code != 0
     assert typo in capsys.readouterr().err
+
+
+def test_data_defaults_to_text_and_synthetic_is_selectable(tmp_path: Path) -> None:
+    config = yaml.safe_load((ROOT / "recipes" / "debug.yaml").read_text())
+    del config["data"]
+    no_data = tmp_path / "no_data.yaml"
+    no_data.write_text(yaml.safe_dump(config))
+    # no data section: TextDataModule, whose arguments the command line reaches without a class_path
+    cli = _cli(no_data, extra=("--data.bpe_vocab_size", "512", "--data.max_bytes", "400000", "--data.seq_len", "32"))
+    assert type(cli.datamodule) is TextDataModule
+    assert (cli.model.config.vocab_size, cli.model.config.block_size) == (512, 32)
+    # the synthetic module by class_path: the model follows its vocabulary and window
+    cli = _cli(ROOT / "recipes" / "debug.yaml", extra=("--data", "lightning_dos.data.SyntheticDataModule",
+                                                      "--data.vocab_size", "96", "--data.seq_len", "16"))
+    assert type(cli.datamodule) is SyntheticDataModule
+    assert (cli.model.config.vocab_size, cli.model.config.block_size) == (96, 16)
+    assert cli.datamodule.batch_size == 4  # the recipe's batch_size carried over to the new class

@@ -123,3 +123,18 @@ def test_dispatch_once_per_update_with_accumulation() -> None:
     metrics = manager.metrics()
     assert metrics["dos/device_fraction"] == manager.records[-1].device_fraction
     assert metrics["dos/update_ms"] > 0 and metrics["dos/predicted_update_ms"] > 0
+
+
+def test_baselines_keep_zero3_when_every_default_is_passed_explicitly() -> None:
+    """A class_path config passes DeepSpeedStrategy's defaults (stage 2, no offload) explicitly; they must not win."""
+    from lightning_dos.baselines import ZeRO3Strategy
+
+    s = ZeRO3OffloadStrategy(ratio=0.75)
+    zero = s.config["zero_optimization"]
+    assert zero["stage"] == 3 and zero["offload_optimizer"]["device"] == "cpu"
+    assert zero["offload_optimizer"]["ratio"] == 0.75
+    assert ZeRO3Strategy().config["zero_optimization"]["stage"] == 3
+    with pytest.raises(MisconfigurationException, match="stage"):
+        ZeRO3OffloadStrategy(stage=2, offload_optimizer=False)
+    with pytest.raises(MisconfigurationException, match="stage"):
+        ZeRO3Strategy(stage=2)

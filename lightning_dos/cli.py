@@ -1,0 +1,108 @@
+"""Owns the ``lightning-dos`` command line: ``fit``/``validate`` through LightningCLI, and ``bench`` dispatch.
+
+``lightning-dos fit --config recipes/quickstart.yaml [--config configs/strategy/zero3_offload.yaml ...]``
+trains a :class:`~lightning_dos.models.GPTModule` on any LightningDataModule chosen by ``class_path``
+(default :class:`~lightning_dos.data.TextDataModule`). The model's vocabulary and context length follow
+the data module (``data.vocab_size`` -> ``model.vocab_size``, ``data.seq_len`` -> ``model.block_size``), so a
+recipe sets them once. ``lightning-dos bench ...`` hands its arguments to ``lightning_dos.bench.main``.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import lightning.pytorch as pl
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+import lightning_dos  # noqa: F401  (registers "deep_optimizer_states" and the baselines by name)
+from lightning_dos.callbacks import default_callbacks
+from lightning_dos.data import TextDataModule
+from lightning_dos.models import GPTModule
+
+__all__ = ["DOSLightningCLI", "main"]
+
+DESCRIPTION = (
+    "Pretrain a GPT under DeepSpeed ZeRO-3 with Deep Optimizer States: lightning-dos fit --config "
+    "recipes/quickstart.yaml. Compare strategies with lightning-dos bench --help."
+)
+#: Seed used when a config sets none, so two runs of one recipe give the same losses.
+DEFAULT_SEED = 1234
+
+
+def _vocab_size(data: Any) -> int:
+    return int(data.vocab_size)
+
+
+def _seq_len(data: Any) -> int:
+    return int(data.seq_len)
+
+
+class DOSLightningCLI(LightningCLI):
+    """LightningCLI for GPT pretraining: ``fit`` and ``validate``, data by ``class_path``, DOS callbacks added.
+
+    Args:
+        args: Command-line style arguments (``["fit", "--config", "recipe.yaml"]``); None reads ``sys.argv``.
+        run: Run the subcommand; with False the first argument is not a subcommand and the classes are only
+            instantiated (how the tests check recipes).
+        **kwargs: Any other ``LightningCLI`` argument.
+    """
+
+    def __init__(self, args: Optional[Sequence[str]] = None, run: bool = True, **kwargs: Any) -> None:
+        kwargs.setdefault("seed_everything_default", DEFAULT_SEED)
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        # the same name and help whether started as the console script or as python -m lightning_dos
+        kwargs.setdefault("parser_kwargs", {"prog": "lightning-dos", "description": DESCRIPTION})
+        # data is a subclass of LightningDataModule picked by class_path (TextDataModule by default)
+        super().__init__(
+            GPTModule,
+            pl.LightningDataModule,
+            subclass_mode_data=True,
+            args=list(args) if args is not None else None,
+            run=run,
+            **kwargs,
+        )
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """Only ``fit`` and ``validate``: the recipes pretrain and evaluate; nothing here predicts or tests."""
+        return {
+            "fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"},
+            "validate": {"model", "dataloaders", "datamodule"},
+        }
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.set_defaults({"data": {"class_path": f"{TextDataModule.__module__}.{TextDataModule.__name__}"}})
+        # on instantiate: the data module knows its vocabulary only once its tokenizer exists
+        parser.link_arguments("data", "model.vocab_size", compute_fn=_vocab_size, apply_on="instantiate")
+        parser.link_arguments("data", "model.block_size", compute_fn=_seq_len, apply_on="instantiate")
+
+    def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
+        trainer = super().instantiate_trainer(**kwargs)
+        present = {type(callback) for callback in trainer.callbacks}
+        for callback in default_callbacks():
+            if type(callback) not in present:
+                # in front: ModelCheckpoint stays last, as Lightning orders it
+                trainer.callbacks.insert(0, callback)
+        return trainer
+
+
+def main(args: Optional[Sequence[str]] = None) -> Any:
+    """Entry point of ``lightning-dos`` and ``python -m lightning_dos``."""
+    argv = list(sys.argv[1:] if args is None else args)
+    if argv and argv[0] == "bench":
+        # imported lazily: benchmarking pulls in plotting and sweeps a training run never needs
+        from lightning_dos.bench import main as bench_main
+
+        return bench_main(argv[1:])
+    # DeepSpeed's ZeRO-3 calls torch.distributed collectives that torch deprecates, warning on every step
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
+    # None lets LightningCLI read sys.argv itself (given both, it warns about a possible mix-up)
+    DOSLightningCLI(args=None if args is None else argv)
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
