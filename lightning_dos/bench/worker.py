@@ -99,6 +99,22 @@ def dos_records(strategy: Any) -> dict[str, Any] | None:
     }
 
 
+def save_timeline(strategy: Any, workdir: Path) -> str | None:
+    """A PNG of the last DOS update phase's lanes (where the time went), or None for other strategies."""
+    manager = getattr(strategy, "manager", None)
+    if manager is None or not manager.records:
+        return None
+    import matplotlib.pyplot as plt
+
+    from lightning_dos.telemetry import timeline_figure
+
+    path = workdir / "timeline.png"
+    fig = timeline_figure(manager.records[-1])
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
 def run(config: BenchConfig, spec: RunSpec, workdir: Path) -> dict[str, Any]:
     """Train ``config.steps`` iterations under ``spec`` and return the raw measurements."""
     import lightning.pytorch as pl
@@ -146,6 +162,7 @@ def run(config: BenchConfig, spec: RunSpec, workdir: Path) -> dict[str, Any]:
         **gpu_peaks(device),
         **sampler.summary(),
         "dos": dos_records(trainer.strategy),
+        "timeline": save_timeline(trainer.strategy, workdir),
         "fit_s": fit_s,
         "wall_s": time.perf_counter() - started,
     }
