@@ -36,6 +36,9 @@ HOST_STAGING_SLOTS = 3  # 16-bit upload buffers, so the host lane rarely waits f
 #: streams between commands, so chunking lets the host lane's uploads interleave with a long prefetch queue.
 COPY_CHUNK = 16 * 1024 * 1024
 
+#: One recorded stage: (subgroup, lane, stage, begin event, end event).
+Span = tuple[int, str, str, Any, Any]
+
 
 @dataclass
 class LaneTimings:
@@ -146,7 +149,7 @@ class UpdateExecutor:
         for stream in (s.prefetch, s.adam, s.flush, s.upload):
             s.wait(stream, start)
 
-        spans: list[tuple[int, str, str, Any, Any]] = []  # (subgroup, lane, stage, begin event, end event)
+        spans: list[Span] = []
         device_done = self._issue_device_lane(device_ids, buffers, subgroups, inv_scale, timings, spans)
         host_done = self._run_host_lane(host_ids, subgroups, host_step, timings, spans)
 
@@ -166,7 +169,7 @@ class UpdateExecutor:
         subgroups: Sequence[Subgroup],
         inv_scale: torch.Tensor | float,
         timings: LaneTimings,
-        spans: list[tuple[int, str, str, Any, Any]],
+        spans: list[Span],
     ) -> list[Any]:
         if not ids:
             return []
@@ -237,7 +240,7 @@ class UpdateExecutor:
         subgroups: Sequence[Subgroup],
         host_step: Callable[[int], None],
         timings: LaneTimings,
-        spans: list[tuple[int, str, str, Any, Any]],
+        spans: list[Span],
     ) -> list[Any]:
         if not ids:
             return []
@@ -282,7 +285,7 @@ def _chunked_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 
 def _resolve_spans(
-    start: Any, host_origin: float, spans: list[tuple[int, str, str, Any, Any]], timings: LaneTimings
+    start: Any, host_origin: float, spans: list[Span], timings: LaneTimings
 ) -> None:
     """Turn recorded events into per-stage spans (seconds since the phase began) and busy times."""
     by_key: dict[tuple[int, str], dict[str, Any]] = {}

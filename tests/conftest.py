@@ -15,12 +15,21 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.g
 
 import pytest  # noqa: E402
 
+_BASE_ENV = dict(os.environ)  # before any test: no rank variables yet
+
+
+def _reset_environment() -> None:
+    pytest_own = {k: v for k, v in os.environ.items() if k.startswith("PYTEST_")}  # pytest manages these itself
+    os.environ.clear()
+    os.environ.update(_BASE_ENV)
+    os.environ.update(pytest_own)
+
 
 @pytest.fixture(autouse=True)
 def _restore_environment():
-    """An in-process fit writes MASTER_ADDR, RANK, LOCAL_RANK, ... into os.environ; later subprocesses must not
-    inherit them (a child that sees LOCAL_RANK thinks it was launched by someone else)."""
-    saved = dict(os.environ)
+    """An in-process fit writes MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, ... into os.environ and keeps its
+    process group listening on MASTER_PORT; a later child process must not inherit them. Module-scoped fixtures
+    fit before this fixture runs, so the environment is reset to the one seen at import, before and after."""
+    _reset_environment()
     yield
-    os.environ.clear()
-    os.environ.update(saved)
+    _reset_environment()

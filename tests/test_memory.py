@@ -38,16 +38,24 @@ def test_one_home_for_state() -> None:
 
 
 def _growth(plan: str) -> int:
+    """Peak RSS growth of one run, less what the host held standing in for the device (GPU memory on a GPU)."""
     env = subprocess_env(MALLOC_ARENA_MAX="2")
     proc = subprocess.run([sys.executable, str(SCRIPT), plan], env=env, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return int(json.loads(proc.stdout.strip().splitlines()[-1])["growth"])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if plan != "vanilla":
+        assert out["device_standin"] > 0  # the device lane ran, with its gradients kept "on the device"
+    return int(out["growth"]) - int(out["device_standin"])
 
 
 @pytest.mark.slow
 def test_peak_host_rss_within_5_percent_of_vanilla() -> None:
-    """~100M params (1.6 GB of fp32 state and grads); best of two runs each, as single peaks vary by ~5-8%."""
+    """~100M params (1.6 GB of fp32 state and grads); best of two runs each, as single peaks vary by ~5-8%.
+
+    On a GPU host the pinned allocator's power-of-two rounding adds to DOS's host memory; see
+    docs/optimizer-state-manager.md (measured +17% on the 2.78B GPT). This CPU test cannot see that.
+    """
     vanilla = min(_growth("vanilla") for _ in range(2))
     dos = min(_growth("0.5") for _ in range(2))
     assert dos <= 1.05 * vanilla, f"DOS grew {dos / 2**30:.2f} GiB, vanilla {vanilla / 2**30:.2f} GiB"

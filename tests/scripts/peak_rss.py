@@ -58,7 +58,21 @@ def main() -> None:
     opt = trainer.strategy.model.optimizer
     numel = sum(t.numel() for t in opt.fp32_partitioned_groups_flat)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"peak_rss": peak, "base_rss": base, "growth": peak - base, "numel": numel}))
+    print(json.dumps({"peak_rss": peak, "base_rss": base, "growth": peak - base, "numel": numel,
+                      "device_standin": _device_standin_bytes(trainer.strategy)}))
+
+
+def _device_standin_bytes(strategy: Any) -> int:
+    """Bytes the device lane held on the host standing in for the device: GPU memory on a GPU host, not host RAM.
+
+    The buffer slots of the update phase plus the fp32 gradients kept "on the device" through backward.
+    """
+    manager = getattr(strategy, "manager", None)
+    if manager is None or not manager.records:
+        return 0
+    slots = max(r.timings.device_buffer_bytes for r in manager.records)
+    kept = sum(4 * manager.sizes[i] for i in strategy.model.optimizer.device_grad_subgroups)
+    return int(slots + kept)
 
 
 def _rss_now() -> int:

@@ -37,9 +37,14 @@ def main() -> None:
     trainer.fit(TinyLM(), train_dataloaders=token_loader(8))
     rank = trainer.global_rank
     opt = trainer.strategy.model.optimizer
-    masters = torch.cat([t.detach().float().clone() for t in opt.fp32_partitioned_groups_flat])
+    partition = torch.cat([t.detach().float().clone() for t in opt.fp32_partitioned_groups_flat])
+    # whole fp32 masters, gathered from both ranks (a collective): raw partitions end in uninitialised padding
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    full = torch.cat([safe_get_full_fp32_param(p).detach().float().flatten().cpu()
+                      for p in trainer.strategy.model.module.parameters()])
     out.mkdir(parents=True, exist_ok=True)
-    torch.save(masters, out / f"masters_rank{rank}.pt")
+    torch.save({"full": full, "partition_numel": partition.numel()}, out / f"masters_rank{rank}.pt")
     manager = getattr(trainer.strategy, "manager", None)
     info = {
         "losses": rec.losses,
