@@ -68,13 +68,20 @@ class ValLossReport(Callback):
 
 
 class DOSMetricsLogger(Callback):
-    """Logs the strategy manager's ``dos/*`` metrics after every update phase (``on_step``).
+    """Logs the strategy manager's ``dos/*`` metrics after every update phase (``on_step``), and to loggers that
+    take them (W&B), the plan table at every (re-)plan and a lane-timeline image every ``timeline_every_n`` phases.
 
     Works with any strategy: it does nothing unless ``trainer.strategy.manager.metrics()`` exists and
     returns values. Under gradient accumulation a phase runs every few batches; each phase is logged once.
+
+    Args:
+        timeline_every_n: log a timeline image of every n-th update phase (0: never).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, timeline_every_n: int = 100) -> None:
+        if timeline_every_n < 0:
+            raise ValueError(f"timeline_every_n: {timeline_every_n} is negative; set 0 (never) or a number of phases")
+        self.timeline_every_n = timeline_every_n
         self._logged_phases = -1
 
     @override
@@ -93,6 +100,33 @@ class DOSMetricsLogger(Callback):
         metrics = {key: float(value) for key, value in (metrics_fn() or {}).items()}
         if metrics:
             pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
+        if records and getattr(trainer, "is_global_zero", True):
+            self._log_media(trainer, manager, records)
+
+    def _log_media(self, trainer: pl.Trainer, manager: Any, records: list) -> None:
+        """Plan table at the first phase and at every re-plan; timeline image every n-th phase (W&B only)."""
+        from lightning_dos.telemetry import PLAN_TABLE_COLUMNS, plan_table_rows, timeline_figure
+
+        loggers = [lg for lg in getattr(trainer, "loggers", []) if hasattr(lg, "log_table") or hasattr(lg, "log_image")]
+        if not loggers:
+            return
+        record = records[-1]
+        step = trainer.global_step
+        if len(records) == 1 or getattr(record, "replanned", False):
+            rows = plan_table_rows(manager.base_plan, manager.sizes, manager.cost)
+            for lg in loggers:
+                if hasattr(lg, "log_table"):
+                    lg.log_table(key="dos/plan", columns=PLAN_TABLE_COLUMNS, data=rows, step=step)
+        if self.timeline_every_n and len(records) % self.timeline_every_n == 0:
+            import matplotlib.pyplot as plt
+
+            fig = timeline_figure(record)
+            try:
+                for lg in loggers:
+                    if hasattr(lg, "log_image"):
+                        lg.log_image(key="dos/timeline", images=[fig], step=step)
+            finally:
+                plt.close(fig)
 
 
 def default_callbacks() -> list[Callback]:
