@@ -58,12 +58,15 @@ class OptimizerStateManager:
         ranks_per_host: int = 1,
         cost: CostParams | None = None,
         cost_overrides: dict[str, float] | None = None,
+        device_gradients: bool = True,
     ) -> None:
         self.optimizer = optimizer
         self.spec = plan
         self.device = torch.device(device)
         self.memory_budget_bytes = None if memory_budget_gib is None else int(memory_budget_gib * GIB)
         self.buffers = buffers
+        # device-lane gradients stay on the device unless gradients accumulate (then vanilla's host path runs)
+        self.device_gradients = device_gradients
         base = cost or CostParams(ranks_per_host=max(1, ranks_per_host))
         if cost_overrides:
             base = base.with_values(cost_overrides, key="cost_overrides")
@@ -86,9 +89,16 @@ class OptimizerStateManager:
         """The cost parameters in force (starting values, user overrides, then what calibration learnt)."""
         return self.calibrator.params
 
+    def _all_grads(self) -> frozenset[int]:
+        """For planning: every device-lane subgroup would keep its gradient on the device (if they may)."""
+        return frozenset(range(len(self.sizes))) if self.device_gradients else frozenset()
+
     def _resolve(self, spec: PlanSpec) -> Plan:
         if spec.kind == "auto":
-            return best_plan(self.sizes, self.cost, self.memory_budget_bytes, max_buffers=self.buffers or 4)
+            return best_plan(
+                self.sizes, self.cost, self.memory_budget_bytes, max_buffers=self.buffers or 4,
+                grads_on_device=self._all_grads(),
+            )
         return resolve_plan(spec, self.sizes, buffers=self.buffers or DEFAULT_BUFFERS)
 
     def set_plan(self, plan: Plan) -> None:
@@ -105,7 +115,7 @@ class OptimizerStateManager:
         beside the buffer slots; when a budget is set and both do not fit, gradients go to the host as in vanilla.
         """
         plan = self.base_plan
-        keep = frozenset(plan.device_subgroups())
+        keep = frozenset(plan.device_subgroups()) if self.device_gradients else frozenset()
         if self.device.type == "cuda" and self.memory_budget_bytes is not None:
             if device_memory_bytes(plan, self.sizes, self.cost, keep) > self.memory_budget_bytes:
                 keep = frozenset()
@@ -145,7 +155,8 @@ class OptimizerStateManager:
         plan, free, demoted = self._pending
         self._pending = None
         subgroups = optimizer.subgroups()
-        predicted = predicted_makespan_s(plan, self.sizes, self.cost)
+        kept = frozenset(optimizer.device_grad_subgroups)  # these gradients need no prefetch
+        predicted = predicted_makespan_s(plan, self.sizes, self.cost, grads_on_device=kept)
         timings = self.executor.run(plan.lanes, plan.order, plan.buffers, subgroups, inv_scale, host_step)
         record = StepRecord(
             step=len(self.records),

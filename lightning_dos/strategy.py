@@ -167,6 +167,8 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             device=self.root_device,
             ranks_per_host=self.num_processes,
             cost_overrides=self.cost_overrides,
+            # under gradient accumulation DeepSpeed's own gradient path runs: every gradient reaches the host
+            device_gradients=int(self.config.get("gradient_accumulation_steps", 1)) == 1,
         )
         rank_zero_info(manager.describe())
         return manager

@@ -138,3 +138,20 @@ def test_baselines_keep_zero3_when_every_default_is_passed_explicitly() -> None:
         ZeRO3OffloadStrategy(stage=2, offload_optimizer=False)
     with pytest.raises(MisconfigurationException, match="stage"):
         ZeRO3Strategy(stage=2)
+
+
+def test_predictions_know_which_gradients_stay_on_the_device() -> None:
+    """plan=device without accumulation prefetches 12 bytes/param; the prediction must say so (not 16)."""
+    from lightning_dos.planning.perf_model import CostParams, predicted_makespan_s
+
+    run = train("device", steps=1)
+    manager = run.strategy.manager
+    n = len(manager.sizes)
+    first = manager.records[0]  # predicted with the starting cost parameters, before any calibration
+    start = CostParams(ranks_per_host=1)
+    kept = predicted_makespan_s(first.plan, manager.sizes, start, grads_on_device=frozenset(range(n)))
+    prefetched = predicted_makespan_s(first.plan, manager.sizes, start)
+    assert first.predicted_s == pytest.approx(kept) and kept < prefetched
+    assert manager.device_gradients
+    accumulating = train("device", steps=1, accumulate=2).strategy.manager
+    assert not accumulating.device_gradients and accumulating.optimizer.device_grad_subgroups == frozenset()
