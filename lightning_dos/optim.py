@@ -23,6 +23,21 @@ def offloads_optimizer(trainer: Any) -> bool:
     return offload.get("device") in ("cpu", "nvme")
 
 
+def weight_decay_groups(params: Iterable[torch.nn.Parameter], weight_decay: float) -> list[dict[str, Any]]:
+    """Param groups with decay for tensors of 2+ dims (matrices, embeddings) and none for norms and biases.
+
+    Under ZeRO-3 the parameters are already partitioned when ``configure_optimizers`` runs (each one an empty
+    1-D tensor), so the real number of dims is read from ``ds_shape``. Empty groups are left out.
+    """
+    params = [p for p in params if p.requires_grad]
+    ndim = {id(p): len(getattr(p, "ds_shape", p.shape)) for p in params}
+    groups = [
+        {"params": [p for p in params if ndim[id(p)] >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if ndim[id(p)] < 2], "weight_decay": 0.0},
+    ]
+    return [group for group in groups if group["params"]]
+
+
 def adamw(
     trainer: Any,
     param_groups: Iterable[dict[str, Any]] | Iterable[torch.nn.Parameter],

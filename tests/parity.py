@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_dos  # noqa: F401  (registers the strategy)
 from lightning_dos import DeepOptimizerStatesStrategy, ZeRO3OffloadStrategy
-from lightning_dos.optim import adamw
+from lightning_dos.optim import adamw, weight_decay_groups
 
 VOCAB = 97
 SEQ = 16
@@ -46,11 +46,7 @@ class TinyLM(pl.LightningModule):
         return loss
 
     def configure_optimizers(self) -> Any:
-        # under ZeRO-3 parameters are partitioned (1-D) here: their real shape is ds_shape
-        dims = [(p, len(getattr(p, "ds_shape", p.shape))) for p in self.net.parameters()]
-        decay = [p for p, d in dims if d >= 2]
-        no_decay = [p for p, d in dims if d < 2]
-        groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+        groups = weight_decay_groups(self.net.parameters(), 0.1)
         opt = adamw(self.trainer, groups, lr=self.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
         if not self.schedule:
             return opt

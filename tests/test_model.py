@@ -15,7 +15,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_dos.models import GPT, GPTConfig, GPTModule, flops_per_token, lr_factor, num_params
-from lightning_dos.models.module import _ndim
+from lightning_dos.optim import weight_decay_groups
 
 STYLES = ("llama", "gpt2")
 
@@ -246,8 +246,11 @@ def test_weight_decay_grouping_sees_through_zero3_partitioning() -> None:
     # ZeRO-3 leaves a partitioned parameter as an empty 1-D tensor with its real shape in ds_shape
     partitioned = torch.nn.Parameter(torch.empty(0))
     partitioned.ds_shape = torch.Size([64, 256])
-    assert _ndim(partitioned) == 2
-    assert _ndim(torch.nn.Parameter(torch.ones(64))) == 1
+    norm = torch.nn.Parameter(torch.ones(64))
+    decay, no_decay = weight_decay_groups([partitioned, norm], 0.1)
+    assert decay["params"] == [partitioned] and decay["weight_decay"] == 0.1
+    assert no_decay["params"] == [norm] and no_decay["weight_decay"] == 0.0
+    assert weight_decay_groups([norm], 0.1) == [{"params": [norm], "weight_decay": 0.0}]  # no empty group
 
 
 def test_fit_logs_metrics(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import MeanMetric
 
 from lightning_dos.models.gpt import GPT, GPTConfig, flops_per_token
-from lightning_dos.optim import adamw
+from lightning_dos.optim import adamw, weight_decay_groups
 
 __all__ = ["GPTModule", "lr_factor"]
 
@@ -49,11 +49,6 @@ def _compute_dtype(precision: str) -> torch.dtype:
     if precision.startswith("64"):
         return torch.float64
     return torch.float32
-
-
-def _ndim(param: torch.Tensor) -> int:
-    # ZeRO-3 replaces a partitioned parameter's data by an empty 1-D tensor and keeps the real shape in ds_shape
-    return len(getattr(param, "ds_shape", param.shape))
 
 
 class GPTModule(pl.LightningModule):
@@ -191,14 +186,9 @@ class GPTModule(pl.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         if self.model is None:
             raise RuntimeError("configure_model() must run before configure_optimizers()")
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for p in params if _ndim(p) >= 2], "weight_decay": self.hparams.weight_decay},
-            {"params": [p for p in params if _ndim(p) < 2], "weight_decay": 0.0},
-        ]
         optimizer = adamw(
             self.trainer,
-            [group for group in groups if group["params"]],
+            weight_decay_groups(self.model.parameters(), self.hparams.weight_decay),
             lr=self.hparams.learning_rate,
             betas=tuple(self.hparams.betas),
             eps=self.hparams.eps,
