@@ -73,9 +73,10 @@ class OptimizerStateManager:
         self.calibrator = Calibrator(base, overrides=cost_overrides)
         self.sizes = list(optimizer.subgroup_sizes())
         self.active = bool(optimizer._dos_supported())
-        self.base_plan = self._resolve(self.spec)
-        if self.spec.kind == "auto":
+        if self.spec.kind == "auto":  # measure both lanes first; the planner chooses after this probe step
             self.base_plan = probe_plan(self.sizes, buffers=self.buffers or DEFAULT_BUFFERS)
+        else:
+            self.base_plan = self._resolve(self.spec)
         self.executor = UpdateExecutor(self.device)
         self.records: list[StepRecord] = []
         self._pending: tuple[Plan, int | None, tuple[int, ...]] | None = None
@@ -155,7 +156,7 @@ class OptimizerStateManager:
         plan, free, demoted = self._pending
         self._pending = None
         subgroups = optimizer.subgroups()
-        kept = frozenset(optimizer.device_grad_subgroups)  # these gradients need no prefetch
+        kept = frozenset(sg.index for sg in subgroups if sg.grad_on_device)  # these gradients need no prefetch
         predicted = predicted_makespan_s(plan, self.sizes, self.cost, grads_on_device=kept)
         timings = self.executor.run(plan.lanes, plan.order, plan.buffers, subgroups, inv_scale, host_step)
         record = StepRecord(
