@@ -17,6 +17,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from lightning_dos.bench import chart, report
+from lightning_dos.bench.claims import check_claims
 from lightning_dos.bench.config import BenchConfig, RunSpec, expand, schedule
 from lightning_dos.bench.data import prepare_text
 from lightning_dos.bench.environment import hardware_info, merge_worker_device, versions
@@ -123,6 +124,7 @@ def run_bench(config: BenchConfig, out_dir: Path, launcher: Launcher = launch, p
     doc = document(hardware, versions(), config, model, results, now.isoformat(timespec="seconds"),
                    GPU_TIMING if on_gpu else CPU_TIMING)
     doc["interrupted"] = interrupted
+    doc["claims"] = check_claims(results)
     write_outputs(doc, base, out_dir)
     return doc
 

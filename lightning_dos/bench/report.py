@@ -198,6 +198,17 @@ def _failure_lines(results: Sequence[dict[str, Any]]) -> list[str]:
     return lines + [""]
 
 
+def _claim_lines(claims: Sequence[dict[str, Any]]) -> list[str]:
+    if not claims:
+        return []
+    lines = ["## Claims checked in this run", "",
+             "Each a ratio of two configurations measured in this invocation; \"not measured\" when one of them "
+             "did not run or did not complete.", ""]
+    rows = [(c["claim"], c["threshold"], _sig(c["value"]), c["status"], c["detail"]) for c in claims]
+    lines += _table(("claim", "threshold", "measured", "status", "from"), rows)
+    return lines + [""]
+
+
 def render(doc: dict[str, Any], base: dict[str, Any] | None, chart: str | None = "chart.png") -> str:
     """The markdown report of a results.json document."""
     hw, versions, results = doc["hardware"], doc["versions"], doc["results"]
@@ -221,6 +232,7 @@ def render(doc: dict[str, Any], base: dict[str, Any] | None, chart: str | None =
     lines += ["", f"## Speedup vs {BASELINE}", ""]
     lines += _speedup_lines(results, base)
     lines += [""]
+    lines += _claim_lines(doc.get("claims") or [])
     lines += _dos_lines(results)
     lines += _failure_lines(results)
     lines += ["Raw per-iteration samples, spreads and per-repeat details are in `results.json`; each worker's log is "

@@ -1,0 +1,57 @@
+"""The bench's claim checks: ratios of configurations measured in one run, met / missed / not measured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lightning_dos.bench import report
+from lightning_dos.bench.claims import check_claims
+
+RUN_A = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "gpt-2.7b_H200_2026-11-21.json"
+
+
+def _result(label: str, strategy: str, plan: str, iteration: float, step: float, gpu: float, loss: float) -> dict:
+    return {"label": label, "strategy": strategy, "plan": plan, "status": "ok", "iteration_ms": iteration,
+            "step_ms": step, "peak_gpu_gib": gpu, "final_loss": loss}
+
+
+def _by_claim(claims: list[dict]) -> dict[str, dict]:
+    return {c["claim"]: c for c in claims}
+
+
+def test_claims_of_the_recorded_gpu_run() -> None:
+    """The H200 run in docs/benchmarks: 2.16x per iteration (missed 2.5x), 3.07x step (met 3x)."""
+    results = json.loads(RUN_A.read_text())["results"]
+    claims = _by_claim(check_claims(results))
+    it = claims["iteration vs zero3_offload"]
+    assert it["value"] == pytest.approx(2374.20 / 1100.64, rel=1e-3) and it["status"] == "missed"
+    step = claims["update phase (step) vs zero3_offload"]
+    assert step["value"] == pytest.approx(1716.1 / 558.9, rel=1e-3) and step["status"] == "met"
+    assert claims["final loss vs zero3_offload"]["status"] == "met"  # 0.17% apart
+    split = claims["iteration vs static_split 0.5 at lower peak GPU memory"]
+    assert split["status"] == "not measured"  # that run had no static split
+
+
+def test_static_split_claim_needs_less_gpu_memory() -> None:
+    vanilla = _result("zero3_offload", "zero3_offload", "1.0", 2300, 1700, 12.0, 11.0)
+    split = _result("static_split(0.5)", "static_split", "0.5", 1400, 800, 33.0, 11.0)
+    fast_heavy = _result("dos(device)", "deep_optimizer_states", "device", 800, 300, 40.0, 11.05)
+    light = _result("dos(0.5)", "deep_optimizer_states", "0.5", 900, 400, 17.0, 11.02)
+    claims = _by_claim(check_claims([vanilla, split, fast_heavy, light]))
+    c = claims["iteration vs static_split 0.5 at lower peak GPU memory"]
+    assert c["value"] == pytest.approx(1400 / 900) and c["status"] == "met"  # the 40 GiB run does not count
+    assert claims["iteration vs zero3_offload"]["value"] == pytest.approx(2300 / 800)
+    only_heavy = _by_claim(check_claims([vanilla, split, fast_heavy]))
+    assert only_heavy["iteration vs static_split 0.5 at lower peak GPU memory"]["status"] == "missed"
+
+
+def test_missing_configurations_are_not_measured_and_render() -> None:
+    failed = _result("zero3_offload", "zero3_offload", "1.0", 2300, 1700, 12.0, 11.0) | {"status": "oom"}
+    dos = _result("dos(auto)", "deep_optimizer_states", "auto", 900, 400, 17.0, 11.0)
+    claims = check_claims([failed, dos])
+    assert {c["status"] for c in claims} == {"not measured"}
+    text = "\n".join(report._claim_lines(claims))
+    assert "## Claims checked in this run" in text and "not measured" in text
