@@ -139,17 +139,10 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
 
 
-_LAUNCH_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE",
-                "GROUP_RANK", "CROSS_RANK", "CROSS_SIZE", "PL_GLOBAL_SEED", "PL_TRAINER_GPUS")
-
 
 def subprocess_env(**extra: str) -> dict[str, str]:
-    """The test process's environment for a child run, minus the rank variables an in-process fit left behind."""
+    """The environment for a child run. conftest resets os.environ before every test (no rank variables left by
+    an in-process fit) and puts the repository on PYTHONPATH, so this is that environment plus ``extra``."""
     import os
-    from pathlib import Path
 
-    root = str(Path(__file__).resolve().parents[1])
-    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    env.update(extra)
-    return env
+    return {**os.environ, **extra}
