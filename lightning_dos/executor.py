@@ -11,10 +11,12 @@ Each stage has its own stream; every cross-stream dependency is an event: prefet
 that last used its slot, adam waits for its prefetch, flush waits for its adam, and the caller's stream
 waits for the last param write. ``run`` returns only when the host state is consistent.
 
+The host lane runs on the calling thread (DeepSpeed's CPU Adam uses all cores itself); the device lane is
+asynchronous on a GPU and is issued from the same thread a few subgroups ahead, between host-lane subgroups,
+so that the host lane's uploads never queue behind the whole device lane on the copy engine.
+
 On a machine without an accelerator the device lane runs with the host standing in for the device: the
-same buffers, copies, ordering and write-back, with streams and events that complete immediately. The
-device lane is issued first (it is asynchronous on a GPU), then the host lane runs on the calling thread
-while the copies and kernels proceed; DeepSpeed's CPU Adam releases the GIL and uses all cores itself.
+same buffers, copies, ordering and write-back, with streams and events that complete immediately.
 No DeepSpeed import here.
 """
 
@@ -32,9 +34,14 @@ from lightning_dos.planning.plan import Lane
 from lightning_dos.subgroup import Subgroup
 
 HOST_STAGING_SLOTS = 3  # 16-bit upload buffers, so the host lane rarely waits for an upload to leave
-#: Prefetches and flushes are issued in chunks of this many fp32 elements (64 MB): the copy engine serves
-#: streams between commands, so chunking lets the host lane's uploads interleave with a long prefetch queue.
+#: Prefetches and flushes are issued in chunks of this many fp32 elements (64 MB), so no single copy command
+#: holds a copy engine for long.
 COPY_CHUNK = 16 * 1024 * 1024
+#: The device lane is issued while fewer than this many of its prefetches are outstanding (see ``_DeviceLane``):
+#: enough to keep the link busy, few enough that a host-lane upload never queues behind the whole lane.
+PREFETCH_WINDOW = 2
+#: How often the host thread checks the device lane while it waits for an upload to leave (seconds).
+POLL_S = 2e-4
 
 #: One recorded stage: (subgroup, lane, stage, begin event, end event).
 Span = tuple[int, str, str, Any, Any]
@@ -69,6 +76,9 @@ class _HostEvent:
 
     def synchronize(self) -> None:
         return None
+
+    def query(self) -> bool:
+        return True
 
     def elapsed_time(self, other: _HostEvent) -> float:
         return (other.time - self.time) * 1e3
@@ -150,8 +160,9 @@ class UpdateExecutor:
             s.wait(stream, start)
 
         spans: list[Span] = []
-        device_done = self._issue_device_lane(device_ids, buffers, subgroups, inv_scale, timings, spans)
-        host_done = self._run_host_lane(host_ids, subgroups, host_step, timings, spans)
+        device_lane = _DeviceLane(s, device_ids, buffers, subgroups, inv_scale, timings, spans)
+        host_done = self._run_host_lane(host_ids, subgroups, host_step, timings, spans, device_lane)
+        device_done = device_lane.issue_all()
 
         # the caller's stream (next forward's all-gather) must see every param write
         for event in (*device_done, *host_done):
@@ -161,78 +172,6 @@ class UpdateExecutor:
         _resolve_spans(start, t0, spans, timings)
         return timings
 
-    # ------------------------------------------------------------------ device lane
-    def _issue_device_lane(
-        self,
-        ids: Sequence[int],
-        buffers: int,
-        subgroups: Sequence[Subgroup],
-        inv_scale: torch.Tensor | float,
-        timings: LaneTimings,
-        spans: list[Span],
-    ) -> list[Any]:
-        if not ids:
-            return []
-        s = self.streams
-        numel = max(subgroups[i].numel for i in ids)
-        n_slots = max(1, min(buffers, len(ids)))
-        slots = [torch.empty((4, numel), dtype=torch.float32, device=self.device) for _ in range(n_slots)]
-        timings.device_buffer_bytes = sum(t.numel() * t.element_size() for t in slots)
-        unit_scale = float(inv_scale) == 1.0  # x * 1.0 == x: no unscale kernel needed
-        if torch.is_tensor(inv_scale):
-            inv = inv_scale.to(device=self.device, dtype=torch.float32)
-        else:
-            inv = torch.tensor(inv_scale, dtype=torch.float32, device=self.device)
-        step_count = torch.empty(len(ids), dtype=torch.float32, device=self.device)
-        step_host = torch.tensor([float(subgroups[i].state["step"] + 1) for i in ids], dtype=torch.float32)
-        step_count.copy_(step_host)
-        ready = s.record(s.current())
-
-        flushed: list[Any] = [None] * n_slots
-        last_flush = None
-        for k, i in enumerate(ids):
-            sg = subgroups[i]
-            n = sg.numel
-            slot = slots[k % n_slots]
-            master, exp_avg, exp_avg_sq, grad = (slot[j, :n] for j in range(4))
-            with s.use(s.prefetch):
-                s.wait(s.prefetch, flushed[k % n_slots])  # slot free only once its last flush is done
-                s.wait(s.prefetch, ready)
-                begin = s.record(s.prefetch, timing=True)
-                _chunked_copy(master, sg.master)
-                _chunked_copy(exp_avg, sg.exp_avg)
-                _chunked_copy(exp_avg_sq, sg.exp_avg_sq)
-                if sg.grad_on_device:
-                    grad = sg.grad  # kept on the device through backward: nothing to prefetch
-                else:
-                    _chunked_copy(grad, sg.grad)
-                prefetched = s.record(s.prefetch, timing=True)
-                spans.append((i, "device", "prefetch", begin, prefetched))
-            with s.use(s.adam):
-                s.wait(s.adam, prefetched)
-                begin = s.record(s.adam, timing=True)
-                if not unit_scale:
-                    grad.mul_(inv)  # same unscale/clip factor as the host lane, in fp32
-                _adam(sg, master, grad, exp_avg, exp_avg_sq, step_count[k])
-                sg.param16.copy_(master)  # 16-bit params in their own dtype, on the device
-                adam_done = s.record(s.adam, timing=True)
-                spans.append((i, "device", "adam", begin, adam_done))
-            with s.use(s.flush):
-                s.wait(s.flush, adam_done)
-                begin = s.record(s.flush, timing=True)
-                _chunked_copy(sg.master, master)
-                _chunked_copy(sg.exp_avg, exp_avg)
-                _chunked_copy(sg.exp_avg_sq, exp_avg_sq)
-                last_flush = s.record(s.flush, timing=True)
-                spans.append((i, "device", "flush", begin, last_flush))
-                flushed[k % n_slots] = last_flush
-            sg.state["step"] += 1
-            timings.device_params += n
-            timings.device_subgroups += 1
-            timings.h2d_bytes += (12 if sg.grad_on_device else 16) * n
-            timings.d2h_bytes += 12 * n
-        return [adam_done, last_flush]
-
     # ------------------------------------------------------------------ host lane
     def _run_host_lane(
         self,
@@ -241,7 +180,9 @@ class UpdateExecutor:
         host_step: Callable[[int], None],
         timings: LaneTimings,
         spans: list[Span],
+        device_lane: _DeviceLane,
     ) -> list[Any]:
+        """Run the host lane on this thread; between its subgroups, feed the device lane (see ``_DeviceLane``)."""
         if not ids:
             return []
         s = self.streams
@@ -251,6 +192,7 @@ class UpdateExecutor:
         t0 = time.perf_counter()
         for k, i in enumerate(ids):
             sg = subgroups[i]
+            device_lane.feed()
             begin = _HostEvent()
             begin.record()
             host_step(i)
@@ -259,7 +201,8 @@ class UpdateExecutor:
             spans.append((i, "host", "adam", begin, adam_done))
             slot = k % len(staging)
             if uploaded[slot] is not None:
-                uploaded[slot].synchronize()  # the host may overwrite a staging buffer only once it is sent
+                # the host may overwrite a staging buffer only once it is sent; keep the device lane fed meanwhile
+                device_lane.feed_until(uploaded[slot])
             buf = staging[slot][: sg.numel]
             buf.copy_(sg.master)  # fp32 -> param dtype on the host: half the bytes cross the link
             with s.use(s.upload):
@@ -271,6 +214,138 @@ class UpdateExecutor:
             timings.upload_bytes += sg.numel * buf.element_size()
         timings.host_busy_s = time.perf_counter() - t0
         return [e for e in uploaded if e is not None]
+
+
+class _DeviceLane:
+    """The device lane of one update phase, issued a subgroup at a time.
+
+    Per subgroup, through a ring of buffer slots on the device: ``prefetch`` (host->device: master, exp_avg,
+    exp_avg_sq and the gradient unless it stayed on the device) -> ``adam`` (unscale, fused AdamW, 16-bit param
+    write) -> ``flush`` (device->host: master, exp_avg, exp_avg_sq), each on its own stream and ordered by events.
+
+    A copy engine serves the commands of every stream in the order they were submitted, so a device lane issued
+    all at once would put the host lane's uploads behind every queued prefetch. Instead the host thread issues
+    device-lane subgroups only while fewer than ``window`` of the issued prefetches are still outstanding
+    (``feed``), between host-lane subgroups and while the host lane waits for an upload; whatever remains is
+    issued when the host lane is done (``issue_all``). On the host standing in for the device, work completes as
+    it is issued, so the lane simply interleaves with the host lane.
+    """
+
+    def __init__(
+        self,
+        streams: _Streams,
+        ids: Sequence[int],
+        buffers: int,
+        subgroups: Sequence[Subgroup],
+        inv_scale: torch.Tensor | float,
+        timings: LaneTimings,
+        spans: list[Span],
+        window: int | None = None,
+    ) -> None:
+        self.s = streams
+        self.ids = list(ids)
+        self.subgroups = subgroups
+        self.timings = timings
+        self.spans = spans
+        self.next = 0  # position in ids of the next subgroup to issue
+        self.prefetched: list[Any] = []  # per issued subgroup: its prefetch's end event
+        self.completed = 0  # issued prefetches known to be complete (they complete in issue order)
+        self.done: list[Any] = []
+        if not self.ids:
+            return
+        s = streams
+        device = s.device
+        numel = max(subgroups[i].numel for i in self.ids)
+        self.n_slots = max(1, min(buffers, len(self.ids)))
+        self.window = max(1, window if window is not None else PREFETCH_WINDOW)
+        self.slots = [torch.empty((4, numel), dtype=torch.float32, device=device) for _ in range(self.n_slots)]
+        timings.device_buffer_bytes = sum(t.numel() * t.element_size() for t in self.slots)
+        self.unit_scale = float(inv_scale) == 1.0  # x * 1.0 == x: no unscale kernel needed
+        if torch.is_tensor(inv_scale):
+            self.inv = inv_scale.to(device=device, dtype=torch.float32)
+        else:
+            self.inv = torch.tensor(inv_scale, dtype=torch.float32, device=device)
+        self.step_count = torch.empty(len(self.ids), dtype=torch.float32, device=device)
+        step_host = torch.tensor([float(subgroups[i].state["step"] + 1) for i in self.ids], dtype=torch.float32)
+        self.step_count.copy_(step_host)
+        self.ready = s.record(s.current())
+        self.flushed: list[Any] = [None] * self.n_slots
+
+    @property
+    def remaining(self) -> int:
+        return len(self.ids) - self.next
+
+    def outstanding(self) -> int:
+        """Issued prefetches not yet complete (queried without blocking)."""
+        while self.completed < len(self.prefetched) and self.prefetched[self.completed].query():
+            self.completed += 1
+        return len(self.prefetched) - self.completed
+
+    def feed(self) -> None:
+        """Issue subgroups while fewer than ``window`` issued prefetches are outstanding."""
+        while self.remaining and self.outstanding() < self.window:
+            self.issue_next()
+
+    def feed_until(self, event: Any) -> None:
+        """Wait for ``event`` (an upload), issuing device-lane work as prefetches complete meanwhile."""
+        while not event.query():
+            self.feed()
+            time.sleep(POLL_S)
+
+    def issue_all(self) -> list[Any]:
+        """Issue whatever is left; the events after which the lane's writes are complete."""
+        while self.remaining:
+            self.issue_next()
+        return self.done
+
+    def issue_next(self) -> None:
+        s = self.s
+        k = self.next
+        self.next += 1
+        i = self.ids[k]
+        sg = self.subgroups[i]
+        n = sg.numel
+        slot = self.slots[k % self.n_slots]
+        master, exp_avg, exp_avg_sq, grad = (slot[j, :n] for j in range(4))
+        with s.use(s.prefetch):
+            s.wait(s.prefetch, self.flushed[k % self.n_slots])  # slot free only once its last flush is done
+            s.wait(s.prefetch, self.ready)
+            begin = s.record(s.prefetch, timing=True)
+            _chunked_copy(master, sg.master)
+            _chunked_copy(exp_avg, sg.exp_avg)
+            _chunked_copy(exp_avg_sq, sg.exp_avg_sq)
+            if sg.grad_on_device:
+                grad = sg.grad  # kept on the device through backward: nothing to prefetch
+            else:
+                _chunked_copy(grad, sg.grad)
+            prefetched = s.record(s.prefetch, timing=True)
+            self.spans.append((i, "device", "prefetch", begin, prefetched))
+            self.prefetched.append(prefetched)
+        with s.use(s.adam):
+            s.wait(s.adam, prefetched)
+            begin = s.record(s.adam, timing=True)
+            if not self.unit_scale:
+                grad.mul_(self.inv)  # same unscale/clip factor as the host lane, in fp32
+            _adam(sg, master, grad, exp_avg, exp_avg_sq, self.step_count[k])
+            sg.param16.copy_(master)  # 16-bit params in their own dtype, on the device
+            adam_done = s.record(s.adam, timing=True)
+            self.spans.append((i, "device", "adam", begin, adam_done))
+        with s.use(s.flush):
+            s.wait(s.flush, adam_done)
+            begin = s.record(s.flush, timing=True)
+            _chunked_copy(sg.master, master)
+            _chunked_copy(sg.exp_avg, exp_avg)
+            _chunked_copy(sg.exp_avg_sq, exp_avg_sq)
+            flushed = s.record(s.flush, timing=True)
+            self.spans.append((i, "device", "flush", begin, flushed))
+            self.flushed[k % self.n_slots] = flushed
+        self.done = [adam_done, flushed]
+        sg.state["step"] += 1
+        t = self.timings
+        t.device_params += n
+        t.device_subgroups += 1
+        t.h2d_bytes += (12 if sg.grad_on_device else 16) * n
+        t.d2h_bytes += 12 * n
 
 
 def _chunked_copy(dst: torch.Tensor, src: torch.Tensor) -> None:

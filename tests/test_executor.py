@@ -121,3 +121,59 @@ def test_chunked_transfers_give_the_same_result(monkeypatch: pytest.MonkeyPatch)
         torch.testing.assert_close(sg.master, m, rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(sg.exp_avg, a, rtol=1e-6, atol=1e-9)
         torch.testing.assert_close(sg.exp_avg_sq, v, rtol=1e-6, atol=1e-10)
+
+
+def test_device_lane_is_issued_a_window_ahead_of_the_host_lane(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Device-lane subgroups are issued between host-lane subgroups, at most PREFETCH_WINDOW prefetches ahead.
+
+    Events here complete only once the host lane has finished one more subgroup after they were recorded,
+    like a prefetch that is still on the link while CPU Adam runs; results must not change.
+    """
+    import lightning_dos.executor as executor
+
+    clock = {"host_steps": 0}
+    log: list[str] = []
+
+    class SlowEvent(executor._HostEvent):
+        def record(self, stream: object = None) -> None:
+            super().record(stream)
+            self.at = clock["host_steps"]
+
+        def query(self) -> bool:
+            return clock["host_steps"] > self.at
+
+    monkeypatch.setattr(executor._Streams, "event", lambda self, timing=False: SlowEvent())
+    issue_next = executor._DeviceLane.issue_next
+
+    def logged_issue(lane: executor._DeviceLane) -> None:
+        log.append(f"D{lane.ids[lane.next]}")
+        issue_next(lane)
+
+    monkeypatch.setattr(executor._DeviceLane, "issue_next", logged_issue)
+    sizes = [50] * 8
+    g = torch.Generator().manual_seed(1)
+    subgroups = [
+        Subgroup(index=i, numel=n, master=torch.randn(n, generator=g), exp_avg=torch.zeros(n),
+                 exp_avg_sq=torch.zeros(n), state={"step": 0}, grad=torch.randn(n, generator=g),
+                 param16=torch.zeros(n), hyper=HYPER)
+        for i, n in enumerate(sizes)
+    ]
+    expected = [_reference(sg, 1.0) for sg in subgroups]
+    reference_step = _host_step_with_torch(subgroups, 1.0)
+
+    def host_step(i: int) -> None:
+        log.append(f"H{i}")
+        reference_step(i)
+        clock["host_steps"] += 1
+
+    lanes = [Lane.HOST, Lane.HOST, Lane.HOST] + [Lane.DEVICE] * 5
+    UpdateExecutor(torch.device("cpu")).run(lanes, list(range(8)), 3, subgroups, 1.0, host_step)
+    window = executor.PREFETCH_WINDOW
+    assert log[:window] == [f"D{3 + j}" for j in range(window)]  # the first prefetches go out before CPU Adam
+    assert log[window] == "H0"
+    assert log.index("D7") > log.index("H0")  # not everything up front: the rest follows the host lane
+    assert sorted(log) == sorted([f"H{i}" for i in range(3)] + [f"D{i}" for i in range(3, 8)])
+    for sg, (m, a, v) in zip(subgroups, expected):
+        torch.testing.assert_close(sg.master, m, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(sg.exp_avg, a, rtol=1e-6, atol=1e-9)
+        torch.testing.assert_close(sg.exp_avg_sq, v, rtol=1e-6, atol=1e-10)

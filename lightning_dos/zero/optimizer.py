@@ -2,9 +2,10 @@
 
 ``InterleavedZeroOptimizer`` is a thin subclass of ``DeepSpeedZeroOptimizer_Stage3``:
 
-- it keeps the fp32 master partitions and both Adam moments in pinned host memory, created up front
-  *in DeepSpeed's own optimizer state dict*, so both lanes read and write one copy and DeepSpeed's
-  checkpoint code saves all of it (vanilla creates the moments lazily, pageable);
+- it keeps the fp32 master partitions and both Adam moments in host memory page-locked in place (no
+  rounding up by the pinned allocator), the moments created up front *in DeepSpeed's own optimizer state
+  dict*, so both lanes read and write one copy and DeepSpeed's checkpoint code saves all of it (vanilla
+  creates the moments lazily, pageable);
 - its ``step`` is vanilla's preamble (overflow check, global grad norm, loss scale) followed by one call
   to the attached update phase instead of the sequential per-subgroup loop;
 - ``subgroups()`` exposes each subgroup as a plain :class:`~lightning_dos.subgroup.Subgroup`.
@@ -15,7 +16,6 @@ Everything below this module (executor, manager, planner) sees only plain object
 from __future__ import annotations
 
 import contextlib
-import ctypes
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,6 +23,7 @@ import torch
 from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.zero import stage3 as _stage3
 
+from lightning_dos.host_memory import PinnedRegistry
 from lightning_dos.subgroup import AdamHyper, Subgroup
 
 _VanillaStage3 = _stage3.DeepSpeedZeroOptimizer_Stage3
@@ -43,19 +44,22 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         super()._create_fp32_partitions()
         if not self._dos_supported():
             return
-        pin = self.offload_optimizer_pin_memory and torch.cuda.is_available()
-        for i, fp32 in enumerate(self.fp32_partitioned_groups_flat):
-            master = _pinned_copy(fp32) if pin else fp32  # one home: reuse DeepSpeed's tensor unless pinning
-            master.ds_id = fp32.ds_id
-            master.requires_grad = True  # vanilla keeps it, in case the inner optimizer checks
-            self.fp32_partitioned_groups_flat[i] = master
-            self.optimizer.state[master] = {
-                "step": 0,
-                "exp_avg": _host_zeros(master.numel(), pin),
-                "exp_avg_sq": _host_zeros(master.numel(), pin),
-            }
-        if pin:
-            _return_freed_heap_to_os()  # the pageable originals are gone; do not let them inflate RSS
+        registry = self._pinned_registry()
+        for master in self.fp32_partitioned_groups_flat:  # one home: DeepSpeed's own tensor, locked in place
+            exp_avg = torch.zeros(master.numel(), dtype=torch.float32)
+            exp_avg_sq = torch.zeros(master.numel(), dtype=torch.float32)
+            self.optimizer.state[master] = {"step": 0, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+            if registry is not None:
+                for tensor in (master, exp_avg, exp_avg_sq):
+                    registry.pin(tensor)
+
+    def _pinned_registry(self) -> PinnedRegistry | None:
+        """Where the state is page-locked in place (None when not pinning, or with no CUDA device)."""
+        if not (self.offload_optimizer_pin_memory and torch.cuda.is_available()):
+            return None
+        if "_dos_pinned" not in self.__dict__:
+            self._dos_pinned = PinnedRegistry()
+        return self._dos_pinned
 
     def _dos_supported(self) -> bool:
         """Whether this configuration is one the interleaved update handles (else vanilla runs)."""
@@ -215,42 +219,37 @@ class InterleavedZeroOptimizer(_VanillaStage3):
 
     # ------------------------------------------------------------------ checkpoints
     def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        homes = self._state_homes()
         out = super().load_state_dict(*args, **kwargs)
-        self._check_single_home()
+        self._restore_homes(homes)
         return out
 
-    def _check_single_home(self) -> None:
-        """After a load, every subgroup must still have exactly one host copy of master/m/v, pinned if asked."""
+    def _state_homes(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The (exp_avg, exp_avg_sq) tensors each subgroup's state lives in now (before a load replaces them)."""
         if not self._dos_supported():
+            return []
+        return [
+            (self.optimizer.state[m]["exp_avg"], self.optimizer.state[m]["exp_avg_sq"])
+            for m in self.fp32_partitioned_groups_flat
+        ]
+
+    def _restore_homes(self, homes: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """After a load: copy the loaded moments into their homes, so each subgroup keeps one (pinned) copy.
+
+        torch's ``Optimizer.load_state_dict`` puts the checkpoint's tensors into the state; DeepSpeed copies the
+        master weights in place. Copying the moments back keeps master, exp_avg and exp_avg_sq where the device
+        lane's copies expect them, page-locked when asked.
+        """
+        if not homes:
             return
-        for master in self.fp32_partitioned_groups_flat:
+        for master, (exp_avg, exp_avg_sq) in zip(self.fp32_partitioned_groups_flat, homes):
             state = self.optimizer.state.get(master)
-            if state is None or "exp_avg" not in state:
+            if state is None or "exp_avg" not in state or "exp_avg_sq" not in state:
                 raise RuntimeError("optimizer state lost its exp_avg/exp_avg_sq after loading a checkpoint")
-            if self.offload_optimizer_pin_memory and torch.cuda.is_available():
-                for key in ("exp_avg", "exp_avg_sq"):
-                    if not state[key].is_pinned():
-                        state[key] = _pinned_copy(state[key])
-
-
-def _pinned_copy(tensor: torch.Tensor) -> torch.Tensor:
-    """A page-locked host copy of ``tensor``."""
-    return get_accelerator().pin_memory(tensor.detach().to("cpu"))
-
-
-def _host_zeros(numel: int, pin: bool) -> torch.Tensor:
-    """fp32 zeros in host memory, allocated page-locked directly when asked (no pageable twin)."""
-    if pin:
-        return torch.zeros(numel, dtype=torch.float32, pin_memory=True)
-    return torch.zeros(numel, dtype=torch.float32)
-
-
-def _return_freed_heap_to_os() -> None:
-    """Ask glibc to release freed heap pages (no-op where there is no glibc)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+            for key, home in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+                if state[key] is not home:
+                    home.copy_(state[key].reshape(home.shape))
+                    state[key] = home
 
 
 @contextlib.contextmanager
