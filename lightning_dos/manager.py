@@ -19,7 +19,7 @@ from lightning_dos.executor import LaneTimings, UpdateExecutor
 from lightning_dos.planning.calibration import Calibrator, StepMeasurement, probe_plan
 from lightning_dos.planning.perf_model import CostParams, device_memory_bytes, predicted_makespan_s
 from lightning_dos.planning.plan import Plan, PlanSpec, resolve_plan
-from lightning_dos.planning.planner import best_plan, demote_to_fit
+from lightning_dos.planning.planner import best_plan, demote_to_fit, grads_for
 
 log = logging.getLogger(__name__)
 
@@ -115,12 +115,9 @@ class OptimizerStateManager:
         Their fp32 gradients (4 bytes/param) then live on the device from backward to the end of the update,
         beside the buffer slots; when a budget is set and both do not fit, gradients go to the host as in vanilla.
         """
-        plan = self.base_plan
-        keep = frozenset(plan.device_subgroups()) if self.device_gradients else frozenset()
-        if self.device.type == "cuda" and self.memory_budget_bytes is not None:
-            if device_memory_bytes(plan, self.sizes, self.cost, keep) > self.memory_budget_bytes:
-                keep = frozenset()
-        self.optimizer.device_grad_subgroups = keep
+        budget = self.memory_budget_bytes if self.device.type == "cuda" else None
+        keep = grads_for(self.base_plan, self.sizes, self.cost, budget, self._all_grads())
+        self.optimizer.device_grad_subgroups = keep or frozenset()  # None: not even the slots fit; dispatch demotes
 
     def free_device_bytes(self) -> int | None:
         """Device memory free for the device lane now (None: the host stands in, no limit)."""

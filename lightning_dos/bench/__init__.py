@@ -6,6 +6,9 @@ process. Outputs: ``results.json``, ``report.md`` (plus a copy named after model
 ``chart.png``. Modules: ``arguments`` (command line), ``config`` (settings and configurations), ``harness``
 (the invocation), ``launcher`` (one worker process), ``worker`` (one configuration's run), ``timing`` and
 ``memory`` (measurement), ``stats`` and ``results`` (statistics, comparisons), ``report`` and ``chart``.
+``--sweep`` runs the plan sweep instead (fixed DOS plans against ``auto``, per memory budget; ``sweep.json``,
+``sweep.md``, ``sweep.png``): ``sweep_config``, ``sweep_harness``, ``sweep_worker``, ``sweep`` (the callback
+switching plans), ``sweep_results`` and ``sweep_report``.
 """
 
 from __future__ import annotations
@@ -13,6 +16,10 @@ from __future__ import annotations
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lightning_dos.bench.arguments import Invocation
 
 __all__ = ["main"]
 
@@ -32,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     from lightning_dos.bench.harness import default_out_dir, dry_run_text, run_bench
 
     config = invocation.config
+    if invocation.sweep is not None:
+        return _sweep(invocation)
     if invocation.dry_run:
         print(dry_run_text(config))
         return 0
@@ -42,6 +51,29 @@ def main(argv: list[str] | None = None) -> int:
     completed = sum(r["status"] == "ok" for r in doc["results"])
     print(f"{completed}/{len(doc['results'])} configurations completed; results in {out_dir}: results.json, "
           "report.md, chart.png")
+    if doc.get("interrupted"):
+        return 130
+    return 0 if completed else 1
+
+
+def _sweep(invocation: Invocation) -> int:
+    """``--sweep``: the plan sweep; 0 when at least one process completed, 1 when none did, 130 when interrupted."""
+    from lightning_dos.bench.sweep_harness import default_out_dir, dry_run_text, run_sweep
+
+    sweep = invocation.sweep
+    assert sweep is not None
+    if invocation.dry_run:
+        print(dry_run_text(sweep))
+        return 0
+    now = datetime.now(timezone.utc)
+    out_dir = Path(sweep.bench.out) if sweep.bench.out else default_out_dir(sweep.bench, now)
+    sweep.bench.out = str(out_dir)
+    doc = run_sweep(sweep, out_dir, now=now)
+    processes = [b[kind]["status"] for b in doc["budgets"] for kind in ("fixed", "auto")]
+    completed = sum(status == "ok" for status in processes)
+    print(f"{completed}/{len(processes)} processes completed; results in {out_dir}: sweep.json, sweep.md, sweep.png")
+    for target in doc["targets"]:
+        print(f"  {target['target']}: {target['status']}")
     if doc.get("interrupted"):
         return 130
     return 0 if completed else 1

@@ -3,7 +3,9 @@
 Precedence, lowest first: :class:`~lightning_dos.bench.config.BenchConfig` defaults (a GPU host running
 gpt-2.7b), then ``--recipe FILE`` (a training recipe's model, data and precision), then ``--config FILE``
 (JSON with the same keys), then the flags given. Flags that are not given leave the lower layers alone, so a
-recipe or config file can be tweaked from the command line.
+recipe or config file can be tweaked from the command line. ``--sweep`` turns the invocation into a plan sweep
+(:class:`~lightning_dos.bench.sweep_config.SweepConfig`): the same model and data settings, with its own plan
+list, iterations per plan and memory budgets instead of the strategy comparison's options.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 from lightning_dos.bench.config import STRATEGIES, BenchConfig, dos_plans, plan_argument
 from lightning_dos.bench.recipe import recipe_settings
+from lightning_dos.bench.sweep_config import DEFAULT_BUDGETS, DEFAULT_SWEEP_PLANS, SweepConfig
 
 PROG = "lightning-dos bench"
 EPILOG = """examples:
@@ -24,7 +27,14 @@ EPILOG = """examples:
   lightning-dos bench --model gpt-1b --strategies zero3_offload deep_optimizer_states --repeats 3
   lightning-dos bench --recipe recipes/gpt-2.7b.yaml    # model, data, batch and precision of a training recipe
   lightning-dos bench --dry-run                         # print the resolved config and configurations only
+  lightning-dos bench --sweep --model gpt-1b            # plan sweep: fixed plans vs auto, unlimited and quarter budget
 """
+#: Comparison options that mean nothing to a plan sweep (it picks its own strategies, plans and budgets).
+NOT_FOR_SWEEP = {"strategies": "--strategies", "ratios": "--ratios", "plans": "--plans (use --sweep-plans)",
+                 "repeats": "--repeats", "force_no_offload": "--force-no-offload",
+                 "memory_budget_gib": "--memory-budget-gib (use --budgets)"}
+#: Options of the plan sweep only.
+SWEEP_ONLY = {"sweep_plans": "--sweep-plans", "steps_per_plan": "--steps-per-plan", "budgets": "--budgets"}
 
 
 @dataclass
@@ -35,6 +45,8 @@ class Invocation:
     """The fully resolved bench configuration."""
     dry_run: bool = False
     """Print the configuration and the list of configurations, run nothing."""
+    sweep: SweepConfig | None = None
+    """The plan sweep to run instead of the strategy comparison (``--sweep``), or None."""
 
 
 def _count(text: str) -> int:
@@ -112,10 +124,23 @@ def build_parser() -> argparse.ArgumentParser:
                       help="text files, directories or globs for --text")
     data.add_argument("--tokenizer", metavar="FILE",
                       help="tokenizer file for --text (default: train a BPE tokenizer once)")
+    sweep = p.add_argument_group("plan sweep (--sweep)")
+    sweep.add_argument("--sweep", action="store_true",
+                       help="run a plan sweep instead of the strategy comparison: per budget, every fixed plan in one "
+                       "DOS process (switching plans every --steps-per-plan iterations) and auto in another "
+                       "(--steps iterations, --warmup left out)")
+    sweep.add_argument("--sweep-plans", dest="sweep_plans", nargs="+", metavar="PLAN",
+                       help=f"fixed plans swept, in order (default {' '.join(DEFAULT_SWEEP_PLANS)})")
+    sweep.add_argument("--steps-per-plan", dest="steps_per_plan", type=int, metavar="N",
+                       help="iterations each fixed plan is held for, the first left out (default 3)")
+    sweep.add_argument("--budgets", nargs="+", metavar="BUDGET",
+                       help="DOS memory budgets: unlimited, quarter (0.25 x 12 bytes x parameters) or GiB "
+                       f"(default {' '.join(DEFAULT_BUDGETS)})")
     run = p.add_argument_group("running")
     run.add_argument("--timeout", dest="timeout_s", type=float, metavar="SECONDS",
                      help="seconds per configuration, start-up included (default 1800)")
-    run.add_argument("--out", metavar="DIR", help="output directory (default runs/bench/<model>_<timestamp>)")
+    run.add_argument("--out", metavar="DIR", help="output directory (default runs/bench/<model>_<timestamp>, "
+                     "runs/sweep/<model>_<timestamp> with --sweep)")
     run.add_argument("--dry-run", dest="dry_run", action="store_true",
                      help="print the resolved configuration and the configurations, run nothing")
     return p
@@ -142,6 +167,27 @@ def check_plans(config: BenchConfig) -> None:
         parse_plan(plan_argument(plan))
 
 
+def sweep_settings(given: dict[str, Any]) -> dict[str, Any]:
+    """Take the plan sweep's own options out of ``given``; ``ValueError`` for options of the other mode."""
+    sweep = bool(given.pop("sweep", False))
+    own = {key: given.pop(key) for key in list(SWEEP_ONLY) if key in given}
+    if not sweep:
+        if own:
+            raise ValueError(f"{', '.join(SWEEP_ONLY[key] for key in own)}: only with --sweep")
+        return {}
+    wrong = [flag for key, flag in NOT_FOR_SWEEP.items() if key in given]
+    if wrong:
+        raise ValueError(f"{', '.join(wrong)}: not used by --sweep")
+    settings: dict[str, Any] = {"sweep": True}
+    if "sweep_plans" in own:
+        settings["plans"] = [str(plan) for plan in own["sweep_plans"]]
+    if "steps_per_plan" in own:
+        settings["steps_per_plan"] = own["steps_per_plan"]
+    if "budgets" in own:
+        settings["budgets"] = [str(budget) for budget in own["budgets"]]
+    return settings
+
+
 def parse_args(argv: list[str] | None) -> Invocation:
     """Parse ``argv`` into a validated :class:`Invocation`; bad values exit with status 2 like any CLI error."""
     parser = build_parser()
@@ -149,15 +195,25 @@ def parse_args(argv: list[str] | None) -> Invocation:
     dry_run = bool(given.pop("dry_run", False))
     settings: dict[str, Any] = {}
     config_file = given.pop("config_file", None)
+    sweep: SweepConfig | None = None
     try:
+        sweep_given = sweep_settings(given)
         if given.get("recipe") is not None:
             settings.update(recipe_settings(given["recipe"]))
         if config_file is not None:
             settings.update(load_config_file(config_file))
         settings.update(given)
         config = BenchConfig.from_dict(settings)
-        config.validate()
-        check_plans(config)
+        if sweep_given:
+            sweep_given.pop("sweep")
+            # DOS only; the budgets say the memory budget, per process
+            config.strategies, config.ratios, config.plans, config.repeats = ["deep_optimizer_states"], [], ["auto"], 1
+            config.memory_budget_gib = None
+            sweep = SweepConfig(bench=config, **sweep_given)
+            sweep.validate()
+        else:
+            config.validate()
+            check_plans(config)
     except (OSError, ValueError, TypeError, ImportError) as err:
         parser.error(str(err))
-    return Invocation(config=config, dry_run=dry_run)
+    return Invocation(config=config, dry_run=dry_run, sweep=sweep)

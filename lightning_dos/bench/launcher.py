@@ -84,19 +84,21 @@ def classify_exit(returncode: int | None, timed_out: bool, timeout_s: float, log
     return {"status": "failed", "reason": f"{reason}: {detail}" if detail else reason}
 
 
-def launch(config: BenchConfig, spec: RunSpec, run_dir: Path, timeout_s: float | None = None) -> dict[str, Any]:
+def launch(config: BenchConfig, spec: RunSpec, run_dir: Path, timeout_s: float | None = None,
+           module: str = WORKER_MODULE, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run ``spec`` in a fresh worker process and return its result, whatever happened.
 
-    Every result has ``status``, ``reason``, the spec's fields, ``returncode``, ``elapsed_s`` (start-up
-    included) and ``log`` (the worker's log file).
+    ``module`` is the worker's entry (``python -m MODULE CONFIG RESULT``); ``extra`` adds keys to the config file
+    it reads. Every result has ``status``, ``reason``, the spec's fields, ``returncode``, ``elapsed_s``
+    (start-up included) and ``log`` (the worker's log file).
     """
     timeout_s = config.timeout_s if timeout_s is None else timeout_s
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path, result_path, log_path = run_dir / "config.json", run_dir / "result.json", run_dir / "worker.log"
     result_path.unlink(missing_ok=True)
-    config_path.write_text(json.dumps({"bench": config.to_dict(), "run": spec.to_dict()}, indent=2),
-                           encoding="utf-8")
-    command = [sys.executable, "-m", WORKER_MODULE, str(config_path), str(result_path)]
+    payload = {"bench": config.to_dict(), "run": spec.to_dict(), **(extra or {})}
+    config_path.write_text(json.dumps(payload, indent=2), encoding="utf-8")
+    command = [sys.executable, "-m", module, str(config_path), str(result_path)]
     started = time.perf_counter()
     timed_out = False
     with open(log_path, "w", encoding="utf-8") as log:

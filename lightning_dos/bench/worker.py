@@ -16,6 +16,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,38 +64,41 @@ def build_module(config: BenchConfig) -> Any:
     return SeededGPTModule(**module_kwargs(config))
 
 
+def record_dict(record: Any) -> dict[str, Any]:
+    """One DOS update record (a ``StepRecord``) as JSON: plan, makespan, prediction, busy times, bytes, demotions."""
+    t = record.timings
+    return {
+        "lanes": record.plan.lane_letters(),
+        "source": record.plan.source,
+        "buffers": record.plan.buffers,
+        "update_ms": t.total_s * 1e3,
+        "host_busy_ms": t.host_busy_s * 1e3,
+        "device_busy_ms": t.device_busy_s * 1e3,
+        "device_fraction": record.device_fraction,
+        "h2d_gb": (t.h2d_bytes + t.upload_bytes) / 1e9,
+        "d2h_gb": t.d2h_bytes / 1e9,
+        "demoted_subgroups": len(record.demoted),
+        "free_device_gib": None if record.free_bytes is None else record.free_bytes / 1024**3,
+        "predicted_ms": record.predicted_s * 1e3,
+        "replanned": record.replanned,
+        "prefetch_busy_ms": t.prefetch_busy_s * 1e3,
+        "adam_busy_ms": t.adam_busy_s * 1e3,
+        "flush_busy_ms": t.flush_busy_s * 1e3,
+        "upload_busy_ms": t.upload_busy_s * 1e3,
+    }
+
+
 def dos_records(strategy: Any) -> dict[str, Any] | None:
     """The DOS manager's plan and per-update-phase records, or None for other strategies."""
     manager = getattr(strategy, "manager", None)
     if manager is None:
         return None
-    steps = []
-    for record in manager.records:
-        t = record.timings
-        steps.append({
-            "lanes": record.plan.lane_letters(),
-            "source": record.plan.source,
-            "update_ms": t.total_s * 1e3,
-            "host_busy_ms": t.host_busy_s * 1e3,
-            "device_busy_ms": t.device_busy_s * 1e3,
-            "device_fraction": record.device_fraction,
-            "h2d_gb": (t.h2d_bytes + t.upload_bytes) / 1e9,
-            "d2h_gb": t.d2h_bytes / 1e9,
-            "demoted_subgroups": len(record.demoted),
-            "free_device_gib": None if record.free_bytes is None else record.free_bytes / 1024**3,
-            "predicted_ms": record.predicted_s * 1e3,
-            "replanned": record.replanned,
-            "prefetch_busy_ms": t.prefetch_busy_s * 1e3,
-            "adam_busy_ms": t.adam_busy_s * 1e3,
-            "flush_busy_ms": t.flush_busy_s * 1e3,
-            "upload_busy_ms": t.upload_busy_s * 1e3,
-        })
     return {
         "active": bool(manager.active),
         "subgroups": len(manager.sizes),
         "largest_subgroup": max(manager.sizes) if manager.sizes else 0,
         "plan": str(manager.base_plan),
-        "steps": steps,
+        "steps": [record_dict(record) for record in manager.records],
         "cost": manager.cost.to_json(),  # the cost parameters calibration ended with
     }
 
@@ -115,8 +119,38 @@ def save_timeline(strategy: Any, workdir: Path) -> str | None:
     return str(path)
 
 
-def run(config: BenchConfig, spec: RunSpec, workdir: Path) -> dict[str, Any]:
-    """Train ``config.steps`` iterations under ``spec`` and return the raw measurements."""
+def build_trainer(config: BenchConfig, strategy: Any, workdir: Path, callbacks: list[Any]) -> Any:
+    """The bench's Trainer: one device, ``config.steps`` iterations, no validation, logging or checkpoints."""
+    import lightning.pytorch as pl
+
+    return pl.Trainer(
+        accelerator=config.accelerator,
+        devices=1,
+        strategy=strategy,
+        precision=config.precision,
+        max_steps=config.steps,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+        default_root_dir=str(workdir),
+    )
+
+
+def fit_and_measure(
+    config: BenchConfig,
+    spec: RunSpec,
+    workdir: Path,
+    callbacks: Sequence[Any] = (),
+    on_strategy: Callable[[Any], None] | None = None,
+) -> tuple[Any, dict[str, Any]]:
+    """Train ``config.steps`` iterations under ``spec``; the trainer and the measurements every run reports.
+
+    ``on_strategy`` sees the strategy as soon as it exists, so a caller can still report from it if training fails.
+    """
     import lightning.pytorch as pl
 
     import lightning_dos  # noqa: F401  (registers the strategies)
@@ -128,24 +162,12 @@ def run(config: BenchConfig, spec: RunSpec, workdir: Path) -> dict[str, Any]:
     with HostMemorySampler() as sampler:
         pl.seed_everything(config.seed, verbose=False)
         strategy = build_strategy(config, spec)
+        if on_strategy is not None:
+            on_strategy(strategy)
         module = build_module(config)
         data = build_data(config, module.config.vocab_size)
         timer = PhaseTimer()
-        trainer = pl.Trainer(
-            accelerator=config.accelerator,
-            devices=1,
-            strategy=strategy,
-            precision=config.precision,
-            max_steps=config.steps,
-            limit_val_batches=0,
-            num_sanity_val_steps=0,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            callbacks=[timer],
-            default_root_dir=str(workdir),
-        )
+        trainer = build_trainer(config, strategy, workdir, [timer, *callbacks])
         fit_started = time.perf_counter()
         trainer.fit(module, datamodule=data)
         fit_s = time.perf_counter() - fit_started
@@ -153,7 +175,7 @@ def run(config: BenchConfig, spec: RunSpec, workdir: Path) -> dict[str, Any]:
     ran = len(timer.samples["iteration_ms"])
     if ran < config.steps:
         raise RuntimeError(f"only {ran} of {config.steps} iterations ran; the data ran out or training stopped early")
-    return {
+    return trainer, {
         "status": "ok",
         "reason": None,
         **spec.to_dict(),
@@ -161,10 +183,18 @@ def run(config: BenchConfig, spec: RunSpec, workdir: Path) -> dict[str, Any]:
         "iterations": {**timer.samples, "loss": timer.losses},
         **gpu_peaks(device),
         **sampler.summary(),
-        "dos": dos_records(trainer.strategy),
-        "timeline": save_timeline(trainer.strategy, workdir),
         "fit_s": fit_s,
         "wall_s": time.perf_counter() - started,
+    }
+
+
+def run(config: BenchConfig, spec: RunSpec, workdir: Path) -> dict[str, Any]:
+    """Train ``config.steps`` iterations under ``spec`` and return the raw measurements."""
+    trainer, result = fit_and_measure(config, spec, workdir)
+    return {
+        **result,
+        "dos": dos_records(trainer.strategy),
+        "timeline": save_timeline(trainer.strategy, workdir),
     }
 
 

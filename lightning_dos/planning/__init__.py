@@ -17,7 +17,7 @@ from .plan import (
     resolve_plan,
     stride_lanes,
 )
-from .planner import best_plan, candidate_plans, demote_to_fit, rank_plans
+from .planner import best_plan, candidate_plans, demote_to_fit, grads_for, rank_plans
 
 __all__ = [
     "PLAN_HINT",
@@ -32,6 +32,7 @@ __all__ = [
     "best_plan",
     "candidate_plans",
     "demote_to_fit",
+    "grads_for",
     "device_memory_bytes",
     "even_device_lanes",
     "fraction_lanes",

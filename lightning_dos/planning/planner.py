@@ -47,25 +47,46 @@ def _ranked(
     memory_budget_bytes: float | None,
     max_buffers: int,
     grads_on_device: frozenset[int],
-) -> list[Plan]:
+) -> list[tuple[Plan, frozenset[int]]]:
     _check_budget(memory_budget_bytes)
     sizes = _check_sizes(sizes)
     grads_on_device = _check_grads(grads_on_device, len(sizes))
-    scored: list[tuple[Plan, float]] = []
+    scored: list[tuple[Plan, frozenset[int], float]] = []
     for plan in candidate_plans(sizes, max_buffers):
-        if memory_budget_bytes is not None:
-            if device_memory_bytes(plan, sizes, params, grads_on_device) > memory_budget_bytes:
-                continue
-        scored.append((plan, _timeline(plan, sizes, params, grads_on_device).makespan_s()))
-    cutoff = min(makespan for _, makespan in scored) * (1 + TIE_TOLERANCE)  # the all-host plan always fits
+        grads = grads_for(plan, sizes, params, memory_budget_bytes, grads_on_device)
+        if grads is None:
+            continue
+        scored.append((plan, grads, _timeline(plan, sizes, params, grads).makespan_s()))
+    cutoff = min(makespan for *_, makespan in scored) * (1 + TIE_TOLERANCE)  # the all-host plan always fits
 
-    def key(item: tuple[Plan, float]) -> tuple[bool, float, int, int]:
-        plan, makespan = item
+    def key(item: tuple[Plan, frozenset[int], float]) -> tuple[bool, float, int, int]:
+        plan, _, makespan = item
         tied = makespan <= cutoff
         # tied plans compare only by size, the others by makespan first
         return (not tied, 0.0 if tied else makespan, len(plan.order), plan.buffers)
 
-    return [plan for plan, _ in sorted(scored, key=key)]
+    return [(plan, grads) for plan, grads, _ in sorted(scored, key=key)]
+
+
+def grads_for(
+    plan: Plan,
+    sizes: Sequence[int],
+    params: CostParams,
+    memory_budget_bytes: float | None,
+    grads_on_device: frozenset[int],
+) -> frozenset[int] | None:
+    """Which gradients ``plan`` would keep on the device within the budget, or None if the plan cannot fit.
+
+    The device lane's subgroups among ``grads_on_device`` keep their gradients on the device if the buffer
+    slots and those gradients fit together; otherwise every gradient goes to the host, as in vanilla, and only
+    the slots must fit. This is the rule the manager applies before each backward.
+    """
+    keep = frozenset(g for g in plan.device_subgroups() if g in grads_on_device)
+    if memory_budget_bytes is None or device_memory_bytes(plan, sizes, params, keep) <= memory_budget_bytes:
+        return keep
+    if keep and device_memory_bytes(plan, sizes, params, frozenset()) <= memory_budget_bytes:
+        return frozenset()
+    return None
 
 
 def rank_plans(
@@ -80,7 +101,7 @@ def rank_plans(
     Order: smallest makespan (ties within :data:`TIE_TOLERANCE`), then fewer device subgroups, then fewer buffers.
     """
     ranked = _ranked(sizes, params, memory_budget_bytes, max_buffers, grads_on_device)
-    return [(plan, predict(plan, sizes, params, grads_on_device)) for plan in ranked]
+    return [(plan, predict(plan, sizes, params, grads)) for plan, grads in ranked]
 
 
 def best_plan(
@@ -91,8 +112,9 @@ def best_plan(
     grads_on_device: frozenset[int] = frozenset(),
 ) -> Plan:
     """The ``auto`` plan: smallest predicted makespan within the memory budget; ties -> fewer device subgroups,
-    then fewer buffers. A zero budget gives the all-host plan."""
-    return _ranked(sizes, params, memory_budget_bytes, max_buffers, grads_on_device)[0]
+    then fewer buffers. A zero budget gives the all-host plan. ``grads_on_device`` lists the subgroups whose
+    gradients may stay on the device through backward (see :func:`grads_for`)."""
+    return _ranked(sizes, params, memory_budget_bytes, max_buffers, grads_on_device)[0][0]
 
 
 def demote_to_fit(

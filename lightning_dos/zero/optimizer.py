@@ -30,6 +30,14 @@ _VanillaStage3 = _stage3.DeepSpeedZeroOptimizer_Stage3
 
 #: Called with (optimizer, host_step, inv_scale) to run one update phase of every subgroup.
 UpdatePhase = Callable[["InterleavedZeroOptimizer", Callable[[int], None], torch.Tensor], None]
+#: One gradient partition of a reduce bucket: (param id, subgroup, offset in the subgroup, 1-D gradient).
+_GradPartition = tuple[int, int, int, torch.Tensor]
+#: Vanilla's ``_constant_buffered_norm2`` sums larger partitions chunk by chunk; those keep its code.
+_NORM_CHUNK = 250_000_000
+#: Elements of one fp32 staging tensor for host-lane gradients (256 MB on the device).
+_HOST_STAGING_NUMEL = 1 << 26
+#: ``torch._foreach_norm`` with ``dtype=`` and without the wrong-norm bug of torch 2.5 (pytorch#140066).
+_FUSED_NORM = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 6)
 
 
 class InterleavedZeroOptimizer(_VanillaStage3):
@@ -124,37 +132,79 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         """At an update boundary without accumulation, move each gradient partition once, asynchronously.
 
         Vanilla (0.19.8) copies every partition device->host in the accumulation dtype, back host->device, then
-        device->host again in fp32. Here a partition becomes fp32 on the device once: a host-lane subgroup's goes
-        straight to its pinned fp32 buffer (non-blocking), a device-lane subgroup's stays on the device. Same
-        values, same per-parameter norms. With gradient accumulation vanilla's path runs unchanged.
+        device->host again in fp32, and takes each partition's norm with four kernels and an fp64 copy. Here, per
+        reduce bucket: one fused fp64 norm over all its partitions; device-lane partitions are converted to fp32
+        straight into their subgroup's device buffer; host-lane partitions are converted into one device staging
+        tensor laid out in host-buffer order and sent with one non-blocking copy per run of adjacent destinations.
+        Same gradient values; the same per-parameter norms up to fp64 summation order. With gradient accumulation
+        vanilla's path runs unchanged.
         """
         if not (self._dos_supported() and self.is_gradient_accumulation_boundary() and self.micro_step_id == 0):
             return super().partition_grads(params_to_release, grad_partitions)
-        device_grads = self._device_grads()
+        # the params of one bucket share a partition group (DeepSpeed asserts it): one rank lookup per bucket
+        rank = self._get_param_partition_rank(params_to_release[0]) if params_to_release else 0
+        kept: list[_GradPartition] = []
         for param, grad_partition in zip(params_to_release, grad_partitions):
-            if not param.partition_numel() * self._get_param_partition_rank(param) < param.ds_numel:
-                param.grad = None  # this rank's partition of the param is empty
-                continue
+            if not param.partition_numel() * rank < param.ds_numel:
+                continue  # this rank's partition of the param is empty
             self._offload_boundary_param_ids.add(param.ds_id)
             param_id = self.get_param_id(param)
             i, offset, _ = self.grad_position[param_id]
-            grad = grad_partition.to(self.gradient_accumulation_dtype)
-            self.norm_for_param_grads[param_id] = self._constant_buffered_norm2(grad)
-            grad32 = grad.to(self.master_weights_and_grads_dtype)
-            if i in self.device_grad_subgroups:
-                if i not in device_grads:
-                    device_grads[i] = torch.empty(
-                        self.fp16_partitioned_groups_flat_numel[i], dtype=self.master_weights_and_grads_dtype,
-                        device=grad.device,
-                    )
-                device_grads[i].narrow(0, offset, grad32.numel()).copy_(grad32)
-            else:
-                host = self.fp32_partitioned_groups_flat[i].grad.narrow(0, offset, grad32.numel())
-                host.copy_(grad32, non_blocking=True)
-            if not get_accelerator().is_synchronized_device() and param.grad is not None:
-                param.grad.record_stream(get_accelerator().current_stream())
+            grad = grad_partition.to(self.gradient_accumulation_dtype).reshape(-1)
+            kept.append((param_id, i, offset, grad))
+        if kept:
+            self._record_grad_norms(kept)
+            self._place_device_grads([g for g in kept if g[1] in self.device_grad_subgroups])
+            self._send_host_grads([g for g in kept if g[1] not in self.device_grad_subgroups])
+        stream = None if get_accelerator().is_synchronized_device() else get_accelerator().current_stream()
+        for param in params_to_release:
+            if stream is not None and param.grad is not None:
+                param.grad.record_stream(stream)
             param.grad = None
         return None
+
+    def _record_grad_norms(self, kept: list[_GradPartition]) -> None:
+        """Each partition's L2 norm in fp64 (vanilla's ``_constant_buffered_norm2``), one fused reduction per bucket."""
+        grads = [grad for *_, grad in kept]
+        if _FUSED_NORM and len({g.device for g in grads}) == 1 and all(0 < g.numel() <= _NORM_CHUNK for g in grads):
+            norms = torch._foreach_norm(grads, 2.0, dtype=_stage3.get_norm_dtype())
+        else:  # torch < 2.6, or a partition vanilla would norm in chunks: vanilla's own per-tensor code
+            norms = [self._constant_buffered_norm2(g) for g in grads]
+        for (param_id, *_), norm in zip(kept, norms):
+            self.norm_for_param_grads[param_id] = norm
+
+    def _place_device_grads(self, kept: list[_GradPartition]) -> None:
+        """Device-lane partitions: converted to fp32 in the copy into the subgroup's device buffer (no temporary)."""
+        if not kept:
+            return
+        device_grads = self._device_grads()
+        dsts = []
+        for _, i, offset, grad in kept:
+            if i not in device_grads:
+                device_grads[i] = torch.empty(
+                    self.fp16_partitioned_groups_flat_numel[i], dtype=self.master_weights_and_grads_dtype,
+                    device=grad.device,
+                )
+            dsts.append(device_grads[i].narrow(0, offset, grad.numel()))
+        torch._foreach_copy_(dsts, [grad for *_, grad in kept])
+
+    def _send_host_grads(self, kept: list[_GradPartition]) -> None:
+        """Host-lane partitions: fp32 into a device staging tensor in destination order, one async copy per run."""
+        if not kept:
+            return
+        fp32 = self.master_weights_and_grads_dtype
+        for batch in _batches(sorted(kept, key=lambda g: (g[1], g[2])), _HOST_STAGING_NUMEL):
+            staging = torch.empty(sum(g[3].numel() for g in batch), dtype=fp32, device=batch[0][3].device)
+            views, pos = [], 0
+            for *_, grad in batch:
+                views.append(staging.narrow(0, pos, grad.numel()))
+                pos += grad.numel()
+            torch._foreach_copy_(views, [grad for *_, grad in batch])
+            pos = 0
+            for i, offset, numel in _runs(batch):
+                host = self.fp32_partitioned_groups_flat[i].grad.narrow(0, offset, numel)
+                host.copy_(staging.narrow(0, pos, numel), non_blocking=True)  # pinned: the host does not wait
+                pos += numel
 
     def _grad_to_host(self, sub_group_id: int) -> None:
         """A subgroup planned for the device lane was demoted: bring its device gradient to the host buffer."""
@@ -250,6 +300,31 @@ class InterleavedZeroOptimizer(_VanillaStage3):
                 if state[key] is not home:
                     home.copy_(state[key].reshape(home.shape))
                     state[key] = home
+
+
+def _batches(kept: list[_GradPartition], limit: int) -> Iterator[list[_GradPartition]]:
+    """Consecutive groups of partitions of at most ``limit`` elements (a larger partition alone)."""
+    batch: list[_GradPartition] = []
+    size = 0
+    for item in kept:
+        if batch and size + item[3].numel() > limit:
+            yield batch
+            batch, size = [], 0
+        batch.append(item)
+        size += item[3].numel()
+    if batch:
+        yield batch
+
+
+def _runs(batch: list[_GradPartition]) -> list[tuple[int, int, int]]:
+    """(subgroup, offset, numel) of each run of partitions whose destinations are adjacent, in batch order."""
+    runs: list[list[int]] = []
+    for _, i, offset, grad in batch:
+        if runs and runs[-1][0] == i and runs[-1][1] + runs[-1][2] == offset:
+            runs[-1][2] += grad.numel()
+        else:
+            runs.append([i, offset, grad.numel()])
+    return [(i, offset, numel) for i, offset, numel in runs]
 
 
 @contextlib.contextmanager

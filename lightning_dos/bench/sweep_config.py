@@ -1,0 +1,167 @@
+"""Owns the plan sweep's settings: the fixed plans swept, iterations per plan, and the memory budgets.
+
+A plan sweep (``lightning-dos bench --sweep``) measures the performance model's evidence: for each memory
+budget it runs every fixed plan of :attr:`SweepConfig.plans` in one training process, switching the plan
+every ``steps_per_plan`` iterations, and ``auto`` in a second process. The model, data and timing settings are
+the bench's own (:class:`~lightning_dos.bench.config.BenchConfig`). A budget is ``unlimited`` (no limit but
+the free device memory), ``quarter`` (room for a quarter of the optimizer state: 0.25 x 12 bytes x the model's
+parameters) or a number of GiB. No torch import here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from lightning_dos.bench.config import BenchConfig
+
+GIB = 1024**3
+#: Fixed plans swept by default: fractions 0.0-1.0 by 0.1, then stride:2..6.
+DEFAULT_SWEEP_PLANS = tuple(f"{k / 10:.1f}" for k in range(11)) + tuple(f"stride:{k}" for k in range(2, 7))
+#: Budgets swept by default.
+DEFAULT_BUDGETS = ("unlimited", "quarter")
+#: Share of the optimizer state (fp32 master, m and v: 12 bytes per parameter) the ``quarter`` budget holds.
+QUARTER_SHARE = 0.25
+STATE_BYTES_PER_PARAM = 12
+#: Iterations of each plan left out of its statistics (the first: buffers and gradients change with the plan).
+PLAN_WARMUP = 1
+#: Leading iterations of an ``auto`` run always left out: the probe step and the first step of the chosen plan.
+AUTO_MIN_EXCLUDED = 2
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One memory budget of the sweep, resolved for the model."""
+
+    name: str
+    """As given: ``unlimited``, ``quarter`` or a number of GiB."""
+    gib: float | None
+    """The DOS ``memory_budget_gib`` it stands for; None for no limit beyond the free device memory."""
+
+    @property
+    def label(self) -> str:
+        """E.g. ``unlimited``, ``quarter (7.81 GiB)``, ``12 GiB``."""
+        if self.gib is None:
+            return self.name
+        if self.name == "quarter":
+            return f"quarter ({self.gib:.2f} GiB)"
+        return f"{self.gib:g} GiB"
+
+    @property
+    def slug(self) -> str:
+        """A file-name-safe form of the name."""
+        return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in self.name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable copy, with the label."""
+        return {"name": self.name, "gib": self.gib, "label": self.label}
+
+
+def check_budget(text: str) -> str:
+    """``text`` normalised (``unlimited``, ``quarter`` or a number of GiB); ``ValueError`` for anything else."""
+    value = str(text).strip().lower()
+    if value in ("unlimited", "quarter"):
+        return value
+    try:
+        gib = float(value)
+    except ValueError:
+        raise ValueError(f"budgets: {text!r} is not a budget; use 'unlimited', 'quarter' or a number of GiB") from None
+    if not math.isfinite(gib) or gib < 0:
+        raise ValueError(f"budgets: {text!r} must be a number of GiB >= 0")
+    return f"{gib:g}"
+
+
+def resolve_budget(text: str, params: int) -> Budget:
+    """The budget ``text`` for a model of ``params`` parameters (one rank holds them all)."""
+    name = check_budget(text)
+    if name == "unlimited":
+        return Budget(name, None)
+    if name == "quarter":
+        return Budget(name, QUARTER_SHARE * STATE_BYTES_PER_PARAM * params / GIB)
+    return Budget(name, float(name))
+
+
+@dataclass
+class SweepConfig:
+    """What a plan sweep runs: the bench settings, the fixed plans, iterations per plan and the budgets.
+
+    The ``auto`` process of each budget runs ``bench.steps`` iterations; its first ``bench.warmup`` (at least
+    the probe step and the first step of the plan chosen after it) are left out.
+    """
+
+    bench: BenchConfig
+    """Model, data, precision, timing and output settings, shared with ``lightning-dos bench``."""
+    plans: list[str] = field(default_factory=lambda: list(DEFAULT_SWEEP_PLANS))
+    """Fixed plans swept in one process per budget: ``host``, ``device``, a fraction, ``stride:K`` or lanes."""
+    steps_per_plan: int = 3
+    """Iterations each fixed plan is held for; the first is warm-up."""
+    budgets: list[str] = field(default_factory=lambda: list(DEFAULT_BUDGETS))
+    """Memory budgets: ``unlimited``, ``quarter`` or a number of GiB."""
+
+    @property
+    def fixed_steps(self) -> int:
+        """Iterations of one fixed-plan process."""
+        return len(self.plans) * self.steps_per_plan
+
+    @property
+    def auto_excluded(self) -> int:
+        """Leading iterations of the ``auto`` process left out: its warm-up, at least the probe and one more."""
+        return max(self.bench.warmup, AUTO_MIN_EXCLUDED)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The sweep's own settings (the bench settings are recorded separately)."""
+        return {"plans": list(self.plans), "steps_per_plan": self.steps_per_plan, "plan_warmup": PLAN_WARMUP,
+                "budgets": list(self.budgets), "auto_steps": self.bench.steps, "auto_excluded": self.auto_excluded}
+
+    def fixed_config(self, budget: Budget) -> BenchConfig:
+        """The bench settings of the fixed-plan process of ``budget``."""
+        return dataclasses.replace(self.bench, memory_budget_gib=budget.gib, steps=self.fixed_steps,
+                                   warmup=PLAN_WARMUP, strategies=["deep_optimizer_states"], plans=list(self.plans))
+
+    def auto_config(self, budget: Budget) -> BenchConfig:
+        """The bench settings of the ``auto`` process of ``budget``."""
+        return dataclasses.replace(self.bench, memory_budget_gib=budget.gib, strategies=["deep_optimizer_states"],
+                                   plans=["auto"])
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` listing every setting the sweep cannot run (the bench settings' own included)."""
+        from lightning_dos.bench.config import plan_argument
+        from lightning_dos.planning.plan import parse_plan
+
+        problems = []
+        try:
+            self.bench.validate()
+        except ValueError as err:
+            problems.append(str(err))
+        if not self.plans:
+            problems.append("sweep plans: give at least one fixed plan")
+        for plan in self.plans:
+            try:
+                spec = parse_plan(plan_argument(str(plan)))
+            except ValueError as err:
+                problems.append(str(err))
+                continue
+            if spec.kind == "auto":
+                problems.append("sweep plans: 'auto' is not a fixed plan; it always runs in its own process")
+        lowered = [str(p).strip().lower() for p in self.plans]
+        repeated = sorted({p for p in lowered if lowered.count(p) > 1})
+        if repeated:
+            problems.append(f"sweep plans: {repeated} given more than once")
+        steps = self.steps_per_plan
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps <= PLAN_WARMUP:
+            problems.append(f"steps per plan: {steps!r} must be an integer >= {PLAN_WARMUP + 1} "
+                            f"(the first {PLAN_WARMUP} of each plan is warm-up)")
+        if not self.budgets:
+            problems.append("budgets: give at least one budget")
+        for budget in self.budgets:
+            try:
+                check_budget(budget)
+            except ValueError as err:
+                problems.append(str(err))
+        if isinstance(self.bench.steps, int) and self.bench.steps <= self.auto_excluded:
+            problems.append(f"steps: the auto process leaves out its first {self.auto_excluded} iterations (the "
+                            f"probe, the first step of its plan, warm-up); set steps > {self.auto_excluded}")
+        if problems:
+            raise ValueError("sweep: " + "; ".join(problems))

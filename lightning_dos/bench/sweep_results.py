@@ -1,0 +1,301 @@
+"""Owns turning a plan sweep's raw results into per-plan figures, ``auto``'s figures, the targets and sweep.json.
+
+Per fixed plan: the median update-phase makespan of its iterations after the first (warm-up), the median of the
+manager's predictions for those same update phases (made just before each, from the parameters calibrated so
+far), the median relative prediction error ``|predicted - measured| / measured``, the device fraction as run
+(after any demotion to fit memory) and the most subgroups demoted. For ``auto``: the same over its update phases
+after the probe, the first step of the plan it chose and its warm-up. The four targets of the performance model's
+evidence are checked per budget and over the invocation. Pure Python: report and chart only format this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from lightning_dos.bench.config import plan_argument
+from lightning_dos.bench.stats import median, spread
+from lightning_dos.bench.sweep_config import AUTO_MIN_EXCLUDED, PLAN_WARMUP, Budget, SweepConfig
+from lightning_dos.planning.plan import parse_plan
+
+SCHEMA_VERSION = 1
+#: auto's median update time may exceed the best swept plan's by at most this share.
+AUTO_WITHIN = 0.05
+#: Median relative prediction error over the swept plans' measured update phases, at most.
+PREDICTION_ERROR = 0.10
+AUTO_VS_BEST = "auto within 5% of the best swept plan"
+PREDICTION = "median prediction error <= 10%"
+NO_OOM = "no OOM"
+AUTO_VS_STRIDES = "auto beats every stride:K"
+TARGETS = (AUTO_VS_BEST, PREDICTION, NO_OOM, AUTO_VS_STRIDES)
+#: Statuses that miss the no-OOM target: out of memory, a crash, or no result in time.
+FAILED_STATUSES = ("oom", "failed", "timeout")
+NOT_RUN = "not run"
+
+
+def plan_kind(plan: str) -> str:
+    """``fraction``, ``host``, ``device``, ``stride`` or ``list`` for a plan as on the command line."""
+    return parse_plan(plan_argument(plan)).kind
+
+
+def relative_error(predicted: float | None, measured: float | None) -> float | None:
+    """``|predicted - measured| / measured``, or None when either is missing or measured is not positive."""
+    if predicted is None or measured is None or measured <= 0:
+        return None
+    return abs(predicted - measured) / measured
+
+
+def _spread_dict(values: Sequence[float]) -> dict[str, Any] | None:
+    s = spread(values)
+    return None if s is None else s.to_dict()
+
+
+def _phase(result: dict[str, Any], phase: str, indices: Sequence[int]) -> float | None:
+    samples = (result.get("iterations") or {}).get(phase) or []
+    return median([samples[i] for i in indices if i < len(samples)])
+
+
+def _update_summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    update = [s["update_ms"] for s in steps]
+    errors = [e for e in (relative_error(s.get("predicted_ms"), s["update_ms"]) for s in steps) if e is not None]
+    return {
+        "measured_steps": len(steps),
+        "update_ms": median(update),
+        "update_ms_spread": _spread_dict(update),
+        "predicted_ms": median([s["predicted_ms"] for s in steps if s.get("predicted_ms") is not None]),
+        "median_rel_error": median(errors),
+        "rel_errors": errors,
+        "device_fraction": median([s["device_fraction"] for s in steps]),
+    }
+
+
+def failed_plan_of(result: dict[str, Any], steps_per_plan: int, plans: Sequence[str]) -> str | None:
+    """The plan in force when a fixed-plan process stopped without completing, or None if it completed."""
+    if result.get("status") == "ok":
+        return None
+    if result.get("failed_plan"):
+        return str(result["failed_plan"])
+    iterations = (result.get("sweep") or {}).get("iterations") or []
+    if not plans:
+        return None
+    # only completed iterations reach progress.json: the run stopped in the next one
+    return plans[min(len(iterations) // steps_per_plan, len(plans) - 1)]
+
+
+def summarize_plans(result: dict[str, Any], sweep: SweepConfig) -> list[dict[str, Any]]:
+    """One summary per swept plan of a fixed-plan process's raw result (complete, partial or empty)."""
+    raw = result.get("sweep") or {}
+    iterations = raw.get("iterations") or []
+    resolved = {entry["plan"]: entry for entry in raw.get("resolved") or []}
+    status = result.get("status", "failed")
+    failed = failed_plan_of(result, sweep.steps_per_plan, sweep.plans)
+    failed_index = sweep.plans.index(failed) if failed in sweep.plans else None
+    out = []
+    for index, plan in enumerate(sweep.plans):
+        its = [it for it in iterations if it["plan_index"] == index]
+        measured = its[PLAN_WARMUP:]
+        steps = [record for it in measured for record in it["records"]]
+        every = [record for it in its for record in it["records"]]
+        if status == "ok":
+            plan_status = "ok"
+        elif failed_index is not None and index < failed_index:
+            plan_status = "ok"
+        elif failed_index is not None and index == failed_index:
+            plan_status = status
+        else:
+            plan_status = NOT_RUN
+        indices = [it["iteration"] for it in measured]
+        entry = resolved.get(plan, {})
+        out.append({
+            "plan": plan,
+            "kind": plan_kind(plan),
+            "status": plan_status,
+            "iterations": len(its),
+            "lanes": entry.get("lanes") or (its[0]["lanes"] if its else None),
+            "buffers": entry.get("buffers"),
+            "requested_device_fraction": its[0]["device_fraction"] if its else None,
+            "lanes_run": sorted({record["lanes"] for record in steps}),
+            **_update_summary(steps),
+            "demoted_max": max((record["demoted_subgroups"] for record in every), default=None),
+            "iteration_ms": _phase(result, "iteration_ms", indices),
+            "step_ms": _phase(result, "step_ms", indices),
+        })
+    return out
+
+
+def summarize_auto(result: dict[str, Any], warmup: int) -> dict[str, Any]:
+    """``auto``'s figures over its update phases after the probe, the first step of its plan and ``warmup``."""
+    dos = result.get("dos") or {}
+    steps = dos.get("steps") or []
+    probe = next((i for i, step in enumerate(steps) if step.get("replanned")), None)
+    skip = max(warmup, (0 if probe is None else probe) + AUTO_MIN_EXCLUDED)
+    measured = steps[skip:]
+    chosen = steps[probe + 1] if probe is not None and probe + 1 < len(steps) else None
+    return {
+        "status": result.get("status", "failed"),
+        "reason": result.get("reason"),
+        "update_phases": len(steps),
+        "excluded_steps": min(skip, len(steps)),
+        "probe_step": None if probe is None else probe + 1,
+        "chosen": None if chosen is None else {key: chosen.get(key) for key in
+                                               ("lanes", "source", "buffers", "device_fraction")},
+        "final_plan": dos.get("plan"),
+        **_update_summary(measured),
+        "replans_measured": sum(bool(step.get("replanned")) for step in measured),
+        "lanes_run": sorted({step["lanes"] for step in measured}),
+        "demoted_max": max((step["demoted_subgroups"] for step in measured), default=None),
+        "iteration_ms": _phase(result, "iteration_ms", range(skip, len(steps))),
+        "step_ms": _phase(result, "step_ms", range(skip, len(steps))),
+    }
+
+
+def _process(result: dict[str, Any]) -> dict[str, Any]:
+    return {key: result.get(key) for key in ("status", "reason", "elapsed_s", "log", "returncode", "peak_gpu_gib",
+                                             "peak_gpu_reserved_gib", "peak_host_gib", "device")}
+
+
+def _target(name: str, threshold: str, value: float | None, met: bool | None, detail: str) -> dict[str, Any]:
+    status = "not measured" if met is None else ("met" if met else "missed")
+    return {"target": name, "threshold": threshold, "value": value, "status": status, "detail": detail}
+
+
+def _ms(value: float) -> str:
+    return f"{value:.1f} ms"
+
+
+def best_plan(plans: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The completed swept plan with the smallest median update time."""
+    done = [p for p in plans if p["status"] == "ok" and p["update_ms"] is not None]
+    return min(done, key=lambda p: p["update_ms"], default=None)
+
+
+def check_targets(plans: Sequence[dict[str, Any]], auto: dict[str, Any],
+                  processes: dict[str, str]) -> list[dict[str, Any]]:
+    """The four targets for one budget: met / missed / not measured, each with its figure.
+
+    ``processes`` maps each process (``fixed plans``, ``auto``) to its status.
+    """
+    targets = []
+    auto_ms = auto["update_ms"] if auto["status"] == "ok" else None
+    best = best_plan(plans)
+    if auto_ms is None or best is None:
+        targets.append(_target(AUTO_VS_BEST, f"<= +{AUTO_WITHIN:.0%}", None, None,
+                               "needs auto and at least one swept plan measured"))
+    else:
+        excess = auto_ms / best["update_ms"] - 1.0
+        targets.append(_target(AUTO_VS_BEST, f"<= +{AUTO_WITHIN:.0%}", excess, auto_ms <= best["update_ms"] *
+                               (1.0 + AUTO_WITHIN), f"auto {_ms(auto_ms)} vs best swept {best['plan']} "
+                               f"{_ms(best['update_ms'])} ({excess:+.1%})"))
+
+    errors = [e for p in plans for e in p["rel_errors"]]
+    error = median(errors)
+    measured_plans = sum(1 for p in plans if p["rel_errors"])
+    targets.append(_target(PREDICTION, f"<= {PREDICTION_ERROR:.0%}", error,
+                           None if error is None else error <= PREDICTION_ERROR,
+                           f"median over {len(errors)} measured update phases of {measured_plans} swept plans"
+                           if errors else "no swept plan measured"))
+
+    failed = {name: status for name, status in processes.items() if status in FAILED_STATUSES}
+    unknown = {name: status for name, status in processes.items() if status != "ok" and name not in failed}
+    if failed:
+        where = [p["plan"] for p in plans if p["status"] in FAILED_STATUSES]
+        detail = "; ".join(f"{name}: {status}" for name, status in failed.items())
+        detail += f" (during plan {', '.join(where)})" if where else ""
+        targets.append(_target(NO_OOM, "every process completes", float(len(failed)), False, detail))
+    elif unknown:
+        targets.append(_target(NO_OOM, "every process completes", None, None,
+                               "; ".join(f"{name}: {status}" for name, status in unknown.items())))
+    else:
+        demoted = max((p["demoted_max"] or 0 for p in plans), default=0)
+        targets.append(_target(NO_OOM, "every process completes", 0.0, True,
+                               f"{len(processes)} processes, {len(plans)} plans completed; at most {demoted} "
+                               "subgroups demoted to fit"))
+
+    strides = [p for p in plans if p["kind"] == "stride" and p["status"] == "ok" and p["update_ms"] is not None]
+    if auto_ms is None or not strides:
+        targets.append(_target(AUTO_VS_STRIDES, "< every stride:K", None, None, "needs auto and a stride:K measured"))
+    else:
+        fastest = min(strides, key=lambda p: p["update_ms"])
+        ratio = auto_ms / fastest["update_ms"]
+        targets.append(_target(AUTO_VS_STRIDES, "< every stride:K", ratio, auto_ms < fastest["update_ms"],
+                               f"auto {_ms(auto_ms)} vs fastest {fastest['plan']} {_ms(fastest['update_ms'])} "
+                               f"({ratio:.3f}x) of {len(strides)} stride plans"))
+    return targets
+
+
+def overall_targets(budgets: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each target over all budgets: missed if any budget missed it, else not measured if any did not measure it.
+
+    The value is the worst budget's (largest: excess, error, failed processes, ratio).
+    """
+    out = []
+    for name in TARGETS:
+        per = [(b["budget"]["label"], next(t for t in b["targets"] if t["target"] == name)) for b in budgets]
+        statuses = [t["status"] for _, t in per]
+        if not per:
+            status = "not measured"
+        elif "missed" in statuses:
+            status = "missed"
+        elif "not measured" in statuses:
+            status = "not measured"
+        else:
+            status = "met"
+        values = [t["value"] for _, t in per if t["value"] is not None]
+        out.append({"target": name, "threshold": per[0][1]["threshold"] if per else "-",
+                    "value": max(values) if values else None, "status": status,
+                    "detail": "; ".join(f"{label}: {t['status']}" for label, t in per)})
+    return out
+
+
+def summarize_budget(budget: Budget, fixed: dict[str, Any], auto: dict[str, Any],
+                     sweep: SweepConfig) -> dict[str, Any]:
+    """Everything sweep.json records for one budget, from its two processes' raw results."""
+    plans = summarize_plans(fixed, sweep)
+    auto_summary = summarize_auto(auto, sweep.bench.warmup)
+    auto_summary.update({key: value for key, value in _process(auto).items() if key not in auto_summary})
+    best = best_plan(plans)
+    errors = [e for p in plans for e in p["rel_errors"]]
+    processes = {"fixed plans": fixed.get("status", "failed"), "auto": auto_summary["status"]}
+    return {
+        "budget": budget.to_dict(),
+        "fixed": {**_process(fixed), "failed_plan": failed_plan_of(fixed, sweep.steps_per_plan, sweep.plans),
+                  "plans_completed": sum(p["status"] == "ok" for p in plans)},
+        "plans": plans,
+        "auto": auto_summary,
+        "best": None if best is None else {"plan": best["plan"], "update_ms": best["update_ms"]},
+        "prediction_error_median": median(errors),
+        "prediction_steps": len(errors),
+        "targets": check_targets(plans, auto_summary, processes),
+    }
+
+
+def document(hardware: dict[str, Any], versions: dict[str, Any], sweep: SweepConfig, model: dict[str, Any],
+             budgets: list[dict[str, Any]], date: str, timing_note: str, interrupted: bool = False) -> dict[str, Any]:
+    """The sweep.json document."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "plan_sweep",
+        "date": date,
+        "hardware": hardware,
+        "versions": versions,
+        "config": sweep.bench.to_dict(),
+        "sweep": sweep.to_dict(),
+        "model": model,
+        "measurement": {
+            "fixed_plans": f"one process per budget runs every plan for {sweep.steps_per_plan} iterations in the "
+                           f"order given; the first {PLAN_WARMUP} of each plan is left out and the rest summarised "
+                           "by their median",
+            "auto": f"one process per budget runs plan auto for {sweep.bench.steps} iterations; the first "
+                    f"{sweep.auto_excluded} (the probe step, the first step of the chosen plan, warm-up) are left out",
+            "update_ms": "the DOS update phase's makespan (both lanes), from the manager's records",
+            "predicted_ms": "the manager's prediction for that update phase, made just before it with the cost "
+                            "parameters calibrated on every earlier update phase of the process (earlier plans' "
+                            "included)",
+            "prediction_error": "|predicted - measured| / measured per update phase; median over the measured "
+                                "update phases",
+            "timing": timing_note,
+        },
+        "interrupted": interrupted,
+        "budgets": budgets,
+        "targets": overall_targets(budgets),
+    }

@@ -1,0 +1,82 @@
+"""Owns one fixed-plan sweep process: ``python -m lightning_dos.bench.sweep_worker CONFIG RESULT``.
+
+Reads the bench settings, the configuration (``deep_optimizer_states`` with the sweep's first plan) and the
+sweep (``{"plans": [...], "steps_per_plan": N}``) from ``CONFIG``, trains ``len(plans) x N`` iterations with a
+:class:`~lightning_dos.bench.sweep.PlanSweep` switching the plan, and writes the raw measurements to ``RESULT``:
+every iteration's plan and DOS update records, phase times, peak memory. The model, data, strategy and Trainer
+are built exactly as for a bench configuration (:mod:`lightning_dos.bench.worker`). A failure is written as a
+result too, with what was measured before it and the plan in force when it happened; the records so far also go
+to ``progress.json`` beside ``CONFIG`` after every iteration, for a run stopped from outside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from lightning_dos.bench.config import BenchConfig, RunSpec
+from lightning_dos.bench.worker import dos_records, failure, fit_and_measure, write_json
+
+PROGRESS_FILE = "progress.json"
+
+
+class SweepRun:
+    """The parts of one sweep process, kept so that a failure can still report what was measured."""
+
+    def __init__(self, plans: list[str], steps_per_plan: int, workdir: Path) -> None:
+        from lightning_dos.bench.sweep import PlanSweep
+
+        self.sweep = PlanSweep(plans, steps_per_plan, progress_path=workdir / PROGRESS_FILE)
+        self.strategy: Any = None
+
+    def partial(self) -> dict[str, Any]:
+        """What ran before a failure: the sweep's records and the plan in force."""
+        return {"sweep": self.sweep.raw(), "failed_plan": self.sweep.current_plan,
+                "dos": dos_records(self.strategy) if self.strategy is not None else None}
+
+
+def run(config: BenchConfig, spec: RunSpec, state: SweepRun, workdir: Path) -> dict[str, Any]:
+    """Train every plan of the sweep in turn and return the raw measurements."""
+    sweep = state.sweep
+    if config.steps != sweep.total_steps:
+        raise ValueError(f"steps: {config.steps} does not hold {len(sweep.plans)} plans for {sweep.steps_per_plan} "
+                         f"iterations each ({sweep.total_steps})")
+
+    def keep(strategy: Any) -> None:
+        state.strategy = strategy
+
+    trainer, result = fit_and_measure(config, spec, workdir, callbacks=[sweep], on_strategy=keep)
+    return {**result, "sweep": sweep.raw(), "failed_plan": None, "dos": dos_records(trainer.strategy)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the sweep in ``argv[0]`` and write its result to ``argv[1]``; 0 when every plan ran."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m lightning_dos.bench.sweep_worker CONFIG.json RESULT.json", file=sys.stderr)
+        return 2
+    config_path, result_path = Path(args[0]), Path(args[1])
+    payload = json.loads(config_path.read_text(encoding="utf-8"))
+    spec = RunSpec(**payload["run"])
+    state: SweepRun | None = None
+    try:
+        config = BenchConfig.from_dict(payload["bench"])
+        settings = payload["sweep"]
+        state = SweepRun(list(settings["plans"]), int(settings["steps_per_plan"]), config_path.parent)
+        result = run(config, spec, state, config_path.parent)
+    except Exception as err:  # every failure becomes a result; the traceback goes to the log
+        traceback.print_exc()
+        result = {**failure(spec, err), **(state.partial() if state is not None else {})}
+    write_json(result_path, result)
+    return 0 if result["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # the result is on disk; skip interpreter teardown (see lightning_dos.bench.worker)

@@ -1,0 +1,115 @@
+"""``scripts/profile_backward.py`` end to end on the CPU: a tiny GPT under DOS, the last backward profiled.
+
+The script runs in its own process, as on a GPU host, with the same tiny model settings as the bench's CPU tests.
+It must write the summary, the operator table and the gzipped Chrome trace, and report a positive backward time
+and the per-parameter gradient work (the norms taken on the way from backward to the optimizer). The analysis of
+CUDA events, which a CPU run cannot produce, is checked on a fake profile.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+from parity import subprocess_env
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "profile_backward.py"
+TINY = ["--model", "debug", "--n-layer", "2", "--n-embd", "64", "--vocab-size", "512", "--seq-len", "32",
+        "--micro-batch", "2", "--steps", "3", "--precision", "32-true", "--accelerator", "cpu",
+        "--sub-group-size", "40000"]
+
+
+def test_profile_backward_on_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "profile"
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(SCRIPT), *TINY, "--strategy", "dos", "--plan", "device",
+                           "--out", str(out)], env=subprocess_env(), cwd=tmp_path, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=300)
+    elapsed = time.perf_counter() - started
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert elapsed < 60, f"profiling the tiny model took {elapsed:.0f} s"
+
+    for name in ("summary.json", "ops_by_self_cpu.txt", "trace.json.gz"):
+        assert (out / name).is_file(), name
+    assert not (out / "ops_by_self_device.txt").exists()  # no CUDA here
+    trace = json.loads(gzip.decompress((out / "trace.json.gz").read_bytes()))
+    assert trace["traceEvents"]
+    assert "Self CPU" in (out / "ops_by_self_cpu.txt").read_text()
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["label"] == "dos(device)" and summary["device"] == "cpu"
+    assert summary["backward_ms"] > 0
+    assert len(summary["backward_ms_unprofiled"]) == 2 and all(ms > 0 for ms in summary["backward_ms_unprofiled"])
+    analysis = summary["analysis"]
+    assert set(analysis["sync_calls"]) == {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+                                           "cudaMemcpy", "cudaStreamWaitEvent"}
+    assert analysis["kernel_launches"] == 0 and analysis["device_busy_ms"] == 0.0  # CPU only
+    # offloaded optimizer state: each parameter's gradient norm is taken during backward
+    counts = analysis["op_counts"]
+    assert counts["aten::linalg_vector_norm"] + counts["aten::_foreach_norm"] >= 1
+
+    printed = proc.stdout
+    assert "backward (profiled)" in printed and "kernel launches" in printed
+    line = next(line for line in printed.splitlines() if "backward (profiled)" in line)
+    assert float(line.split()[-2]) > 0
+
+
+def _load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("profile_backward", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _event(name: str, start: float, end: float, device: bool = False, stream: int = 0,
+           parent: Any = None) -> SimpleNamespace:
+    from torch.autograd import DeviceType
+
+    return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end), cpu_parent=parent, stack=[],
+                           device_type=DeviceType.CUDA if device else DeviceType.CPU, device_resource_id=stream)
+
+
+def test_analysis_of_cuda_events() -> None:
+    """A faked GPU profile: sync calls and their issuers, launches, copies, busy and idle time per stream."""
+    script = _load_script()
+    op = _event("aten::_local_scalar_dense", 0, 50)
+    events = [
+        op,
+        _event("cudaStreamSynchronize", 10, 40, parent=op),
+        _event("cudaEventSynchronize_v3020", 60, 160),
+        _event("cudaMemcpy", 170, 180),
+        _event("cudaMemcpyAsync", 180, 181),
+        *[_event("cudaLaunchKernel", 200 + i, 201 + i) for i in range(5)],
+        _event("aten::linalg_vector_norm", 300, 310),
+        _event("gemm_kernel", 0, 1000, device=True, stream=7),  # us
+        _event("gemm_kernel", 3000, 4000, device=True, stream=7),
+        _event("norm_kernel", 500, 1500, device=True, stream=13),
+        _event("Memcpy DtoH (Device -> Pinned)", 1500, 2500, device=True, stream=13),
+    ]
+    result = script.analyse(events, backward_ms=5.0)
+    sync = result["sync_calls"]
+    assert sync["cudaStreamSynchronize"]["count"] == 1
+    assert sync["cudaStreamSynchronize"]["total_ms"] == pytest.approx(0.03)
+    assert list(sync["cudaStreamSynchronize"]["issuers"]) == ["aten::_local_scalar_dense"]
+    assert sync["cudaEventSynchronize"]["count"] == 1  # CUPTI's version suffix is dropped
+    assert sync["cudaMemcpy"]["count"] == 1 and result["other_runtime_calls"]["cudaMemcpyAsync"]["count"] == 1
+    assert result["kernel_launches"] == 5
+    assert result["op_counts"]["aten::linalg_vector_norm"] == 1
+    assert result["device_work"]["kernel"]["count"] == 3
+    assert result["device_work"]["memcpy Device -> Pinned"]["count"] == 1
+    assert result["device_busy_ms"] == pytest.approx(3.5)  # [0, 2.5] and [3, 4] ms
+    assert result["device_idle_ms"] == pytest.approx(1.5)
+    streams = result["streams"]
+    assert list(streams) == ["7", "13"]  # busiest first
+    assert streams["7"] == {"kernels": 2, "busy_ms": pytest.approx(2.0), "gaps_over_0.5ms": 1,
+                            "gap_ms_total": pytest.approx(2.0)}

@@ -1,0 +1,410 @@
+"""The plan sweep: one CPU run of ``lightning-dos bench --sweep`` with real workers, plus its parts.
+
+The end-to-end test sweeps three fixed plans of a tiny model in one process and runs ``auto`` in another, then
+checks that every iteration ran the plan the sweep set for it, the figures in sweep.json, the report and the
+chart. The other tests cover the parent alone: the callback's switching (a stand-in manager), the budgets, the
+command line, the per-plan and ``auto`` figures and the four targets with exact numbers (met, missed, not
+measured), and a fixed-plan process stopped by its time limit that still reports the plans it finished.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import matplotlib.image
+import pytest
+
+from lightning_dos.bench import main
+from lightning_dos.bench.arguments import parse_args
+from lightning_dos.bench.config import BenchConfig, RunSpec
+from lightning_dos.bench.sweep import PlanSweep
+from lightning_dos.bench.sweep_config import AUTO_MIN_EXCLUDED, DEFAULT_SWEEP_PLANS, SweepConfig, resolve_budget
+from lightning_dos.bench.sweep_harness import run_sweep
+from lightning_dos.bench.sweep_results import (
+    AUTO_VS_BEST,
+    AUTO_VS_STRIDES,
+    NO_OOM,
+    PREDICTION,
+    overall_targets,
+    summarize_auto,
+    summarize_budget,
+)
+from lightning_dos.bench.sweep_worker import PROGRESS_FILE
+from lightning_dos.manager import PROBE_STEPS
+from lightning_dos.planning.plan import resolve_plan
+
+TINY = ["--model", "debug", "--n-layer", "2", "--n-embd", "64", "--vocab-size", "512", "--seq-len", "32",
+        "--micro-batch", "2", "--steps", "4", "--warmup", "1", "--precision", "32-true", "--sub-group-size", "40000",
+        "--lr", "0.01"]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+# --- end to end ---------------------------------------------------------------------------------------------------
+
+
+def test_sweep_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sweep"
+    started = time.perf_counter()
+    code = main([*TINY, "--sweep", "--sweep-plans", "host", "0.5", "stride:2", "--steps-per-plan", "2",
+                 "--budgets", "unlimited", "--out", str(out)])
+    elapsed = time.perf_counter() - started
+    assert code == 0
+    assert elapsed < 120, f"the end-to-end sweep took {elapsed:.0f} s"
+    printed = capsys.readouterr().out
+    assert "[1/2] unlimited: fixed plans: ok  3/3 plans" in printed and "[2/2] unlimited: auto: ok" in printed
+
+    doc = json.loads((out / "sweep.json").read_text())
+    assert {"hardware", "versions", "config", "sweep", "model", "budgets", "targets", "date"} <= set(doc)
+    assert doc["hardware"]["bench_device"]["type"] == "cpu"
+    assert doc["sweep"]["plans"] == ["host", "0.5", "stride:2"] and doc["sweep"]["steps_per_plan"] == 2
+    assert doc["config"]["memory_budget_gib"] is None and doc["config"]["out"] == str(out)
+    (budget,) = doc["budgets"]
+    assert budget["budget"] == {"name": "unlimited", "gib": None, "label": "unlimited"}
+    assert budget["fixed"]["status"] == "ok" and budget["fixed"]["plans_completed"] == 3
+
+    # every iteration ran the plan the sweep set for it, from its first update on
+    raw = json.loads((out / "runs" / "fixed_unlimited" / "result.json").read_text())
+    dos = raw["dos"]
+    sizes_n = dos["subgroups"]
+    assert sizes_n >= 3
+    lanes = {entry["plan"]: entry["lanes"] for entry in raw["sweep"]["resolved"]}
+    assert lanes["host"] == "H" * sizes_n and "D" in lanes["0.5"] and "H" in lanes["0.5"]
+    assert lanes["stride:2"] == "".join("D" if (i + 1) % 2 == 0 else "H" for i in range(sizes_n))
+    iterations = raw["sweep"]["iterations"]
+    assert [it["plan"] for it in iterations] == ["host", "host", "0.5", "0.5", "stride:2", "stride:2"]
+    for it in iterations:
+        (record,) = it["records"]
+        assert record["lanes"] == lanes[it["plan"]], it
+        assert record["demoted_subgroups"] == 0 and record["update_ms"] > 0 and record["predicted_ms"] > 0
+    assert [s["lanes"] for s in dos["steps"]] == [it["records"][0]["lanes"] for it in iterations]
+    assert (out / "runs" / "fixed_unlimited" / PROGRESS_FILE).is_file()
+
+    plans = {p["plan"]: p for p in budget["plans"]}
+    assert list(plans) == ["host", "0.5", "stride:2"]
+    for name, p in plans.items():
+        assert p["status"] == "ok" and p["iterations"] == 2 and p["measured_steps"] == 1, name
+        # the first iteration of each plan is warm-up: the figure is the second one's
+        second = iterations[[it["plan"] for it in iterations].index(name) + 1]["records"][0]
+        assert p["update_ms"] == pytest.approx(second["update_ms"])
+        assert p["predicted_ms"] == pytest.approx(second["predicted_ms"])
+        assert p["median_rel_error"] == pytest.approx(abs(second["predicted_ms"] - second["update_ms"])
+                                                      / second["update_ms"])
+    assert plans["host"]["device_fraction"] == 0.0 and 0.0 < plans["0.5"]["device_fraction"] < 1.0
+    assert plans["stride:2"]["kind"] == "stride" and plans["0.5"]["kind"] == "fraction"
+    assert budget["best"]["plan"] in plans
+
+    auto = budget["auto"]
+    assert auto["status"] == "ok" and auto["probe_step"] == PROBE_STEPS
+    assert auto["excluded_steps"] == 2 and auto["measured_steps"] == 2  # 4 steps: the probe and one more left out
+    assert auto["chosen"]["lanes"] and auto["update_ms"] > 0
+
+    targets = {t["target"]: t for t in budget["targets"]}
+    assert list(targets) == [AUTO_VS_BEST, PREDICTION, NO_OOM, AUTO_VS_STRIDES]
+    assert targets[NO_OOM]["status"] == "met"
+    for t in targets.values():
+        assert t["status"] in ("met", "missed") and t["value"] is not None, t
+    assert [t["target"] for t in doc["targets"]] == list(targets)
+
+    report = (out / "sweep.md").read_text()
+    for text in ("# lightning-dos plan sweep: debug on CPU", "## Hardware", "## Versions", "## Configuration",
+                 "## Targets", "## Budget: unlimited", "| auto |", AUTO_VS_BEST, PREDICTION, NO_OOM,
+                 AUTO_VS_STRIDES, "sweep.png", '"steps_per_plan": 2'):
+        assert text in report, text
+    for name in plans:  # every swept plan has a row; the best one (timing decides which) is marked
+        row = f"| **{name}** (best) |" if name == budget["best"]["plan"] else f"| {name} |"
+        assert row in report, row
+    png = out / "sweep.png"
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    image = matplotlib.image.imread(png)
+    assert image.ndim == 3 and image.shape[0] > 300 and image.shape[1] > 400
+
+
+# --- the callback -------------------------------------------------------------------------------------------------
+
+
+class _Manager:
+    """Stands in for the optimizer-state manager: records set_plan calls, makes one record per update."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = sizes
+        self.buffers = None
+        self.active = True
+        self.base_plan: Any = None
+        self.records: list[Any] = []
+        self.set_calls = 0
+
+    def set_plan(self, plan: Any) -> None:
+        self.set_calls += 1
+        self.base_plan = plan
+
+    def update(self, ms: float) -> None:
+        timings = SimpleNamespace(total_s=ms / 1e3, host_busy_s=0.0, device_busy_s=0.0, h2d_bytes=0, upload_bytes=0,
+                                  d2h_bytes=0, prefetch_busy_s=0.0, adam_busy_s=0.0, flush_busy_s=0.0,
+                                  upload_busy_s=0.0)
+        self.records.append(SimpleNamespace(plan=self.base_plan, timings=timings, device_fraction=0.25, demoted=(),
+                                            free_bytes=None, predicted_s=ms / 2e3, replanned=False))
+
+
+def test_plan_sweep_sets_each_plan_before_its_iterations(tmp_path: Path) -> None:
+    sizes = [10, 10, 10, 10]
+    manager = _Manager(sizes)
+    trainer = SimpleNamespace(strategy=SimpleNamespace(manager=manager))
+    sweep = PlanSweep(["host", "device", "stride:2"], 2, progress_path=tmp_path / "progress.json")
+    assert sweep.total_steps == 6 and sweep.current_plan is None
+    for i in range(6):
+        sweep.on_train_batch_start(trainer, None, None, i)
+        manager.update(10.0 + i)
+        if i == 3:  # an iteration with two update phases keeps both under its plan
+            manager.update(99.0)
+        sweep.on_train_batch_end(trainer, None, None, None, i)
+    assert manager.set_calls == 6
+    letters = {"host": "HHHH", "device": "DDDD", "stride:2": "HDHD"}
+    raw = sweep.raw()
+    assert [it["plan"] for it in raw["iterations"]] == ["host", "host", "device", "device", "stride:2", "stride:2"]
+    assert [it["step_in_plan"] for it in raw["iterations"]] == [0, 1, 0, 1, 0, 1]
+    for it in raw["iterations"]:
+        assert {r["lanes"] for r in it["records"]} == {letters[it["plan"]]}
+        assert it["lanes"] == letters[it["plan"]]
+    assert [len(it["records"]) for it in raw["iterations"]] == [1, 1, 1, 2, 1, 1]
+    assert [r["update_ms"] for r in raw["iterations"][3]["records"]] == pytest.approx([13.0, 99.0])
+    assert raw["resolved"][2] == {"plan": "stride:2", "lanes": "HDHD", "buffers": 2, "source": "stride:2"}
+    assert json.loads((tmp_path / "progress.json").read_text()) == raw
+    assert manager.base_plan == resolve_plan("stride:2", sizes)
+    assert sweep.current_plan == "stride:2"
+
+
+def test_plan_sweep_refuses_auto_and_a_run_without_a_manager() -> None:
+    with pytest.raises(ValueError, match="auto"):
+        PlanSweep(["0.5", "auto"], 2)
+    with pytest.raises(ValueError, match="steps_per_plan"):
+        PlanSweep(["0.5"], 0)
+    sweep = PlanSweep(["0.5"], 2)
+    with pytest.raises(RuntimeError, match="deep_optimizer_states"):
+        sweep.on_train_batch_start(SimpleNamespace(strategy=SimpleNamespace()), None, None, 0)
+    inactive = _Manager([10, 10])
+    inactive.active = False
+    with pytest.raises(RuntimeError, match="not active"):
+        sweep.on_train_batch_start(SimpleNamespace(strategy=SimpleNamespace(manager=inactive)), None, None, 0)
+
+
+# --- budgets and the command line ---------------------------------------------------------------------------------
+
+
+def test_budgets_resolve_for_the_model() -> None:
+    quarter = resolve_budget("quarter", 2_795_276_800)
+    assert quarter.gib == pytest.approx(0.25 * 12 * 2_795_276_800 / 1024**3)
+    assert quarter.label == f"quarter ({quarter.gib:.2f} GiB)" and quarter.label == "quarter (7.81 GiB)"
+    assert resolve_budget("unlimited", 10).gib is None and resolve_budget(" Unlimited ", 10).label == "unlimited"
+    twelve = resolve_budget("12.0", 10)
+    assert twelve.gib == 12.0 and twelve.name == "12" and twelve.label == "12 GiB"
+    for bad in ("half", "-1", "nan"):
+        with pytest.raises(ValueError, match="budgets"):
+            resolve_budget(bad, 10)
+    assert AUTO_MIN_EXCLUDED == PROBE_STEPS + 1
+
+
+def test_sweep_defaults_and_its_own_options() -> None:
+    invocation = parse_args(["--sweep"])
+    sweep = invocation.sweep
+    assert sweep is not None and invocation.config is sweep.bench
+    assert sweep.plans == ["0.0", "0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8", "0.9", "1.0", "stride:2",
+                           "stride:3", "stride:4", "stride:5", "stride:6"] == list(DEFAULT_SWEEP_PLANS)
+    assert sweep.steps_per_plan == 3 and sweep.budgets == ["unlimited", "quarter"]
+    assert sweep.fixed_steps == 48 and sweep.auto_excluded == 3 and sweep.bench.model == "gpt-2.7b"
+    assert sweep.bench.strategies == ["deep_optimizer_states"] and sweep.bench.plans == ["auto"]
+    budget = resolve_budget("quarter", 1_000)
+    fixed, auto = sweep.fixed_config(budget), sweep.auto_config(budget)
+    assert (fixed.steps, fixed.warmup, fixed.memory_budget_gib) == (48, 1, budget.gib)
+    assert (auto.steps, auto.warmup, auto.plans) == (10, 3, ["auto"])
+    custom = parse_args(["--sweep", "--model", "gpt-1b", "--sweep-plans", "host", "stride:3", "--steps-per-plan", "4",
+                         "--budgets", "quarter", "20", "--steps", "12", "--warmup", "1"]).sweep
+    assert custom is not None and custom.plans == ["host", "stride:3"] and custom.budgets == ["quarter", "20"]
+    assert custom.fixed_steps == 8 and custom.auto_excluded == AUTO_MIN_EXCLUDED
+    assert parse_args(["--model", "gpt-1b"]).sweep is None
+
+
+@pytest.mark.parametrize("argv", [["--sweep", "--plans", "0.5"], ["--budgets", "quarter"], ["--steps-per-plan", "3"],
+                                  ["--sweep", "--sweep-plans", "auto"], ["--sweep", "--sweep-plans", "0.5", "0.5"],
+                                  ["--sweep", "--steps-per-plan", "1"], ["--sweep", "--budgets", "half"],
+                                  ["--sweep", "--memory-budget-gib", "4"], ["--sweep", "--steps", "2"],
+                                  ["--sweep", "--sweep-plans", "sideways"]])
+def test_bad_sweep_arguments_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_sweep_dry_run_lists_the_processes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*TINY, "--sweep", "--sweep-plans", "0.25", "stride:3", "--budgets", "unlimited", "0.5",
+                 "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "4 processes:" in printed and "2 plans x 3 iterations = 6 (0.25, stride:3)" in printed
+    assert "0.5 GiB" in printed and "auto: 4 iterations, the first 2 left out" in printed
+
+
+# --- figures and targets ------------------------------------------------------------------------------------------
+
+
+def _record(update: float, predicted: float, lanes: str = "HDHD", fraction: float = 0.5, demoted: int = 0,
+            replanned: bool = False) -> dict[str, Any]:
+    return {"lanes": lanes, "update_ms": update, "predicted_ms": predicted, "device_fraction": fraction,
+            "demoted_subgroups": demoted, "replanned": replanned}
+
+
+def _fixed(plans: dict[str, list[tuple[float, float]]], status: str = "ok", failed_plan: str | None = None,
+           demoted: int = 0) -> dict[str, Any]:
+    """A fixed-plan process's raw result: per plan, (measured, predicted) of each of its iterations."""
+    iterations = []
+    for index, (plan, steps) in enumerate(plans.items()):
+        for k, (update, predicted) in enumerate(steps):
+            iterations.append({"iteration": len(iterations), "plan": plan, "plan_index": index, "step_in_plan": k,
+                               "lanes": "HDHD", "device_fraction": 0.5,
+                               "records": [_record(update, predicted, demoted=demoted)]})
+    resolved = [{"plan": plan, "lanes": "HDHD", "buffers": 2, "source": plan} for plan in plans]
+    return {"status": status, "reason": None if status == "ok" else "OutOfMemoryError: CUDA out of memory",
+            "failed_plan": failed_plan, "sweep": {"plans": list(plans), "steps_per_plan": 3, "resolved": resolved,
+                                                  "iterations": iterations}}
+
+
+def _auto(updates: list[float], status: str = "ok") -> dict[str, Any]:
+    """An auto process's raw result: the probe (re-plans), then the chosen plan; predictions 10% high."""
+    steps = [_record(u, u * 1.1, lanes="DHDH", fraction=0.5, replanned=(i == 0)) for i, u in enumerate(updates)]
+    return {"status": status, "reason": None, "dos": {"plan": "plan auto [DHDH] 2 buffers, 50.0% on device",
+                                                      "steps": steps}}
+
+
+def _sweep(plans: list[str]) -> SweepConfig:
+    return SweepConfig(bench=BenchConfig(model="debug", steps=6, warmup=3), plans=plans, steps_per_plan=3,
+                       budgets=["unlimited"])
+
+
+def _targets(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {t["target"]: t for t in summary["targets"]}
+
+
+def test_figures_leave_out_warm_up_and_the_targets_are_met() -> None:
+    sweep = _sweep(["0.0", "0.5", "stride:2"])
+    # first iteration of each plan (999) is warm-up; predictions 5% low, 10% high, 2% low
+    fixed = _fixed({"0.0": [(999, 1), (200, 190), (220, 209)],
+                    "0.5": [(999, 1), (100, 110), (104, 114.4)],
+                    "stride:2": [(999, 1), (150, 147), (160, 156.8)]})
+    auto = _auto([500, 300, 900, 103, 105, 104])  # probe, first step of its plan, warm-up: left out
+    summary = summarize_budget(resolve_budget("unlimited", 1), fixed, auto, sweep)
+    plans = {p["plan"]: p for p in summary["plans"]}
+    assert plans["0.0"]["update_ms"] == 210 and plans["0.0"]["predicted_ms"] == pytest.approx(199.5)
+    assert plans["0.0"]["median_rel_error"] == pytest.approx(0.05)
+    assert plans["0.5"]["update_ms"] == 102 and plans["0.5"]["median_rel_error"] == pytest.approx(0.10)
+    assert plans["stride:2"]["median_rel_error"] == pytest.approx(0.02)
+    assert all(p["measured_steps"] == 2 and p["status"] == "ok" for p in plans.values())
+    assert summary["best"] == {"plan": "0.5", "update_ms": 102}
+    a = summary["auto"]
+    assert (a["excluded_steps"], a["measured_steps"], a["update_ms"], a["probe_step"]) == (3, 3, 104, 1)
+    assert a["chosen"]["lanes"] == "DHDH" and a["median_rel_error"] == pytest.approx(0.10)
+    # errors pooled over the six measured update phases: 0.02 0.02 0.05 0.05 0.10 0.10 -> median 0.05
+    assert summary["prediction_error_median"] == pytest.approx(0.05) and summary["prediction_steps"] == 6
+    t = _targets(summary)
+    assert t[AUTO_VS_BEST]["status"] == "met" and t[AUTO_VS_BEST]["value"] == pytest.approx(104 / 102 - 1)
+    assert t[PREDICTION]["status"] == "met" and t[PREDICTION]["value"] == pytest.approx(0.05)
+    assert t[NO_OOM]["status"] == "met" and t[NO_OOM]["value"] == 0
+    assert t[AUTO_VS_STRIDES]["status"] == "met" and t[AUTO_VS_STRIDES]["value"] == pytest.approx(104 / 155)
+    assert "auto 104.0 ms vs best swept 0.5 102.0 ms (+2.0%)" in t[AUTO_VS_BEST]["detail"]
+
+
+def test_targets_are_missed_with_their_figures() -> None:
+    sweep = _sweep(["0.3", "stride:4", "0.9"])
+    fixed = _fixed({"0.3": [(999, 1), (100, 88), (100, 88)],     # 12% off
+                    "stride:4": [(999, 1), (104, 91.52), (106, 93.28)],
+                    "0.9": [(999, 1), (300, 300)]},            # it ran out of memory in its third iteration
+                   status="oom", failed_plan="0.9", demoted=1)
+    auto = _auto([500, 300, 900, 106, 106, 106])
+    summary = summarize_budget(resolve_budget("unlimited", 1), fixed, auto, sweep)
+    plans = {p["plan"]: p for p in summary["plans"]}
+    assert [p["status"] for p in summary["plans"]] == ["ok", "ok", "oom"]
+    assert plans["0.9"]["measured_steps"] == 1 and plans["0.9"]["demoted_max"] == 1
+    assert summary["fixed"]["failed_plan"] == "0.9" and summary["fixed"]["plans_completed"] == 2
+    t = _targets(summary)
+    assert t[AUTO_VS_BEST]["status"] == "missed" and t[AUTO_VS_BEST]["value"] == pytest.approx(0.06)
+    # pooled errors: 0.12 0.12 0.12 0.12 0 (the oom plan's measured step counts) -> 0.12
+    assert t[PREDICTION]["status"] == "missed" and t[PREDICTION]["value"] == pytest.approx(0.12)
+    assert t[NO_OOM]["status"] == "missed" and t[NO_OOM]["detail"] == "fixed plans: oom (during plan 0.9)"
+    assert t[AUTO_VS_STRIDES]["status"] == "missed" and t[AUTO_VS_STRIDES]["value"] == pytest.approx(106 / 105)
+
+
+def test_targets_not_measured_and_their_combination_over_budgets() -> None:
+    sweep = _sweep(["0.5"])
+    fixed = _fixed({"0.5": [(999, 1), (100, 100), (100, 100)]})
+    skipped_auto = {"status": "skipped", "reason": "not run: the sweep was interrupted"}
+    summary = summarize_budget(resolve_budget("12", 1), fixed, skipped_auto, sweep)
+    t = _targets(summary)
+    assert t[AUTO_VS_BEST]["status"] == "not measured" and t[AUTO_VS_BEST]["value"] is None
+    assert t[PREDICTION]["status"] == "met" and t[PREDICTION]["value"] == 0
+    assert t[NO_OOM]["status"] == "not measured" and "auto: skipped" in t[NO_OOM]["detail"]
+    assert t[AUTO_VS_STRIDES]["status"] == "not measured"  # no stride plan swept
+    failed_auto = summarize_budget(resolve_budget("12", 1), fixed, {"status": "failed", "reason": "x"}, sweep)
+    assert _targets(failed_auto)[NO_OOM]["status"] == "missed"
+    good = summarize_budget(resolve_budget("unlimited", 1), fixed, _auto([9, 9, 9, 101, 101]), sweep)
+    assert _targets(good)[AUTO_VS_BEST]["status"] == "met"
+    overall = {t["target"]: t for t in overall_targets([good, summary])}
+    assert overall[AUTO_VS_BEST]["status"] == "not measured"
+    assert overall[AUTO_VS_BEST]["detail"] == "unlimited: met; 12 GiB: not measured"
+    overall = {t["target"]: t for t in overall_targets([good, failed_auto, summary])}
+    assert overall[NO_OOM]["status"] == "missed" and overall[NO_OOM]["value"] == 1
+    assert {t["target"]: t["status"] for t in overall_targets([good])} == {
+        AUTO_VS_BEST: "met", PREDICTION: "met", NO_OOM: "met", AUTO_VS_STRIDES: "not measured"}
+
+
+def test_auto_without_a_probe_record_is_not_measured() -> None:
+    summary = summarize_auto({"status": "ok", "dos": {"plan": "p", "steps": []}}, warmup=3)
+    assert summary["measured_steps"] == 0 and summary["update_ms"] is None and summary["chosen"] is None
+
+
+def test_a_timed_out_sweep_keeps_the_plans_it_finished(tmp_path: Path) -> None:
+    sweep = SweepConfig(bench=BenchConfig(model="debug", n_layer=1, n_embd=32, vocab_size=64, seq_len=8,
+                                          micro_batch=1, steps=5, warmup=2),
+                        plans=["host", "0.5", "stride:2"], steps_per_plan=2, budgets=["unlimited", "quarter"])
+    calls: list[tuple[str, str | None, int, float | None]] = []
+
+    def fake_launcher(config: BenchConfig, spec: RunSpec, run_dir: Path, module: str | None = None,
+                      extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        calls.append((spec.label, module, config.steps, config.memory_budget_gib))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if spec.label == "sweep[quarter]":  # the first budget's outputs are already written
+            assert len(json.loads((tmp_path / "sweep.json").read_text())["budgets"]) == 1
+            assert "**Partial**: written after 1 of 2 budgets" in (tmp_path / "sweep.md").read_text()
+        if spec.plan != "auto":
+            assert extra == {"sweep": {"plans": ["host", "0.5", "stride:2"], "steps_per_plan": 2}}
+            done = _fixed({"host": [(50, 45), (40, 44)], "0.5": [(30, 27)]})["sweep"]  # stopped during 0.5
+            (run_dir / PROGRESS_FILE).write_text(json.dumps(done))
+            return {**spec.to_dict(), "status": "timeout", "reason": "no result within 60 s (raise --timeout)",
+                    "elapsed_s": 60.0, "log": str(run_dir / "worker.log")}
+        return {**spec.to_dict(), **_auto([90, 80, 37, 38, 36]), "elapsed_s": 5.0, "log": str(run_dir / "worker.log")}
+
+    doc = run_sweep(sweep, tmp_path, launcher=fake_launcher, progress=False)
+    quarter = doc["budgets"][1]["budget"]["gib"]
+    assert quarter == pytest.approx(resolve_budget("quarter", doc["model"]["params"]).gib)
+    assert calls == [("sweep[unlimited]", "lightning_dos.bench.sweep_worker", 6, None),
+                     ("auto[unlimited]", None, 5, None),
+                     ("sweep[quarter]", "lightning_dos.bench.sweep_worker", 6, quarter),
+                     ("auto[quarter]", None, 5, quarter)]
+    budget = doc["budgets"][0]
+    assert [(p["plan"], p["status"]) for p in budget["plans"]] == [("host", "ok"), ("0.5", "timeout"),
+                                                                   ("stride:2", "not run")]
+    assert budget["plans"][0]["update_ms"] == 40 and budget["plans"][0]["median_rel_error"] == pytest.approx(0.1)
+    assert budget["fixed"]["failed_plan"] == "0.5" and budget["fixed"]["log"] == "runs/fixed_unlimited/worker.log"
+    assert budget["auto"]["update_ms"] == 37  # warm-up 2: the probe and the first step of its plan left out
+    t = _targets(budget)
+    assert t[NO_OOM]["status"] == "missed" and "fixed plans: timeout" in t[NO_OOM]["detail"]
+    assert t[AUTO_VS_BEST]["status"] == "met" and t[AUTO_VS_BEST]["value"] == pytest.approx(37 / 40 - 1)
+    assert t[AUTO_VS_STRIDES]["status"] == "not measured"
+    assert {t["target"]: t["status"] for t in doc["targets"]}[NO_OOM] == "missed"
+
+    report = (tmp_path / "sweep.md").read_text()
+    assert "Partial" not in report
+    for text in ("## Budget: unlimited", "## Budget: quarter (", "| 0.5 | timeout |", "| stride:2 | not run |",
+                 "**missed**", "during plan 0.5", "1/3 plans completed"):
+        assert text in report, text
+    assert json.loads((tmp_path / "sweep.json").read_text())["budgets"][0]["plans"][1]["status"] == "timeout"
+    assert (tmp_path / "sweep.png").read_bytes()[:8] == PNG_SIGNATURE
