@@ -272,6 +272,16 @@ def test_a_worker_past_its_timeout_is_stopped(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "config.json").is_file() and not (tmp_path / "run" / "result.json").exists()
 
 
+def test_a_relative_run_directory_reaches_the_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker runs inside its run directory, so a relative --out must not be passed through as is."""
+    monkeypatch.chdir(tmp_path)
+    spec = RunSpec("zero3_offload", "zero3_offload", 1.0)
+    result = launch(BenchConfig(model="no-such-preset"), spec, Path("runs") / "rel", timeout_s=120)
+    # the worker read its config (else: "exited ... without a result") and reported the bad preset itself
+    assert result["status"] == "failed" and "without a result" not in result["reason"], result["reason"]
+    assert (tmp_path / "runs" / "rel" / "result.json").is_file()
+
+
 def test_harness_reports_a_failed_configuration_and_runs_the_rest(tmp_path: Path) -> None:
     config = BenchConfig(model="debug", n_layer=1, n_embd=32, vocab_size=64, seq_len=8, micro_batch=1, steps=3,
                          warmup=1, strategies=["zero3_offload", "deep_optimizer_states", "no_offload"],

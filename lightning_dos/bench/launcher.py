@@ -93,6 +93,7 @@ def launch(config: BenchConfig, spec: RunSpec, run_dir: Path, timeout_s: float |
     (start-up included) and ``log`` (the worker's log file).
     """
     timeout_s = config.timeout_s if timeout_s is None else timeout_s
+    run_dir = Path(run_dir).resolve()  # the worker runs inside run_dir: it must get paths that hold there
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path, result_path, log_path = run_dir / "config.json", run_dir / "result.json", run_dir / "worker.log"
     result_path.unlink(missing_ok=True)
