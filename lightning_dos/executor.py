@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from lightning_dos.host_memory import PinnedRegistry
 from lightning_dos.planning.plan import Lane
 from lightning_dos.subgroup import Subgroup
 
@@ -127,11 +128,15 @@ class UpdateExecutor:
         self.device = torch.device(device)
         self.streams = _Streams(self.device)
         self._staging: list[torch.Tensor] = []
+        self._staging_pins: PinnedRegistry | None = None
 
     def _staging_buffers(self, numel: int, dtype: torch.dtype) -> list[torch.Tensor]:
         if not self._staging or self._staging[0].numel() < numel or self._staging[0].dtype != dtype:
-            pin = self.streams.is_cuda
-            self._staging = [torch.empty(numel, dtype=dtype, pin_memory=pin) for _ in range(HOST_STAGING_SLOTS)]
+            self._staging = [torch.empty(numel, dtype=dtype) for _ in range(HOST_STAGING_SLOTS)]
+            if self.streams.is_cuda:  # page-locked in place: exactly their bytes (the previous set is released)
+                self._staging_pins = PinnedRegistry()
+                for buf in self._staging:
+                    self._staging_pins.pin(buf)
         return self._staging
 
     @torch.no_grad()

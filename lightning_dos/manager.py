@@ -29,6 +29,15 @@ SAFETY_MARGIN_BYTES = 1 * GIB
 DEFAULT_BUFFERS = 2
 #: ``auto`` starts with one probe step that puts half the subgroups on each lane, to measure both lanes.
 PROBE_STEPS = 1
+#: After the probe, ``auto`` re-plans only when this many consecutive update phases, all measured since the last
+#: re-plan, drifted from their predictions ...
+REPLAN_PATIENCE = 3
+#: ... and only adopts a plan predicted to be at least this much faster than the current one (no churn between
+#: plans the model cannot tell apart).
+REPLAN_MIN_GAIN = 0.05
+#: Deepest buffering ``auto`` considers when ``buffers`` is not set. Measured on a GPU host (docs/performance-model.md):
+#: more slots let prefetches run further ahead, and the extra DMA slows CPU Adam more than it helps the device lane.
+AUTO_MAX_BUFFERS = 2
 
 
 @dataclass
@@ -80,6 +89,7 @@ class OptimizerStateManager:
         self.executor = UpdateExecutor(self.device)
         self.records: list[StepRecord] = []
         self._pending: tuple[Plan, int | None, tuple[int, ...]] | None = None
+        self._replan_checked = 0  # update phases done when auto last (re-)planned or weighed a re-plan
         if self.active:
             optimizer.update_phase = self._update_phase
             self._plan_gradients()
@@ -97,7 +107,7 @@ class OptimizerStateManager:
     def _resolve(self, spec: PlanSpec) -> Plan:
         if spec.kind == "auto":
             return best_plan(
-                self.sizes, self.cost, self.memory_budget_bytes, max_buffers=self.buffers or 4,
+                self.sizes, self.cost, self.memory_budget_bytes, max_buffers=self.buffers or AUTO_MAX_BUFFERS,
                 grads_on_device=self._all_grads(),
             )
         return resolve_plan(spec, self.sizes, buffers=self.buffers or DEFAULT_BUFFERS)
@@ -189,11 +199,27 @@ class OptimizerStateManager:
         )
         if self.spec.kind != "auto":
             return
-        if len(self.records) == PROBE_STEPS or self.calibrator.should_replan():
-            self.base_plan = self._resolve(self.spec)
-            self._plan_gradients()
-            record.replanned = True
-            log.info("deep_optimizer_states: re-planned at update %d: %s", record.step, self.base_plan)
+        done = len(self.records)
+        if done == PROBE_STEPS:
+            self._adopt(self._resolve(self.spec), record)
+        elif done - self._replan_checked >= REPLAN_PATIENCE and self.calibrator.should_replan(REPLAN_PATIENCE):
+            self._replan_checked = done  # the next check needs REPLAN_PATIENCE fresh steps
+            candidate = self._resolve(self.spec)
+            if self._predict(candidate) < self._predict(self.base_plan) * (1 - REPLAN_MIN_GAIN):
+                self._adopt(candidate, record)
+
+    def _predict(self, plan: Plan) -> float:
+        """Predicted makespan of ``plan`` with the current costs, gradients kept as ``_plan_gradients`` would."""
+        budget = self.memory_budget_bytes if self.device.type == "cuda" else None
+        keep = grads_for(plan, self.sizes, self.cost, budget, self._all_grads()) or frozenset()
+        return predicted_makespan_s(plan, self.sizes, self.cost, grads_on_device=keep)
+
+    def _adopt(self, plan: Plan, record: StepRecord) -> None:
+        self.base_plan = plan
+        self._plan_gradients()
+        self._replan_checked = len(self.records)
+        record.replanned = True
+        log.info("deep_optimizer_states: re-planned at update %d: %s", record.step, plan)
 
     # ------------------------------------------------------------------ reporting
     def describe(self) -> str:

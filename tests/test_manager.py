@@ -1,0 +1,77 @@
+"""The manager's ``auto`` policy on its own (no DeepSpeed): when it re-plans, and what it may choose."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from lightning_dos import manager as manager_module
+from lightning_dos.executor import LaneTimings
+from lightning_dos.manager import OptimizerStateManager, StepRecord
+from lightning_dos.planning import planner
+from lightning_dos.planning.plan import Lane, Plan, parse_plan
+
+
+class FakeOptimizer:
+    """What the manager reads from the seam: subgroup sizes and whether the interleaved update applies."""
+
+    device_grad_subgroups: frozenset[int] = frozenset()
+
+    def subgroup_sizes(self) -> list[int]:
+        return [1000] * 6
+
+    def _dos_supported(self) -> bool:
+        return True
+
+
+def _plan(letters: str, buffers: int = 2) -> Plan:
+    return Plan(lanes=tuple(Lane.DEVICE if c == "D" else Lane.HOST for c in letters), buffers=buffers, source="auto")
+
+
+def _step(manager: OptimizerStateManager) -> StepRecord:
+    record = StepRecord(step=len(manager.records), plan=manager.base_plan, timings=LaneTimings(), free_bytes=None,
+                        demoted=(), device_fraction=0.0, predicted_s=1.0)
+    manager.records.append(record)
+    manager._calibrate(record)
+    return record
+
+
+def test_auto_replans_after_fresh_drift_only_and_for_a_real_gain(monkeypatch: pytest.MonkeyPatch) -> None:
+    manager = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("auto"))
+    assert manager.base_plan.source == "probe"
+    candidates = iter([_plan("DHDHDH"), _plan("HDHDHD"), _plan("DDHHDD")])
+    predicted = {"DHDHDH": 1.00, "HDHDHD": 0.97, "DDHHDD": 0.90}  # 3% better: churn; 10% better: a real gain
+    monkeypatch.setattr(manager, "_resolve", lambda spec: next(candidates))
+    monkeypatch.setattr(manager, "_predict", lambda plan: predicted["".join(lane.letter for lane in plan.lanes)])
+    monkeypatch.setattr(manager.calibrator, "observe", lambda measurement: None)
+    monkeypatch.setattr(manager.calibrator, "should_replan", lambda patience: True)  # every step drifts
+
+    replanned = [_step(manager).replanned for _ in range(8)]
+    # update 1: the probe's plan is replaced; 2-3: too few fresh steps; 4: weighed, 3% is no gain, kept;
+    # 5-6: too few fresh steps since that check; 7: weighed again, 10% better, adopted; 8: too few fresh steps
+    assert replanned == [True, False, False, False, False, False, True, False]
+    assert "".join(lane.letter for lane in manager.base_plan.lanes) == "DDHHDD"
+
+
+def test_auto_considers_two_buffers_at_most_unless_buffers_is_set() -> None:
+    auto = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("auto"))
+    assert max(plan.buffers for plan in _candidates(auto)) == manager_module.AUTO_MAX_BUFFERS == 2
+    deep = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("auto"), buffers=4)
+    assert max(plan.buffers for plan in _candidates(deep)) == 4
+
+
+def _candidates(manager: OptimizerStateManager) -> list[Plan]:
+    """Every plan the planner weighed for ``auto``."""
+    seen: list[Plan] = []
+    original = planner.candidate_plans
+
+    def spy(sizes: list[int], max_buffers: int = 4) -> Iterator[Plan]:
+        plans = list(original(sizes, max_buffers))
+        seen.extend(plans)
+        return iter(plans)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(planner, "candidate_plans", spy)
+        manager._resolve(manager.spec)
+    return seen
