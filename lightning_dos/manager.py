@@ -125,9 +125,15 @@ class OptimizerStateManager:
         Their fp32 gradients (4 bytes/param) then live on the device from backward to the end of the update,
         beside the buffer slots; when a budget is set and both do not fit, gradients go to the host as in vanilla.
         """
+        self.optimizer.device_grad_subgroups = self._kept_grads(self.base_plan)
+
+    def _kept_grads(self, plan: Plan) -> frozenset[int]:
+        """The subgroups of ``plan`` whose gradients stay on the device (the planner's rule, ``grads_for``).
+
+        None from ``grads_for`` (not even the slots fit the budget) keeps none: dispatch demotes that plan anyway.
+        """
         budget = self.memory_budget_bytes if self.device.type == "cuda" else None
-        keep = grads_for(self.base_plan, self.sizes, self.cost, budget, self._all_grads())
-        self.optimizer.device_grad_subgroups = keep or frozenset()  # None: not even the slots fit; dispatch demotes
+        return grads_for(plan, self.sizes, self.cost, budget, self._all_grads()) or frozenset()
 
     def free_device_bytes(self) -> int | None:
         """Device memory free for the device lane now (None: the host stands in, no limit)."""
@@ -210,9 +216,7 @@ class OptimizerStateManager:
 
     def _predict(self, plan: Plan) -> float:
         """Predicted makespan of ``plan`` with the current costs, gradients kept as ``_plan_gradients`` would."""
-        budget = self.memory_budget_bytes if self.device.type == "cuda" else None
-        keep = grads_for(plan, self.sizes, self.cost, budget, self._all_grads()) or frozenset()
-        return predicted_makespan_s(plan, self.sizes, self.cost, grads_on_device=keep)
+        return predicted_makespan_s(plan, self.sizes, self.cost, grads_on_device=self._kept_grads(plan))
 
     def _adopt(self, plan: Plan, record: StepRecord) -> None:
         self.base_plan = plan
