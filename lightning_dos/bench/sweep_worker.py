@@ -11,15 +11,12 @@ to ``progress.json`` beside ``CONFIG`` after every iteration, for a run stopped 
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import traceback
 from pathlib import Path
 from typing import Any
 
 from lightning_dos.bench.config import BenchConfig, RunSpec
-from lightning_dos.bench.worker import dos_records, failure, fit_and_measure, write_json
+from lightning_dos.bench.worker import dos_records, exit_now, failure, fit_and_measure, serve
 
 PROGRESS_FILE = "progress.json"
 
@@ -53,30 +50,22 @@ def run(config: BenchConfig, spec: RunSpec, state: SweepRun, workdir: Path) -> d
     return {**result, "sweep": sweep.raw(), "failed_plan": None, "dos": dos_records(trainer.strategy)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the sweep in ``argv[0]`` and write its result to ``argv[1]``; 0 when every plan ran."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        print("usage: python -m lightning_dos.bench.sweep_worker CONFIG.json RESULT.json", file=sys.stderr)
-        return 2
-    config_path, result_path = Path(args[0]), Path(args[1])
-    payload = json.loads(config_path.read_text(encoding="utf-8"))
-    spec = RunSpec(**payload["run"])
-    state: SweepRun | None = None
+def execute(payload: dict[str, Any], spec: RunSpec, workdir: Path) -> dict[str, Any]:
+    """The sweep of ``payload``; a failure still reports the plans measured before it."""
+    config = BenchConfig.from_dict(payload["bench"])
+    settings = payload["sweep"]
+    state = SweepRun(list(settings["plans"]), int(settings["steps_per_plan"]), workdir)
     try:
-        config = BenchConfig.from_dict(payload["bench"])
-        settings = payload["sweep"]
-        state = SweepRun(list(settings["plans"]), int(settings["steps_per_plan"]), config_path.parent)
-        result = run(config, spec, state, config_path.parent)
+        return run(config, spec, state, workdir)
     except Exception as err:  # every failure becomes a result; the traceback goes to the log
         traceback.print_exc()
-        result = {**failure(spec, err), **(state.partial() if state is not None else {})}
-    write_json(result_path, result)
-    return 0 if result["status"] == "ok" else 1
+        return {**failure(spec, err), **state.partial()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the sweep in ``argv[0]`` and write its result to ``argv[1]``; 0 when every plan ran."""
+    return serve(argv, "lightning_dos.bench.sweep_worker", execute)
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # the result is on disk; skip interpreter teardown (see lightning_dos.bench.worker)
+    exit_now(main())

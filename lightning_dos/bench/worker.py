@@ -236,18 +236,22 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the configuration in ``argv[0]`` and write its result to ``argv[1]``; 0 when it succeeded."""
+#: A worker's body: (the config file's payload, the run, its run directory) -> the result to write.
+Execute = Callable[[dict[str, Any], RunSpec, Path], dict[str, Any]]
+
+
+def serve(argv: list[str] | None, module: str, execute: Execute) -> int:
+    """A worker's entry: ``python -m MODULE CONFIG RESULT``. Reads ``CONFIG``, calls ``execute(payload, spec, run
+    directory)`` and writes what it returns, or the failure it raised, to ``RESULT``; 0 when the status is ok."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m lightning_dos.bench.worker CONFIG.json RESULT.json", file=sys.stderr)
+        print(f"usage: python -m {module} CONFIG.json RESULT.json", file=sys.stderr)
         return 2
     config_path, result_path = Path(args[0]), Path(args[1])
     payload = json.loads(config_path.read_text(encoding="utf-8"))
     spec = RunSpec(**payload["run"])
     try:
-        config = BenchConfig.from_dict(payload["bench"])
-        result = run(config, spec, config_path.parent)
+        result = execute(payload, spec, config_path.parent)
     except Exception as err:  # every failure becomes a result; the traceback goes to the log
         traceback.print_exc()
         result = failure(spec, err)
@@ -255,10 +259,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if result["status"] == "ok" else 1
 
 
-if __name__ == "__main__":
-    code = main()
+def exit_now(code: int) -> None:
+    """Leave the worker with ``code`` once its result is on disk, skipping interpreter teardown, where a
+    library's lingering thread could turn a finished run into a timeout."""
     sys.stdout.flush()
     sys.stderr.flush()
-    # The result is on disk. Skip interpreter teardown, where a library's lingering thread could turn a
-    # finished run into a timeout.
     os._exit(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the configuration in ``argv[0]`` and write its result to ``argv[1]``; 0 when it succeeded."""
+    return serve(argv, "lightning_dos.bench.worker",
+                 lambda payload, spec, workdir: run(BenchConfig.from_dict(payload["bench"]), spec, workdir))
+
+
+if __name__ == "__main__":
+    exit_now(main())
