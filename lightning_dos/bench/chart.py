@@ -81,10 +81,19 @@ def render(doc: dict[str, Any], path: str | Path) -> Path:
     memory.set_xticks(positions, labels, rotation=30, ha="right")
     memory.grid(axis="y", alpha=0.3)
 
-    hw = doc.get("hardware", {})
-    cfg = doc["config"]
-    fig.suptitle(f"{cfg['model']}, seq {cfg['seq_len']} x micro-batch {cfg['micro_batch']}, {cfg['precision']} "
-                 f"on {hw.get('gpu_name') or 'CPU'} ({doc['date'][:10]})")
+    fig.suptitle(workload_title(doc))
+    return save(fig, path)
+
+
+def workload_title(doc: dict[str, Any]) -> str:
+    """Model, batch, precision, device and date of a bench or sweep document, for a figure's title."""
+    cfg, hw = doc["config"], doc.get("hardware", {})
+    return (f"{cfg['model']}, seq {cfg['seq_len']} x micro-batch {cfg['micro_batch']}, {cfg['precision']} "
+            f"on {hw.get('gpu_name') or 'CPU'} ({doc['date'][:10]})")
+
+
+def save(fig: Any, path: str | Path) -> Path:
+    """Lay out, write (PNG at 120 dpi) and close ``fig``; the path written."""
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)

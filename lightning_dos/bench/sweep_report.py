@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from lightning_dos.bench.chart import save, workload_title  # noqa: E402
 from lightning_dos.bench.report import MISSING, _hardware_lines, _num, _table  # noqa: E402
 
 FRACTION_KINDS = ("fraction", "host", "device")
@@ -217,11 +218,5 @@ def render_chart(doc: dict[str, Any], path: str | Path) -> Path:
         _panel(ax, budget)
     if not budgets:
         axes[0][0].text(0.5, 0.5, "no budget measured", ha="center", va="center")
-    cfg, hw = doc["config"], doc.get("hardware", {})
-    fig.suptitle(f"plan sweep: {cfg['model']}, seq {cfg['seq_len']} x micro-batch {cfg['micro_batch']}, "
-                 f"{cfg['precision']} on {hw.get('gpu_name') or 'CPU'} ({doc['date'][:10]})")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    fig.suptitle(f"plan sweep: {workload_title(doc)}")
+    return save(fig, path)
