@@ -15,6 +15,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_dos.models import GPT, GPTConfig, GPTModule, flops_per_token, lr_factor, num_params
+from lightning_dos.models.gpt import RMSNorm, _apply_rope, _rope_tables
 from lightning_dos.optim import weight_decay_groups
 
 STYLES = ("llama", "gpt2")
@@ -114,8 +115,10 @@ def test_preset_param_counts(name: str, low: float, high: float) -> None:
 def test_reference_preset_shape() -> None:
     config = GPTConfig.from_name("gpt-2.7b")
     assert (config.n_layer, config.n_embd, config.n_head) == (32, 2560, 32)
-    assert (config.vocab_size, config.block_size, config.intermediate_size) == (50304, 2048, 6912)
-    assert num_params(config) == 2_795_276_800
+    assert (config.vocab_size, config.block_size, config.intermediate_size) == (50304, 2048, 4 * 2560)
+    assert (config.style, config.bias, config.tie_embeddings) == ("gpt2", True, False)
+    # the reference host's 2.78B GPT: 32 * (12 d^2 + 13 d) + (50304 + 2048) d + 50304 d + 2 d
+    assert num_params(config) == 2_780_451_840
 
 
 def test_from_name_overrides_and_unknown_name() -> None:
@@ -294,3 +297,42 @@ def test_fit_logs_metrics(tmp_path: Path) -> None:
     assert {"train/loss", "train/lr", "val/loss", "val/ppl", "train/tflops_per_s"} <= columns
     train_losses = [float(row["train/loss"]) for row in rows if row["train/loss"]]
     assert len(train_losses) == 3 and all(math.isfinite(v) for v in train_losses)
+
+
+def _rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x64 = x.double()
+    return x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
+
+
+def _rope_reference(x: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotary embedding written pair by pair: dims (j, j + D/2) of position t rotate by t * base^(-2j/D)."""
+    _, seq_len, _, dim = x.shape
+    half = dim // 2
+    out = torch.empty_like(x, dtype=torch.float64)
+    xd = x.double()
+    for j in range(half):
+        angle = torch.arange(seq_len, dtype=torch.float64) * base ** (-2 * j / dim)
+        cos, sin = angle.cos()[None, :, None], angle.sin()[None, :, None]
+        a, b = xd[..., j], xd[..., j + half]
+        out[..., j] = a * cos - b * sin
+        out[..., j + half] = b * cos + a * sin
+    return out
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_rmsnorm_and_rope_match_their_formulas(dtype: torch.dtype, tol: float) -> None:
+    torch.manual_seed(0)
+    norm = RMSNorm(48, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    norm = norm.to(dtype)
+    x = (torch.randn(2, 7, 48) * 3).to(dtype)
+    out = norm(x)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), _rmsnorm_reference(x, norm.weight, 1e-5), atol=tol, rtol=tol)
+
+    heads = torch.randn(2, 9, 3, 16).to(dtype)  # [batch, seq, heads, head_dim]
+    cos, sin = _rope_tables(9, 16, 10000.0, torch.device("cpu"), dtype)
+    rotated = _apply_rope(heads, cos, sin)
+    assert rotated.dtype == dtype and rotated.shape == heads.shape
+    torch.testing.assert_close(rotated.double(), _rope_reference(heads, 10000.0), atol=2 * tol, rtol=2 * tol)

@@ -50,7 +50,7 @@ def test_user_config_is_completed_not_overridden() -> None:
 
 
 def test_auto_sub_group_size_gives_several_subgroups() -> None:
-    assert auto_sub_group_size(2_795_276_800) == AUTO_SUB_GROUP_MAX  # 2.78B: 28 subgroups of 1e8
+    assert auto_sub_group_size(2_780_451_840) == AUTO_SUB_GROUP_MAX  # 2.78B: 28 subgroups of 1e8
     assert auto_sub_group_size(10_981_440) == 686_340  # 10M: 16 subgroups
     assert auto_sub_group_size(1) == 1
 
