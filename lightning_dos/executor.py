@@ -7,13 +7,16 @@ a pinned staging buffer and uploaded asynchronously.
 Device lane, per subgroup, through a ring of buffer slots on the device:
 ``prefetch`` (host->device: master, exp_avg, exp_avg_sq, grad) -> ``adam`` (unscale + fused AdamW on the
 device, then write the 16-bit params) -> ``flush`` (device->host: master, exp_avg, exp_avg_sq).
-Each stage has its own stream; every cross-stream dependency is an event: prefetch waits for the flush
-that last used its slot, adam waits for its prefetch, flush waits for its adam, and the caller's stream
-waits for the last param write. ``run`` returns only when the host state is consistent.
+Each stage has its own stream (``h2d`` for prefetches, ``adam``, ``flush``); every cross-stream dependency is
+an event: prefetch waits for the flush that last used its slot, adam waits for its prefetch, flush waits for
+its adam, and the caller's stream waits for the last param write. ``run`` returns only when the host state is
+consistent.
 
-The host lane runs on the calling thread (DeepSpeed's CPU Adam uses all cores itself); the device lane is
-asynchronous on a GPU and is issued from the same thread a few subgroups ahead, between host-lane subgroups,
-so that the host lane's uploads never queue behind the whole device lane on the copy engine.
+The host lane runs on the calling thread (DeepSpeed's CPU Adam uses all cores itself); its uploads go on the
+same ``h2d`` stream as the prefetches, so the link serves both in the order they were issued (on separate
+streams a copy engine was seen to serve the uploads only when the prefetch stream paused, stalling the host
+lane). The device lane is asynchronous on a GPU and is issued from the same thread a few subgroups ahead,
+between host-lane subgroups, so that an upload never queues behind more than that many prefetches.
 
 On a machine without an accelerator the device lane runs with the host standing in for the device: the
 same buffers, copies, ordering and write-back, with streams and events that complete immediately.
@@ -54,6 +57,9 @@ class LaneTimings:
 
     total_s: float = 0.0
     host_busy_s: float = 0.0
+    """Wall time of the host lane, from its first CPU Adam to its last upload issued (waits included)."""
+    host_compute_s: float = 0.0
+    """Time the host lane spent computing: CPU Adam and the 16-bit conversion into staging (waits excluded)."""
     device_busy_s: float = 0.0
     prefetch_busy_s: float = 0.0
     adam_busy_s: float = 0.0
@@ -92,12 +98,11 @@ class _Streams:
         self.device = device
         self.is_cuda = device.type == "cuda"
         if self.is_cuda:
-            self.prefetch = torch.cuda.Stream(device)
+            self.h2d = torch.cuda.Stream(device)  # prefetches and host-lane uploads, in issue order
             self.adam = torch.cuda.Stream(device)
             self.flush = torch.cuda.Stream(device)
-            self.upload = torch.cuda.Stream(device)
         else:
-            self.prefetch = self.adam = self.flush = self.upload = None
+            self.h2d = self.adam = self.flush = None
 
     def use(self, stream: Any) -> contextlib.AbstractContextManager:
         return torch.cuda.stream(stream) if self.is_cuda else contextlib.nullcontext()
@@ -161,7 +166,7 @@ class UpdateExecutor:
 
         s = self.streams
         start = s.record(s.current(), timing=True)
-        for stream in (s.prefetch, s.adam, s.flush, s.upload):
+        for stream in (s.h2d, s.adam, s.flush):
             s.wait(stream, start)
 
         spans: list[Span] = []
@@ -204,16 +209,19 @@ class UpdateExecutor:
             adam_done = _HostEvent()
             adam_done.record()
             spans.append((i, "host", "adam", begin, adam_done))
+            computing = adam_done.time - begin.time
             slot = k % len(staging)
             if uploaded[slot] is not None:
                 # the host may overwrite a staging buffer only once it is sent; keep the device lane fed meanwhile
                 device_lane.feed_until(uploaded[slot])
+            staged = time.perf_counter()
             buf = staging[slot][: sg.numel]
             buf.copy_(sg.master)  # fp32 -> param dtype on the host: half the bytes cross the link
-            with s.use(s.upload):
-                up_begin = s.record(s.upload, timing=True)
+            timings.host_compute_s += computing + time.perf_counter() - staged
+            with s.use(s.h2d):  # behind the prefetches already issued, ahead of later ones
+                up_begin = s.record(s.h2d, timing=True)
                 sg.param16.copy_(buf, non_blocking=True)
-                uploaded[slot] = s.record(s.upload, timing=True)
+                uploaded[slot] = s.record(s.h2d, timing=True)
             spans.append((i, "host", "upload", up_begin, uploaded[slot]))
             timings.host_params += sg.numel
             timings.upload_bytes += sg.numel * buf.element_size()
@@ -228,12 +236,12 @@ class _DeviceLane:
     exp_avg_sq and the gradient unless it stayed on the device) -> ``adam`` (unscale, fused AdamW, 16-bit param
     write) -> ``flush`` (device->host: master, exp_avg, exp_avg_sq), each on its own stream and ordered by events.
 
-    A copy engine serves the commands of every stream in the order they were submitted, so a device lane issued
-    all at once would put the host lane's uploads behind every queued prefetch. Instead the host thread issues
-    device-lane subgroups only while fewer than ``window`` of the issued prefetches are still outstanding
-    (``feed``), between host-lane subgroups and while the host lane waits for an upload; whatever remains is
-    issued when the host lane is done (``issue_all``). On the host standing in for the device, work completes as
-    it is issued, so the lane simply interleaves with the host lane.
+    Prefetches and the host lane's uploads share one stream, so a device lane issued all at once would put
+    every upload behind every prefetch. Instead the host thread issues device-lane subgroups only while fewer
+    than ``window`` of the issued prefetches are still outstanding (``feed``), between host-lane subgroups and
+    while the host lane waits for an upload; whatever remains is issued when the host lane is done
+    (``issue_all``). An upload therefore waits for at most ``window`` prefetches. On the host standing in for
+    the device, work completes as it is issued, so the lane simply interleaves with the host lane.
     """
 
     def __init__(
@@ -312,10 +320,10 @@ class _DeviceLane:
         n = sg.numel
         slot = self.slots[k % self.n_slots]
         master, exp_avg, exp_avg_sq, grad = (slot[j, :n] for j in range(4))
-        with s.use(s.prefetch):
-            s.wait(s.prefetch, self.flushed[k % self.n_slots])  # slot free only once its last flush is done
-            s.wait(s.prefetch, self.ready)
-            begin = s.record(s.prefetch, timing=True)
+        with s.use(s.h2d):
+            s.wait(s.h2d, self.flushed[k % self.n_slots])  # slot free only once its last flush is done
+            s.wait(s.h2d, self.ready)
+            begin = s.record(s.h2d, timing=True)
             _chunked_copy(master, sg.master)
             _chunked_copy(exp_avg, sg.exp_avg)
             _chunked_copy(exp_avg_sq, sg.exp_avg_sq)
@@ -323,7 +331,7 @@ class _DeviceLane:
                 grad = sg.grad  # kept on the device through backward: nothing to prefetch
             else:
                 _chunked_copy(grad, sg.grad)
-            prefetched = s.record(s.prefetch, timing=True)
+            prefetched = s.record(s.h2d, timing=True)
             self.spans.append((i, "device", "prefetch", begin, prefetched))
             self.prefetched.append(prefetched)
         with s.use(s.adam):

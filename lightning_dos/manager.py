@@ -190,7 +190,7 @@ class OptimizerStateManager:
         self.calibrator.observe(
             StepMeasurement(
                 host_params=t.host_params,
-                host_busy_s=t.host_busy_s,
+                host_busy_s=t.host_compute_s,  # waits for a staging slot are the model's to predict, not a rate
                 host_overlapped=t.device_params > 0 and self.device.type == "cuda",
                 device_params=t.device_params,
                 h2d_bytes=t.h2d_bytes + t.upload_bytes,
@@ -256,14 +256,15 @@ class OptimizerStateManager:
             "dos/adam_busy_ms": t.adam_busy_s * 1e3,
             "dos/flush_busy_ms": t.flush_busy_s * 1e3,
             "dos/host_busy_ms": t.host_busy_s * 1e3,
+            "dos/host_wait_ms": max(0.0, t.host_busy_s - t.host_compute_s) * 1e3,
             "dos/device_busy_ms": t.device_busy_s * 1e3,
             "dos/h2d_gb": (t.h2d_bytes + t.upload_bytes) / 1e9,
             "dos/d2h_gb": t.d2h_bytes / 1e9,
             "dos/demoted_subgroups": float(len(r.demoted)),
             "dos/device_buffer_gib": t.device_buffer_bytes / GIB,
         }
-        if t.host_busy_s > 0:
-            out["dos/cpu_adam_gparam_s"] = t.host_params / t.host_busy_s / 1e9
+        if t.host_compute_s > 0:
+            out["dos/cpu_adam_gparam_s"] = t.host_params / t.host_compute_s / 1e9
         if r.free_bytes is not None:
             out["dos/free_device_gib"] = r.free_bytes / GIB
         if t.prefetch_busy_s + t.upload_busy_s > 0:

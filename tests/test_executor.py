@@ -177,3 +177,36 @@ def test_device_lane_is_issued_a_window_ahead_of_the_host_lane(monkeypatch: pyte
         torch.testing.assert_close(sg.master, m, rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(sg.exp_avg, a, rtol=1e-6, atol=1e-9)
         torch.testing.assert_close(sg.exp_avg_sq, v, rtol=1e-6, atol=1e-10)
+
+
+def test_host_lane_separates_compute_from_waits_for_a_staging_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With one staging slot and uploads that take 0.1 s, the host lane waits before staging each later subgroup.
+
+    ``host_busy_s`` counts those waits, ``host_compute_s`` (what calibration takes the CPU Adam rate from) does not;
+    the performance model predicts the waits from its own ``host_staging_slots`` (same default as the executor).
+    """
+    import time
+
+    import lightning_dos.executor as executor
+    from lightning_dos.planning.perf_model import CostParams
+
+    assert CostParams().host_staging_slots == executor.HOST_STAGING_SLOTS
+    delay = 0.1
+
+    class InFlightEvent(executor._HostEvent):
+        def query(self) -> bool:
+            return time.perf_counter() >= self.time + delay
+
+    monkeypatch.setattr(executor._Streams, "event", lambda self, timing=False: InFlightEvent())
+    monkeypatch.setattr(executor, "HOST_STAGING_SLOTS", 1)
+    subgroups = _subgroups()
+    expected = [_reference(sg, 1.0) for sg in subgroups]
+    timings = UpdateExecutor(torch.device("cpu")).run(
+        [Lane.HOST] * len(SIZES), list(range(len(SIZES))), 1, subgroups, 1.0, _host_step_with_torch(subgroups, 1.0)
+    )
+    waited = timings.host_busy_s - timings.host_compute_s
+    assert waited >= (len(SIZES) - 1) * delay * 0.9  # every subgroup after the first waits for the previous upload
+    assert 0 < timings.host_compute_s < waited
+    for sg, (m, _, _) in zip(subgroups, expected):
+        torch.testing.assert_close(sg.master, m, rtol=1e-6, atol=1e-7)
+        assert torch.equal(sg.param16, sg.master)

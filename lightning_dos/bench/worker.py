@@ -73,6 +73,7 @@ def record_dict(record: Any) -> dict[str, Any]:
         "buffers": record.plan.buffers,
         "update_ms": t.total_s * 1e3,
         "host_busy_ms": t.host_busy_s * 1e3,
+        "host_compute_ms": t.host_compute_s * 1e3,
         "device_busy_ms": t.device_busy_s * 1e3,
         "device_fraction": record.device_fraction,
         "h2d_gb": (t.h2d_bytes + t.upload_bytes) / 1e9,
