@@ -317,3 +317,37 @@ def test_an_interrupted_bench_reports_what_ran(tmp_path: Path) -> None:
     assert [(r["label"], r["status"]) for r in doc["results"]] == [
         ("zero3_offload", "ok"), ("dos(auto)", "skipped"), ("dos(host)", "skipped")]
     assert "The bench was interrupted" in (tmp_path / "report.md").read_text()
+
+
+def test_sigterm_ends_the_bench_like_ctrl_c_and_the_report_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job's time limit sends SIGTERM: the running configuration is reported as interrupted and the rest as not
+    run, results.json and report.md are written, the exit status is 130, and the previous handler is restored."""
+    import os
+
+    import lightning_dos.bench.harness as harness
+
+    real_run_bench = harness.run_bench
+
+    def terminated_launcher(cfg: BenchConfig, spec: RunSpec, run_dir: Path) -> dict[str, Any]:
+        if spec.label == "dos(auto)":
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)  # the handler raises in this frame long before
+            raise AssertionError("SIGTERM was not turned into an interrupt")
+        return {**_raw(spec.label, spec.strategy, [9.0, 5.0, 7.0], [2.0, 1.5, 1.0]), "plan": spec.plan}
+
+    monkeypatch.setattr(harness, "run_bench", lambda config, out_dir, now=None: real_run_bench(
+        config, out_dir, launcher=terminated_launcher, progress=False, now=now))
+    before = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "bench"
+    code = main([*TINY, "--strategies", "zero3_offload", "deep_optimizer_states", "--plans", "host",
+                 "--out", str(out)])
+    assert code == 130
+    assert signal.getsignal(signal.SIGTERM) is before
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["interrupted"]
+    assert [(r["label"], r["status"]) for r in doc["results"]] == [
+        ("zero3_offload", "ok"), ("dos(auto)", "skipped"), ("dos(host)", "skipped")]
+    assert "The bench was interrupted" in (out / "report.md").read_text()
+    assert "1/3 configurations completed" in capsys.readouterr().out

@@ -13,10 +13,13 @@ switching plans), ``sweep_results`` and ``sweep_report``.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from lightning_dos.bench.arguments import Invocation
@@ -24,11 +27,32 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM (a job's time limit, ``timeout``, a scheduler) like Ctrl-C while the block runs.
+
+    The harnesses stop the running worker on ``KeyboardInterrupt`` and still write their report for what
+    ran; without this a SIGTERM ended the parent at once and left no report at all.
+    """
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: signals cannot be handled here
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``lightning-dos bench`` with ``argv`` (default: the process's arguments); return the exit status.
 
     0 when at least one configuration completed (failed ones are part of the report), 1 when none did,
-    2 for a usage error, 130 when interrupted (the report covers what ran).
+    2 for a usage error, 130 when interrupted by Ctrl-C or SIGTERM (the report covers what ran).
     """
     from lightning_dos.bench.arguments import parse_args
 
@@ -36,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         invocation = parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exit_:  # --help or a usage error
         return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
+    with sigterm_as_interrupt():
+        return _run(invocation)
+
+
+def _run(invocation: Invocation) -> int:
+    """The bench, or the sweep, of a parsed invocation; returns the exit status."""
     from lightning_dos.bench.harness import default_out_dir, dry_run_text, run_bench
 
     config = invocation.config
