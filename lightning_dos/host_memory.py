@@ -44,6 +44,10 @@ class PinnedRegistry:
         """Bytes page-locked by this registry."""
         return sum(t.untyped_storage().nbytes() for t in self._tensors.values())
 
+    def holds(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor``'s storage was page-locked by this registry."""
+        return tensor.device.type == "cpu" and tensor.untyped_storage().data_ptr() in self._tensors
+
     def pin(self, tensor: torch.Tensor) -> torch.Tensor:
         """Page-lock ``tensor``'s whole storage where it is; return ``tensor`` (already pinned: unchanged)."""
         if tensor.device.type != "cpu":

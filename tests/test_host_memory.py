@@ -78,3 +78,37 @@ def test_failure_names_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_only_host_tensors(cudart: FakeCudart) -> None:
     with pytest.raises(ValueError, match="host tensors"):
         PinnedRegistry().pin(torch.zeros(2, device="meta"))
+
+
+def test_state_homes_are_made_at_the_first_update_and_locked_once(cudart: FakeCudart) -> None:
+    """The moments are created when the first update phase needs them (as vanilla's CPU Adam does), page-locked
+    once each; moments that exist but are not locked (a checkpoint loaded before the first step) are copied into
+    fresh locked homes with their values; the next call changes nothing."""
+    from types import SimpleNamespace
+
+    from lightning_dos.zero.optimizer import InterleavedZeroOptimizer
+
+    registry = PinnedRegistry()
+    masters = [torch.randn(100), torch.randn(60)]
+    for master in masters:
+        registry.pin(master)  # done with the master weights at start-up
+    loaded = {"step": 7, "exp_avg": torch.full((60,), 0.5), "exp_avg_sq": torch.full((60,), 0.25)}
+    state = {masters[1]: dict(loaded)}
+    fake = SimpleNamespace(fp32_partitioned_groups_flat=masters, optimizer=SimpleNamespace(state=state),
+                           _pinned_registry=lambda: registry)
+
+    InterleavedZeroOptimizer._ensure_state_homes(fake)
+    first, second = state[masters[0]], state[masters[1]]
+    assert first["step"] == 0 and torch.equal(first["exp_avg"], torch.zeros(100))
+    assert second["step"] == 7 and torch.equal(second["exp_avg_sq"], loaded["exp_avg_sq"])
+    assert second["exp_avg"] is not loaded["exp_avg"]  # copied into a home of its own
+    for s in (first, second):
+        assert registry.holds(s["exp_avg"]) and registry.holds(s["exp_avg_sq"])
+    assert len(cudart.registered) == 6 and registry.nbytes == 12 * 160  # master, m, v: 12 bytes/param, once
+
+    homes = [(s["exp_avg"], s["exp_avg_sq"]) for s in (first, second)]
+    InterleavedZeroOptimizer._ensure_state_homes(fake)
+    for s, (exp_avg, exp_avg_sq) in zip((first, second), homes):  # the same tensors: nothing re-made
+        assert s["exp_avg"] is exp_avg and s["exp_avg_sq"] is exp_avg_sq
+    assert len(cudart.registered) == 6
+    registry.release()

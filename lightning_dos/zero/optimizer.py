@@ -53,13 +53,33 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         if not self._dos_supported():
             return
         registry = self._pinned_registry()
-        for master in self.fp32_partitioned_groups_flat:  # one home: DeepSpeed's own tensor, locked in place
-            exp_avg = torch.zeros(master.numel(), dtype=torch.float32)
-            exp_avg_sq = torch.zeros(master.numel(), dtype=torch.float32)
-            self.optimizer.state[master] = {"step": 0, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
-            if registry is not None:
-                for tensor in (master, exp_avg, exp_avg_sq):
-                    registry.pin(tensor)
+        if registry is not None:
+            for master in self.fp32_partitioned_groups_flat:  # one home: DeepSpeed's own tensor, locked in place
+                registry.pin(master)
+
+    def _ensure_state_homes(self) -> None:
+        """Give every subgroup its exp_avg / exp_avg_sq home (page-locked in place when pinning) before it is updated.
+
+        The moments are created at the first update phase, where vanilla's CPU Adam creates its own, and not with
+        the master weights at start-up, where they would coexist with the engine's start-up transients and raise
+        the process's peak host memory. Moments that exist but are not page-locked by this optimizer (loaded from
+        a checkpoint before the first step, or created by vanilla's step) are copied into fresh homes, so every
+        subgroup's state is locked exactly once and lives in exactly one place.
+        """
+        registry = self._pinned_registry()
+        for master in self.fp32_partitioned_groups_flat:
+            state = self.optimizer.state.setdefault(master, {})
+            for key in ("exp_avg", "exp_avg_sq"):
+                current = state.get(key)
+                if current is not None and (registry is None or registry.holds(current)):
+                    continue
+                home = torch.zeros(master.numel(), dtype=torch.float32)
+                if current is not None:
+                    home.copy_(current.reshape(-1))
+                if registry is not None:
+                    registry.pin(home)
+                state[key] = home
+            state.setdefault("step", 0)
 
     def _pinned_registry(self) -> PinnedRegistry | None:
         """Where the state is page-locked in place (None when not pinning, or with no CUDA device)."""
@@ -250,6 +270,7 @@ class InterleavedZeroOptimizer(_VanillaStage3):
                 self.unscale_and_clip_grads(sub_group_id, scaled_global_grad_norm)
             self._optimizer_step(sub_group_id)
 
+        self._ensure_state_homes()
         self.update_phase(self, host_step, inv_scale)
         for sub_group_id in range(len(self.fp16_groups)):
             self._unflatten_partitioned_parameters(sub_group_id)
@@ -278,10 +299,10 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         """The (exp_avg, exp_avg_sq) tensors each subgroup's state lives in now (before a load replaces them)."""
         if not self._dos_supported():
             return []
-        return [
-            (self.optimizer.state[m]["exp_avg"], self.optimizer.state[m]["exp_avg_sq"])
-            for m in self.fp32_partitioned_groups_flat
-        ]
+        states = [self.optimizer.state.get(m, {}) for m in self.fp32_partitioned_groups_flat]
+        if not all("exp_avg" in s and "exp_avg_sq" in s for s in states):
+            return []  # no homes yet (before the first step): the first update phase makes them from what is loaded
+        return [(s["exp_avg"], s["exp_avg_sq"]) for s in states]
 
     def _restore_homes(self, homes: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """After a load: copy the loaded moments into their homes, so each subgroup keeps one (pinned) copy.
