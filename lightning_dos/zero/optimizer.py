@@ -3,9 +3,9 @@
 ``InterleavedZeroOptimizer`` is a thin subclass of ``DeepSpeedZeroOptimizer_Stage3``:
 
 - it keeps the fp32 master partitions and both Adam moments in host memory page-locked in place (no
-  rounding up by the pinned allocator), the moments created up front *in DeepSpeed's own optimizer state
-  dict*, so both lanes read and write one copy and DeepSpeed's checkpoint code saves all of it (vanilla
-  creates the moments lazily, pageable);
+  rounding up by the pinned allocator), the moments *in DeepSpeed's own optimizer state dict*, created at the
+  first update phase as vanilla's CPU Adam creates its own (pageable, there), so both lanes read and write one
+  copy and DeepSpeed's checkpoint code saves all of it;
 - its ``step`` is vanilla's preamble (overflow check, global grad norm, loss scale) followed by one call
   to the attached update phase instead of the sequential per-subgroup loop;
 - ``subgroups()`` exposes each subgroup as a plain :class:`~lightning_dos.subgroup.Subgroup`.
