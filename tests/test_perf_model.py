@@ -345,6 +345,27 @@ def test_calibrator_host_rate_alone_and_contended():
     assert calibrator.params.cpu_adam_params_per_s == pytest.approx(1.5e9 + 3e9 / 0.875, rel=1e-15)
 
 
+def test_calibrator_fits_the_rate_while_only_contended_steps_were_seen():
+    """Contended steps alone cannot separate the uncontended rate from the contention: the starting contention is
+    kept and the rate follows the machine, so a host-only plan is not predicted at another host's speed."""
+    calibrator = Calibrator(CostParams(cpu_adam_params_per_s=5e9, cpu_contention=0.5), alpha=0.5)
+    # overlapped, 1e9 params/s: rate -> 0.5 * 5e9 + 0.5 * (1e9 / 0.5) = 3.5e9, contention unchanged
+    calibrator.observe(step(host_params=1_000_000_000, host_busy_s=1.0, host_overlapped=True))
+    assert (calibrator.params.cpu_adam_params_per_s, calibrator.params.cpu_contention) == (3.5e9, 0.5)
+    # a host-only step measures the uncontended rate: 2e9 -> 0.5 * 3.5e9 + 0.5 * 2e9 = 2.75e9
+    calibrator.observe(step(host_params=2_000_000_000, host_busy_s=1.0))
+    assert calibrator.params.cpu_adam_params_per_s == 2.75e9
+    # from now on contended steps fit the contention: 1.1e9 / 2.75e9 = 0.4 -> 0.5 * 0.5 + 0.5 * 0.4 = 0.45
+    calibrator.observe(step(host_params=1_100_000_000, host_busy_s=1.0, host_overlapped=True))
+    assert calibrator.params.cpu_adam_params_per_s == 2.75e9
+    assert calibrator.params.cpu_contention == pytest.approx(0.45, rel=1e-15)
+    # a pinned uncontended rate makes the contention identifiable from the start
+    pinned = Calibrator(CostParams(cpu_adam_params_per_s=5e9, cpu_contention=1.0), alpha=0.5,
+                        overrides={"cpu_adam_params_per_s": 4e9})
+    pinned.observe(step(host_params=2_000_000_000, host_busy_s=1.0, host_overlapped=True))
+    assert (pinned.params.cpu_adam_params_per_s, pinned.params.cpu_contention) == (4e9, 0.75)
+
+
 def test_calibrator_counts_ranks_and_keeps_overrides_fixed():
     calibrator = Calibrator(CostParams(cpu_adam_params_per_s=4e9, cpu_contention=1.0, ranks_per_host=2),
                             alpha=0.5, overrides={"cpu_contention": 0.5, "gpu_adam_params_per_s": 1e11})

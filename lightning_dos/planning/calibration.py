@@ -62,9 +62,13 @@ class Calibrator:
     (``ema(x, obs) = (1 - alpha) * x + alpha * obs``):
 
     * host rate, ``obs = host_params / host_busy_s * ranks_per_host``: a non-overlapped step updates
-      ``cpu_adam_params_per_s``; an overlapped one updates ``cpu_contention`` toward ``obs / cpu_adam_params_per_s``;
-      when that ratio exceeds 1, or ``cpu_contention`` is overridden, ``cpu_contention`` moves toward 1 (unless
-      overridden) and ``cpu_adam_params_per_s`` toward ``obs / cpu_contention``;
+      ``cpu_adam_params_per_s``. Until one has been seen (and unless ``cpu_adam_params_per_s`` is overridden), an
+      overlapped step updates ``cpu_adam_params_per_s`` toward ``obs / cpu_contention``, keeping the starting
+      contention: from contended steps alone the two factors cannot be told apart, and fitting only the contention
+      left the uncontended rate (the host-only plan's prediction) at the reference host's value. Afterwards an
+      overlapped step updates ``cpu_contention`` toward ``obs / cpu_adam_params_per_s``; when that ratio exceeds 1,
+      or ``cpu_contention`` is overridden, ``cpu_contention`` moves toward 1 (unless overridden) and
+      ``cpu_adam_params_per_s`` toward ``obs / cpu_contention``;
     * PCIe, ``obs = bytes / busy_s`` per direction: in a step with a device lane, ``duplex_bytes_per_s`` moves toward
       the sum of both directions when the duplex cap is active, else ``h2d_bytes_per_s`` and ``d2h_bytes_per_s``
       move toward their own observation; in a host-only step ``h2d_bytes_per_s`` moves toward the upload rate;
@@ -96,6 +100,7 @@ class Calibrator:
         self._params = params.with_values(self.overrides, key="overrides")
         self._history: deque[tuple[float, float]] = deque(maxlen=history_size)
         self._observations = 0
+        self._host_alone_seen = False
 
     @property
     def params(self) -> CostParams:
@@ -145,7 +150,12 @@ class Calibrator:
 
     def _observe_host(self, observed: float, overlapped: bool) -> None:
         if not overlapped:
+            self._host_alone_seen = True
             self._ema("cpu_adam_params_per_s", observed)
+            return
+        if not self._host_alone_seen and "cpu_adam_params_per_s" not in self.overrides:
+            # contended steps only so far: keep the starting contention, fit the rate (see the class docstring)
+            self._ema("cpu_adam_params_per_s", observed / self._params.cpu_contention)
             return
         ratio = observed / self._params.cpu_adam_params_per_s
         if "cpu_contention" not in self.overrides and ratio <= 1:

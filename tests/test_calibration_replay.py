@@ -1,0 +1,49 @@
+"""Calibration replayed on update phases measured on a GPU host (run G's plan sweep, docs/benchmarks).
+
+``auto`` runs only mixed plans after its probe, so its calibrator never sees the host lane without DMA beside it.
+Replaying the host-lane measurements of that process must leave an uncontended CPU Adam rate that predicts the
+host-only plan the fixed-plan process measured on the same machine, instead of the reference host's starting
+value, while the contended rate that mixed plans use stays what the measurements say.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from lightning_dos.planning import Calibrator, CostParams, StepMeasurement
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+RECORDS = BENCHMARKS / "sweep_gpt-2.7b_H200_2026-11-21_runG_updates.json"
+
+
+def _host_measurement(record: dict, params: int) -> StepMeasurement:
+    host = round((1.0 - record["device_fraction"]) * params)
+    return StepMeasurement(host_params=host, host_busy_s=record["host_compute_ms"] / 1e3,
+                           host_overlapped=record["device_fraction"] > 0, device_params=params - host, h2d_bytes=0,
+                           h2d_busy_s=0.0, d2h_bytes=0, d2h_busy_s=0.0, adam_busy_s=0.0, predicted_s=0.0,
+                           measured_s=record["update_ms"] / 1e3)
+
+
+def test_auto_calibration_predicts_the_host_only_plan_of_the_same_machine() -> None:
+    data = json.loads(RECORDS.read_text())
+    params = data["params"]
+    auto = data["auto"]["steps"]
+    assert all(r["device_fraction"] > 0 for r in auto)  # auto never ran the host lane alone
+    calibrator = Calibrator(CostParams())
+    for record in auto:
+        calibrator.observe(_host_measurement(record, params))
+    fitted = calibrator.params
+    host_only_ms = params / fitted.cpu_adam_params_per_s * 1e3
+
+    measured = [r["host_compute_ms"] for r in data["fixed"]["steps"] if set(r["lanes"]) == {"H"}]
+    assert len(measured) >= 2
+    assert host_only_ms == pytest.approx(statistics.median(measured), rel=0.10)
+    # the reference host's starting value (what the rate stayed at before) is far off on this machine
+    assert params / CostParams().cpu_adam_params_per_s * 1e3 < 0.7 * statistics.median(measured)
+    # the contended rate follows the mixed plans' measurements
+    contended = [(1.0 - r["device_fraction"]) * params / (r["host_compute_ms"] / 1e3) for r in auto[-4:]]
+    assert fitted.cpu_adam_params_per_s * fitted.cpu_contention == pytest.approx(statistics.mean(contended), rel=0.10)
