@@ -142,8 +142,8 @@ class _Manager:
         self.base_plan = plan
 
     def update(self, ms: float) -> None:
-        timings = SimpleNamespace(total_s=ms / 1e3, host_busy_s=0.0, device_busy_s=0.0, h2d_bytes=0, upload_bytes=0,
-                                  d2h_bytes=0, prefetch_busy_s=0.0, adam_busy_s=0.0, flush_busy_s=0.0,
+        timings = SimpleNamespace(total_s=ms / 1e3, host_busy_s=0.0, host_compute_s=0.0, device_busy_s=0.0, h2d_bytes=0,
+                                  upload_bytes=0, d2h_bytes=0, prefetch_busy_s=0.0, adam_busy_s=0.0, flush_busy_s=0.0,
                                   upload_busy_s=0.0)
         self.records.append(SimpleNamespace(plan=self.base_plan, timings=timings, device_fraction=0.25, demoted=(),
                                             free_bytes=None, predicted_s=ms / 2e3, replanned=False))
