@@ -337,8 +337,8 @@ def test_sigterm_ends_the_bench_like_ctrl_c_and_the_report_is_written(
             raise AssertionError("SIGTERM was not turned into an interrupt")
         return {**_raw(spec.label, spec.strategy, [9.0, 5.0, 7.0], [2.0, 1.5, 1.0]), "plan": spec.plan}
 
-    monkeypatch.setattr(harness, "run_bench", lambda config, out_dir, now=None: real_run_bench(
-        config, out_dir, launcher=terminated_launcher, progress=False, now=now))
+    monkeypatch.setattr(harness, "run_bench", lambda config, out_dir, now=None, resume=False: real_run_bench(
+        config, out_dir, launcher=terminated_launcher, progress=False, now=now, resume=resume))
     before = signal.getsignal(signal.SIGTERM)
     out = tmp_path / "bench"
     code = main([*TINY, "--strategies", "zero3_offload", "deep_optimizer_states", "--plans", "host",
@@ -351,3 +351,46 @@ def test_sigterm_ends_the_bench_like_ctrl_c_and_the_report_is_written(
         ("zero3_offload", "ok"), ("dos(auto)", "skipped"), ("dos(host)", "skipped")]
     assert "The bench was interrupted" in (out / "report.md").read_text()
     assert "1/3 configurations completed" in capsys.readouterr().out
+
+
+def test_resume_reuses_finished_configurations_with_the_same_settings(tmp_path: Path) -> None:
+    """An interrupted bench is continued with --resume: what finished is reused (and said to be), the rest runs;
+    a configuration measured under other settings (here: more steps) is run again."""
+    config = BenchConfig(model="debug", n_layer=1, n_embd=32, vocab_size=64, seq_len=8, micro_batch=1, steps=3,
+                         warmup=1, strategies=["zero3_offload", "deep_optimizer_states"], plans=["host"])
+    calls: list[str] = []
+
+    def writing_launcher(stop_at: str | None):
+        def launcher(cfg: BenchConfig, spec: RunSpec, run_dir: Path) -> dict[str, Any]:
+            calls.append(spec.label)
+            if spec.label == stop_at:
+                raise KeyboardInterrupt
+            run_dir.mkdir(parents=True, exist_ok=True)  # what the real launcher and worker leave behind
+            (run_dir / "config.json").write_text(json.dumps({"bench": cfg.to_dict(), "run": spec.to_dict()}))
+            result = {**_raw(spec.label, spec.strategy, [9.0, 5.0, 7.0], [2.0, 1.5, 1.0]), "plan": spec.plan}
+            (run_dir / "result.json").write_text(json.dumps(result))
+            return result
+        return launcher
+
+    first = run_bench(config, tmp_path, launcher=writing_launcher("dos(host)"), progress=False)
+    assert first["interrupted"] and calls == ["zero3_offload", "dos(auto)", "dos(host)"]
+
+    calls.clear()
+    second = run_bench(config, tmp_path, launcher=writing_launcher(None), progress=False, resume=True)
+    assert calls == ["dos(host)"]  # only what did not finish
+    assert [(r["label"], r["status"]) for r in second["results"]] == [
+        ("zero3_offload", "ok"), ("dos(auto)", "ok"), ("dos(host)", "ok")]
+    assert second["reused"] == ["dos(auto)", "zero3_offload"] and not second["interrupted"]
+    assert "**Resumed** (`--resume`)" in (tmp_path / "report.md").read_text()
+
+    calls.clear()
+    longer = BenchConfig(**{**config.to_dict(), "steps": 4})
+    third = run_bench(longer, tmp_path, launcher=writing_launcher(None), progress=False, resume=True)
+    assert calls == ["zero3_offload", "dos(auto)", "dos(host)"] and third["reused"] == []
+
+
+def test_resume_needs_out_and_is_not_for_sweeps(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*TINY, "--resume"]) == 2
+    assert "--resume: set --out" in capsys.readouterr().err
+    assert main([*TINY, "--resume", "--out", "x", "--sweep"]) == 2
+    assert "a plan sweep cannot be resumed" in capsys.readouterr().err

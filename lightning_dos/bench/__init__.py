@@ -77,7 +77,7 @@ def _run(invocation: Invocation) -> int:
     now = datetime.now(timezone.utc)
     out_dir = Path(config.out) if config.out else default_out_dir(config, now)
     config.out = str(out_dir)
-    doc = run_bench(config, out_dir, now=now)
+    doc = run_bench(config, out_dir, now=now, resume=invocation.resume)
     completed = sum(r["status"] == "ok" for r in doc["results"])
     print(f"{completed}/{len(doc['results'])} configurations completed; results in {out_dir}: results.json, "
           "report.md, chart.png")

@@ -27,6 +27,7 @@ EPILOG = """examples:
   lightning-dos bench --model gpt-1b --strategies zero3_offload deep_optimizer_states --repeats 3
   lightning-dos bench --recipe recipes/gpt-2.7b.yaml    # model, data, batch and precision of a training recipe
   lightning-dos bench --dry-run                         # print the resolved config and configurations only
+  lightning-dos bench --out runs/bench/x --resume       # continue a bench stopped by Ctrl-C or a time limit
   lightning-dos bench --sweep --model gpt-1b            # plan sweep: fixed plans vs auto, unlimited and quarter budget
 """
 #: Comparison options that mean nothing to a plan sweep (it picks its own strategies, plans and budgets).
@@ -45,6 +46,8 @@ class Invocation:
     """The fully resolved bench configuration."""
     dry_run: bool = False
     """Print the configuration and the list of configurations, run nothing."""
+    resume: bool = False
+    """Reuse the configurations that finished in ``--out`` with the same measurement settings (``--resume``)."""
     sweep: SweepConfig | None = None
     """The plan sweep to run instead of the strategy comparison (``--sweep``), or None."""
 
@@ -143,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "runs/sweep/<model>_<timestamp> with --sweep)")
     run.add_argument("--dry-run", dest="dry_run", action="store_true",
                      help="print the resolved configuration and the configurations, run nothing")
+    run.add_argument("--resume", action="store_true",
+                     help="continue an interrupted bench in --out: configurations that finished there with the same "
+                     "measurement settings are reused, the others run")
     return p
 
 
@@ -193,6 +199,11 @@ def parse_args(argv: list[str] | None) -> Invocation:
     parser = build_parser()
     given = vars(parser.parse_args(argv))
     dry_run = bool(given.pop("dry_run", False))
+    resume = bool(given.pop("resume", False))
+    if resume and not given.get("out"):
+        parser.error("--resume: set --out to the directory of the bench to continue")
+    if resume and given.get("sweep"):
+        parser.error("--resume: a plan sweep cannot be resumed; run it again, or drop --sweep")
     settings: dict[str, Any] = {}
     config_file = given.pop("config_file", None)
     sweep: SweepConfig | None = None
@@ -216,4 +227,4 @@ def parse_args(argv: list[str] | None) -> Invocation:
             check_plans(config)
     except (OSError, ValueError, TypeError, ImportError) as err:
         parser.error(str(err))
-    return Invocation(config=config, dry_run=dry_run, sweep=sweep)
+    return Invocation(config=config, dry_run=dry_run, sweep=sweep, resume=resume)

@@ -64,6 +64,8 @@ def run_line(index: int, total: int, result: dict[str, Any], config: BenchConfig
     head = f"[{index}/{total}] {result['label']}"
     if config.repeats > 1:
         head += f" (repeat {result.get('repeat', 0) + 1})"
+    if result.get("reused"):
+        head += " (reused from an earlier invocation)"
     elapsed = f" ({result['elapsed_s']:.0f} s)" if result.get("elapsed_s") is not None else ""
     if result["status"] != "ok":
         return f"{head}: {result['status'].upper()}: {result.get('reason')}{elapsed}"
@@ -85,9 +87,37 @@ def _relative(path: str | None, root: Path) -> str | None:
         return path
 
 
+#: BenchConfig fields that choose which configurations run or how long they may take, not what they measure:
+#: a finished configuration is reused by ``--resume`` whatever these say.
+NOT_MEASUREMENT = ("strategies", "ratios", "plans", "repeats", "force_no_offload", "timeout_s", "out", "recipe")
+
+
+def reusable_result(config: BenchConfig, spec: RunSpec, run_dir: Path) -> dict[str, Any] | None:
+    """The result a finished earlier run left in ``run_dir``, if it measured ``spec`` under the same settings.
+
+    Only a result with status ``ok`` counts, and only when its ``config.json`` names the same configuration and
+    the same measurement settings (every field but :data:`NOT_MEASUREMENT`); anything else is run again.
+    """
+    try:
+        payload = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+        result = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    if result.get("status") != "ok" or payload.get("run") != spec.to_dict():
+        return None
+    earlier, now = payload.get("bench", {}), config.to_dict()
+    if any(earlier.get(key) != value for key, value in now.items() if key not in NOT_MEASUREMENT):
+        return None
+    return {**result, "reused": True, "log": str(run_dir / "worker.log")}
+
+
 def run_bench(config: BenchConfig, out_dir: Path, launcher: Launcher = launch, progress: bool = True,
-              now: datetime | None = None) -> dict[str, Any]:
-    """Run every configuration of ``config``, write the outputs under ``out_dir`` and return results.json's data."""
+              now: datetime | None = None, resume: bool = False) -> dict[str, Any]:
+    """Run every configuration of ``config``, write the outputs under ``out_dir`` and return results.json's data.
+
+    With ``resume``, a configuration that already finished in ``out_dir`` under the same measurement settings
+    (:func:`reusable_result`) is not run again; its earlier result is used and marked ``reused``.
+    """
     now = now or datetime.now(timezone.utc)
     out_dir.mkdir(parents=True, exist_ok=True)
     hardware = hardware_info()
@@ -106,6 +136,8 @@ def run_bench(config: BenchConfig, out_dir: Path, launcher: Launcher = launch, p
                 result = skipped(spec, "not run: the bench was interrupted")
             elif spec.strategy == "no_offload" and skip_no_offload:
                 result = skipped(spec, skip_no_offload)
+            elif resume and (prior := reusable_result(config, spec, out_dir / "runs" / f"{spec.slug}_r{spec.repeat}")):
+                result = prior
             else:
                 try:
                     result = launcher(config, spec, out_dir / "runs" / f"{spec.slug}_r{spec.repeat}")
@@ -124,6 +156,7 @@ def run_bench(config: BenchConfig, out_dir: Path, launcher: Launcher = launch, p
     doc = document(hardware, versions(), config, model, results, now.isoformat(timespec="seconds"),
                    GPU_TIMING if on_gpu else CPU_TIMING)
     doc["interrupted"] = interrupted
+    doc["reused"] = sorted({r["label"] for runs_ in raw.values() for r in runs_ if r.get("reused")})
     doc["claims"] = check_claims(results)
     write_outputs(doc, base, out_dir)
     return doc

@@ -217,6 +217,9 @@ def render(doc: dict[str, Any], base: dict[str, Any] | None, chart: str | None =
              f"Date: {doc['date']}", ""]
     if doc.get("interrupted"):
         lines += ["**The bench was interrupted**: configurations after the interruption were not run.", ""]
+    if doc.get("reused"):
+        lines += ["**Resumed** (`--resume`): measured by an earlier invocation with the same settings and reused here: "
+                  + ", ".join(doc["reused"]) + ".", ""]
     lines += ["## Hardware", ""]
     lines += _hardware_lines(hw)
     lines += ["", "## Versions", ""]
