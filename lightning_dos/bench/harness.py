@@ -132,15 +132,16 @@ def run_bench(config: BenchConfig, out_dir: Path, launcher: Launcher = launch, p
     with tqdm(total=len(runs), desc="bench", unit="config", disable=not progress, dynamic_ncols=True) as bar:
         for index, spec in enumerate(runs, start=1):
             bar.set_postfix_str(spec.label)
+            run_dir = out_dir / "runs" / f"{spec.slug}_r{spec.repeat}"
             if interrupted:
                 result = skipped(spec, "not run: the bench was interrupted")
             elif spec.strategy == "no_offload" and skip_no_offload:
                 result = skipped(spec, skip_no_offload)
-            elif resume and (prior := reusable_result(config, spec, out_dir / "runs" / f"{spec.slug}_r{spec.repeat}")):
+            elif resume and (prior := reusable_result(config, spec, run_dir)):
                 result = prior
             else:
                 try:
-                    result = launcher(config, spec, out_dir / "runs" / f"{spec.slug}_r{spec.repeat}")
+                    result = launcher(config, spec, run_dir)
                 except KeyboardInterrupt:  # the worker is already stopped; report what ran
                     interrupted = True
                     result = skipped(spec, "interrupted while running")

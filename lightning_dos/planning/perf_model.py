@@ -246,8 +246,7 @@ def _timeline(plan: Plan, sizes: Sequence[int], params: CostParams, grads_on_dev
         # a prefetch is ready once the flush of the subgroup that used its buffer slot has ended
         ready = (flush[k - buffers][1] if k >= buffers else 0.0) if k < n_dev else math.inf
         # uploads ready before this prefetch go first (a tie goes to the prefetch: it gates the GPU)
-        while len(upload) < n_host and host_adam_end(len(upload)) < ready:
-            done = adam_host[len(upload)][1]
+        while len(upload) < n_host and (done := host_adam_end(len(upload))) < ready:
             start = link_free if link_free > done else done
             link_free = start + sizes[host[len(upload)]] * upload_bytes / h2d_rate
             upload.append((start, link_free))
