@@ -1,22 +1,26 @@
 """Owns the execution of one update phase for a given plan: the host lane and the device lane.
 
 Host lane, per subgroup: unscale/clip + DeepSpeed's CPU Adam (supplied by the seam as ``host_step``, the
-very code vanilla ZeRO-3 runs), then the new master weights are converted to the params' 16-bit dtype in
-a pinned staging buffer and uploaded asynchronously.
+very code vanilla ZeRO-3 runs), then the new fp32 master weights are uploaded asynchronously, straight from
+their pinned home, through a small ring of fp32 buffers on the device, where a kernel writes them into the
+16-bit params (``upload``). The host itself neither converts nor waits: the 16-bit conversion is a memory-bound
+pass that cost the host lane about a quarter of its time, and costs the device microseconds; it doubles the
+upload's bytes on the link (4 instead of 2 per parameter), which the performance model weighs.
 
 Device lane, per subgroup, through a ring of buffer slots on the device:
 ``prefetch`` (host->device: master, exp_avg, exp_avg_sq, grad) -> ``adam`` (unscale + fused AdamW on the
 device, then write the 16-bit params) -> ``flush`` (device->host: master, exp_avg, exp_avg_sq).
-Each stage has its own stream (``h2d`` for prefetches, ``adam``, ``flush``); every cross-stream dependency is
-an event: prefetch waits for the flush that last used its slot, adam waits for its prefetch, flush waits for
-its adam, and the caller's stream waits for the last param write. ``run`` returns only when the host state is
-consistent.
+Each stage has its own stream (``h2d`` for prefetches and uploads, ``adam``, ``flush``, and a high-priority
+``convert`` for the uploads' 16-bit writes); every cross-stream dependency is an event: prefetch waits for the
+flush that last used its slot, adam waits for its prefetch, flush waits for its adam, an upload chunk waits for
+the conversion that last used its ring buffer, and the caller's stream waits for the last param write. ``run``
+returns only when the host state is consistent.
 
 The host lane runs on the calling thread (DeepSpeed's CPU Adam uses all cores itself); its uploads go on the
 same ``h2d`` stream as the prefetches, so the link serves both in the order they were issued (on separate
-streams a copy engine was seen to serve the uploads only when the prefetch stream paused, stalling the host
-lane). The device lane is asynchronous on a GPU and is issued from the same thread a few subgroups ahead,
-between host-lane subgroups, so that an upload never queues behind more than that many prefetches.
+streams a copy engine was seen to serve the uploads only when the prefetch stream paused). The device lane is
+asynchronous on a GPU and is issued from the same thread a few subgroups ahead, between host-lane subgroups,
+so that an upload never queues behind more than that many prefetches.
 
 On a machine without an accelerator the device lane runs with the host standing in for the device: the
 same buffers, copies, ordering and write-back, with streams and events that complete immediately.
@@ -33,19 +37,18 @@ from typing import Any
 
 import torch
 
-from lightning_dos.host_memory import PinnedRegistry
 from lightning_dos.planning.plan import Lane
 from lightning_dos.subgroup import Subgroup
 
-HOST_STAGING_SLOTS = 3  # 16-bit upload buffers, so the host lane rarely waits for an upload to leave
 #: Prefetches and flushes are issued in chunks of this many fp32 elements (64 MB), so no single copy command
 #: holds a copy engine for long.
 COPY_CHUNK = 16 * 1024 * 1024
 #: The device lane is issued while fewer than this many of its prefetches are outstanding (see ``_DeviceLane``):
 #: enough to keep the link busy, few enough that a host-lane upload never queues behind the whole lane.
 PREFETCH_WINDOW = 2
-#: How often the host thread checks the device lane while it waits for an upload to leave (seconds).
-POLL_S = 2e-4
+#: fp32 buffers (of ``COPY_CHUNK`` elements each) on the device through which host-lane uploads pass on their way
+#: into the 16-bit params. Allocated at the first host-lane upload and kept: 3 x 64 MB on a real run.
+UPLOAD_BUFFERS = 3
 
 #: One recorded stage: (subgroup, lane, stage, begin event, end event).
 Span = tuple[int, str, str, Any, Any]
@@ -59,7 +62,7 @@ class LaneTimings:
     host_busy_s: float = 0.0
     """Wall time of the host lane, from its first CPU Adam to its last upload issued (waits included)."""
     host_compute_s: float = 0.0
-    """Time the host lane spent computing: CPU Adam and the 16-bit conversion into staging (waits excluded)."""
+    """Time the host lane spent in CPU Adam (what is left of ``host_busy_s`` is issuing work to the device)."""
     device_busy_s: float = 0.0
     prefetch_busy_s: float = 0.0
     adam_busy_s: float = 0.0
@@ -72,6 +75,7 @@ class LaneTimings:
     d2h_bytes: int = 0
     upload_bytes: int = 0
     device_buffer_bytes: int = 0
+    """Device memory the executor held: the device lane's buffer slots plus the upload ring (once allocated)."""
     events: list[dict[str, Any]] = field(default_factory=list)  # per-subgroup stage spans (s since start)
 
 
@@ -101,8 +105,11 @@ class _Streams:
             self.h2d = torch.cuda.Stream(device)  # prefetches and host-lane uploads, in issue order
             self.adam = torch.cuda.Stream(device)
             self.flush = torch.cuda.Stream(device)
+            # uploads' 16-bit writes: short kernels that free a ring buffer for the link; first call on the SMs
+            low, high = torch.cuda.Stream.priority_range()
+            self.convert = torch.cuda.Stream(device, priority=high)
         else:
-            self.h2d = self.adam = self.flush = None
+            self.h2d = self.adam = self.flush = self.convert = None
 
     def use(self, stream: Any) -> contextlib.AbstractContextManager:
         return torch.cuda.stream(stream) if self.is_cuda else contextlib.nullcontext()
@@ -127,22 +134,27 @@ class _Streams:
 
 
 class UpdateExecutor:
-    """Runs update phases on one device; keeps the pinned staging buffers between steps."""
+    """Runs update phases on one device; keeps the host lane's upload buffers between steps."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = torch.device(device)
         self.streams = _Streams(self.device)
-        self._staging: list[torch.Tensor] = []
-        self._staging_pins: PinnedRegistry | None = None
+        self._upload: list[torch.Tensor] = []
 
-    def _staging_buffers(self, numel: int, dtype: torch.dtype) -> list[torch.Tensor]:
-        if not self._staging or self._staging[0].numel() < numel or self._staging[0].dtype != dtype:
-            self._staging = [torch.empty(numel, dtype=dtype) for _ in range(HOST_STAGING_SLOTS)]
-            if self.streams.is_cuda:  # page-locked in place: exactly their bytes (the previous set is released)
-                self._staging_pins = PinnedRegistry()
-                for buf in self._staging:
-                    self._staging_pins.pin(buf)
-        return self._staging
+    def reserve_upload_buffers(self, numel: int) -> None:
+        """Allocate the upload ring for subgroups of up to ``numel`` parameters now, before any update phase.
+
+        The manager calls it at start-up, so the free device memory read at each dispatch already excludes it.
+        """
+        self._upload_buffers(numel)
+
+    def _upload_buffers(self, numel: int) -> list[torch.Tensor]:
+        """The ring of fp32 device buffers for uploads: ``UPLOAD_BUFFERS`` of up to ``COPY_CHUNK`` elements."""
+        numel = min(numel, COPY_CHUNK)
+        if len(self._upload) != UPLOAD_BUFFERS or self._upload[0].numel() < numel:
+            self._upload = []  # release the old ring before the new one is allocated
+            self._upload = [torch.empty(numel, dtype=torch.float32, device=self.device) for _ in range(UPLOAD_BUFFERS)]
+        return self._upload
 
     @torch.no_grad()
     def run(
@@ -166,7 +178,7 @@ class UpdateExecutor:
 
         s = self.streams
         start = s.record(s.current(), timing=True)
-        for stream in (s.h2d, s.adam, s.flush):
+        for stream in (s.h2d, s.adam, s.flush, s.convert):
             s.wait(stream, start)
 
         spans: list[Span] = []
@@ -179,6 +191,7 @@ class UpdateExecutor:
             s.wait(s.current(), event)
             event.synchronize()
         timings.total_s = time.perf_counter() - t0
+        timings.device_buffer_bytes += sum(b.numel() * b.element_size() for b in self._upload)
         _resolve_spans(start, t0, spans, timings)
         return timings
 
@@ -195,12 +208,10 @@ class UpdateExecutor:
         """Run the host lane on this thread; between its subgroups, feed the device lane (see ``_DeviceLane``)."""
         if not ids:
             return []
-        s = self.streams
-        numel = max(subgroups[i].numel for i in ids)
-        staging = self._staging_buffers(numel, subgroups[ids[0]].param16.dtype)
-        uploaded: list[Any] = [None] * len(staging)
+        ring = _UploadRing(self.streams, self._upload_buffers(max(subgroups[i].numel for i in ids)))
+        uploaded: Any = None
         t0 = time.perf_counter()
-        for k, i in enumerate(ids):
+        for i in ids:
             sg = subgroups[i]
             device_lane.feed()
             begin = _HostEvent()
@@ -209,24 +220,53 @@ class UpdateExecutor:
             adam_done = _HostEvent()
             adam_done.record()
             spans.append((i, "host", "adam", begin, adam_done))
-            computing = adam_done.time - begin.time
-            slot = k % len(staging)
-            if uploaded[slot] is not None:
-                # the host may overwrite a staging buffer only once it is sent; keep the device lane fed meanwhile
-                device_lane.feed_until(uploaded[slot])
-            staged = time.perf_counter()
-            buf = staging[slot][: sg.numel]
-            buf.copy_(sg.master)  # fp32 -> param dtype on the host: half the bytes cross the link
-            timings.host_compute_s += computing + time.perf_counter() - staged
-            with s.use(s.h2d):  # behind the prefetches already issued, ahead of later ones
-                up_begin = s.record(s.h2d, timing=True)
-                sg.param16.copy_(buf, non_blocking=True)
-                uploaded[slot] = s.record(s.h2d, timing=True)
-            spans.append((i, "host", "upload", up_begin, uploaded[slot]))
+            timings.host_compute_s += adam_done.time - begin.time
+            up_begin, uploaded = ring.upload(sg.master, sg.param16)  # behind the prefetches already issued
+            spans.append((i, "host", "upload", up_begin, uploaded))
             timings.host_params += sg.numel
-            timings.upload_bytes += sg.numel * buf.element_size()
+            timings.upload_bytes += sg.numel * sg.master.element_size()
         timings.host_busy_s = time.perf_counter() - t0
-        return [e for e in uploaded if e is not None]
+        return [uploaded]
+
+
+class _UploadRing:
+    """Host-lane uploads: fp32 master -> ring buffer on the device (``h2d``) -> 16-bit params (``convert``).
+
+    Each chunk of up to ``COPY_CHUNK`` elements is copied into the next ring buffer once the conversion that last
+    read that buffer is done (a device-side wait: the host thread never blocks), then converted into its slice of
+    the params on the high-priority ``convert`` stream. The master is not written again before ``run`` returns, so
+    the copy may read it asynchronously. On the host standing in for the device the same copies run in order.
+    """
+
+    def __init__(self, streams: _Streams, buffers: list[torch.Tensor]) -> None:
+        self.s = streams
+        self.buffers = buffers
+        self.converted: list[Any] = [None] * len(buffers)
+        self.next = 0
+
+    def upload(self, master: torch.Tensor, param16: torch.Tensor) -> tuple[Any, Any]:
+        """Issue the upload of ``master`` into ``param16``; its (begin on ``h2d``, end on ``convert``) events."""
+        s = self.s
+        chunk = self.buffers[0].numel()
+        n = master.numel()
+        begin = end = None
+        for offset in range(0, n, chunk):
+            length = min(chunk, n - offset)
+            b = self.next % len(self.buffers)
+            self.next += 1
+            buf = self.buffers[b][:length]
+            with s.use(s.h2d):
+                s.wait(s.h2d, self.converted[b])  # the buffer is free once its last conversion has read it
+                if begin is None:
+                    begin = s.record(s.h2d, timing=True)
+                buf.copy_(master.narrow(0, offset, length), non_blocking=True)
+                copied = s.record(s.h2d)
+            with s.use(s.convert):
+                s.wait(s.convert, copied)
+                param16.narrow(0, offset, length).copy_(buf)  # fp32 -> the params' dtype, on the device
+                end = s.record(s.convert, timing=True)
+            self.converted[b] = end
+        return begin, end
 
 
 class _DeviceLane:
@@ -238,8 +278,8 @@ class _DeviceLane:
 
     Prefetches and the host lane's uploads share one stream, so a device lane issued all at once would put
     every upload behind every prefetch. Instead the host thread issues device-lane subgroups only while fewer
-    than ``window`` of the issued prefetches are still outstanding (``feed``), between host-lane subgroups and
-    while the host lane waits for an upload; whatever remains is issued when the host lane is done
+    than ``window`` of the issued prefetches are still outstanding (``feed``), between host-lane subgroups;
+    whatever remains is issued when the host lane is done
     (``issue_all``). An upload therefore waits for at most ``window`` prefetches. On the host standing in for
     the device, work completes as it is issued, so the lane simply interleaves with the host lane.
     """
@@ -272,7 +312,7 @@ class _DeviceLane:
         self.n_slots = max(1, min(buffers, len(self.ids)))
         self.window = max(1, window if window is not None else PREFETCH_WINDOW)
         self.slots = [torch.empty((4, numel), dtype=torch.float32, device=device) for _ in range(self.n_slots)]
-        timings.device_buffer_bytes = sum(t.numel() * t.element_size() for t in self.slots)
+        timings.device_buffer_bytes += sum(t.numel() * t.element_size() for t in self.slots)
         self.unit_scale = float(inv_scale) == 1.0  # x * 1.0 == x: no unscale kernel needed
         if torch.is_tensor(inv_scale):
             self.inv = inv_scale.to(device=device, dtype=torch.float32)
@@ -298,12 +338,6 @@ class _DeviceLane:
         """Issue subgroups while fewer than ``window`` issued prefetches are outstanding."""
         while self.remaining and self.outstanding() < self.window:
             self.issue_next()
-
-    def feed_until(self, event: Any) -> None:
-        """Wait for ``event`` (an upload), issuing device-lane work as prefetches complete meanwhile."""
-        while not event.query():
-            self.feed()
-            time.sleep(POLL_S)
 
     def issue_all(self) -> list[Any]:
         """Issue whatever is left; the events after which the lane's writes are complete."""

@@ -87,6 +87,8 @@ class OptimizerStateManager:
         else:
             self.base_plan = self._resolve(self.spec)
         self.executor = UpdateExecutor(self.device)
+        if self.active:  # a fixed device footprint (the host lane's upload ring), allocated before any plan runs
+            self.executor.reserve_upload_buffers(max(self.sizes, default=1))
         self.records: list[StepRecord] = []
         self._pending: tuple[Plan, int | None, tuple[int, ...]] | None = None
         self._replan_checked = 0  # update phases done when auto last (re-)planned or weighed a re-plan

@@ -38,6 +38,7 @@ def toy(**changes: float) -> CostParams:
         duplex_bytes_per_s=1000.0,  # no duplex cap unless a test lowers it
         gpu_adam_params_per_s=1.0,
         launch_overhead_s=0.0,
+        host_upload_bytes_per_param=2,  # the exact-number tests below were worked out for 2 B/param uploads
     )
     values.update(changes)
     return CostParams(**values)
@@ -55,7 +56,7 @@ def test_cost_params_defaults_are_the_reference_starting_values():
     assert (params.cpu_adam_params_per_s, params.cpu_contention) == (5.0e9, 0.76)
     assert (params.h2d_bytes_per_s, params.d2h_bytes_per_s, params.duplex_bytes_per_s) == (55.5e9, 55.4e9, 101.6e9)
     assert params.gpu_adam_params_per_s == 1.23e11
-    assert (params.host_upload_bytes_per_param, params.state_bytes_per_param, params.grad_bytes_per_param) == (2, 12, 4)
+    assert (params.host_upload_bytes_per_param, params.state_bytes_per_param, params.grad_bytes_per_param) == (4, 12, 4)
     assert params.ranks_per_host == 1
     # 101.6 / (55.5 + 55.4)
     assert params.duplex_scale() == pytest.approx(101.6 / 110.9, rel=1e-15)
@@ -70,7 +71,7 @@ def test_cost_params_defaults_are_the_reference_starting_values():
         ({"gpu_adam_params_per_s": float("nan")}, r"^gpu_adam_params_per_s: nan is not a rate"),
         ({"launch_overhead_s": -1e-6}, r"^launch_overhead_s: -1e-06 must be"),
         ({"ranks_per_host": 0}, r"^ranks_per_host: 0; set ranks_per_host to an integer >= 1"),
-        ({"host_staging_slots": 0}, r"^host_staging_slots: 0; set host_staging_slots to an integer >= 1"),
+        ({"ranks_per_host": True}, r"^ranks_per_host: True; set ranks_per_host to an integer >= 1"),
         ({"state_bytes_per_param": 0}, r"^state_bytes_per_param: must be > 0"),
         ({"grad_bytes_per_param": 4.5}, r"^grad_bytes_per_param: 4.5 is not a byte count"),
     ],
@@ -189,22 +190,17 @@ def test_a_prefetch_wins_a_tie_with_an_upload():
     assert prediction.makespan_s == 24.0  # subgroup 2: adam 16-20, flush 20-24
 
 
-def test_host_lane_waits_for_a_staging_slot():
+def test_host_lane_never_waits_for_its_uploads():
     # lanes H H H D, sizes 1 1 1 4, 1 buffer slot, no contention: CPU Adam 1 s per subgroup, uploads of 16 B/param
     # take 1 s each, the device subgroup's prefetch takes 4 s (0-4) and holds the link.
-    # Upload 0 is ready at 1 but waits for the prefetch: 4-5; upload 1 (ready at 2): 5-6.
-    # One staging slot: CPU Adam j waits for upload j - 1 - slots (the one that last used the slot it will fill),
-    # so Adam 1 runs 1-2 unhindered, Adam 2 waits for upload 0 (ends 5): 5-6, and its upload runs 6-7.
-    params = toy(cpu_contention=1.0, host_upload_bytes_per_param=16, host_staging_slots=1)
+    # The uploads queue behind it (4-5, 5-6, 6-7) but CPU Adam runs back to back (0-1, 1-2, 2-3): the host thread
+    # issues uploads and goes on; only the link orders them.
+    params = toy(cpu_contention=1.0, host_upload_bytes_per_param=16)
     prediction = predict(Plan(lanes=(H, H, H, D), buffers=1), [1, 1, 1, 4], params)
     e = prediction.events
-    assert [(e[j].adam_start_s, e[j].adam_end_s) for j in range(3)] == [(0.0, 1.0), (1.0, 2.0), (5.0, 6.0)]
+    assert [(e[j].adam_start_s, e[j].adam_end_s) for j in range(3)] == [(0.0, 1.0), (1.0, 2.0), (2.0, 3.0)]
     assert [(e[j].h2d_start_s, e[j].h2d_end_s) for j in range(3)] == [(4.0, 5.0), (5.0, 6.0), (6.0, 7.0)]
-    assert prediction.host_lane_s == 7.0
-    # with three slots nothing waits: Adam 2 runs 2-3 and only the link orders the uploads
-    relaxed = predict(Plan(lanes=(H, H, H, D), buffers=1), [1, 1, 1, 4], toy(
-        cpu_contention=1.0, host_upload_bytes_per_param=16, host_staging_slots=3))
-    assert (relaxed.events[2].adam_start_s, relaxed.events[2].h2d_end_s) == (2.0, 7.0)
+    assert (prediction.host_busy_s, prediction.host_lane_s) == (3.0, 7.0)
 
 
 def test_predict_rejects_mismatches():
@@ -233,6 +229,7 @@ def test_device_memory_bytes():
 PLANNER = dict(
     cpu_adam_params_per_s=1.0, cpu_contention=0.8, h2d_bytes_per_s=32.0, d2h_bytes_per_s=24.0,
     duplex_bytes_per_s=1000.0, gpu_adam_params_per_s=2.0, launch_overhead_s=0.0,
+    host_upload_bytes_per_param=2,  # the tables below were worked out for 2 B/param uploads
 )
 
 

@@ -5,9 +5,8 @@ The model is a small deterministic event schedule (see docs/performance-model.md
 * the device lane is a 3-stage pipeline over ``plan.order``: prefetch (H2D of master/m/v, plus the fp32 grad
   when it sits on the host), fused Adam on the GPU, flush (D2H of master/m/v), with ``plan.buffers`` slots;
 * the host lane runs CPU Adam on its subgroups back to back in id order, each followed by an upload of its
-  new 16-bit params on the H2D link, which it shares first-come first-served with the device-lane prefetches;
-  uploads go through ``host_staging_slots`` staging buffers, so the CPU Adam of host subgroup ``j`` waits for
-  the upload of subgroup ``j - 1 - host_staging_slots`` to end;
+  new fp32 master weights on the H2D link (the device writes the 16-bit params from them), which it shares
+  first-come first-served with the device-lane prefetches; the host never waits for an upload;
 * CPU Adam runs at ``cpu_adam_params_per_s / ranks_per_host``, times ``cpu_contention`` whenever the device
   lane is non-empty; the two PCIe directions are scaled down together to respect the duplex cap whenever the
   device lane is non-empty.
@@ -43,16 +42,14 @@ class CostParams:
     """Fused Adam rate on the GPU, parameters per second."""
     launch_overhead_s: float = 50e-6
     """Fixed cost of each device-lane subgroup's Adam (kernel launches, stream sync), seconds."""
-    host_upload_bytes_per_param: int = 2
-    """Bytes uploaded per host-lane parameter after its CPU Adam (the 16-bit param)."""
+    host_upload_bytes_per_param: int = 4
+    """Bytes uploaded per host-lane parameter after its CPU Adam (the fp32 master; the device converts it)."""
     state_bytes_per_param: int = 12
     """Bytes of optimizer state per parameter moved each way by the device lane (fp32 master + m + v)."""
     grad_bytes_per_param: int = 4
     """Bytes of gradient per parameter prefetched when the grad sits on the host (fp32)."""
     ranks_per_host: int = 1
     """Ranks sharing this host's CPU cores (the CPU rate is divided among them; PCIe is per GPU)."""
-    host_staging_slots: int = 3
-    """Host-lane staging buffers for 16-bit uploads: a slot is refilled only once its last upload has left."""
 
     def __post_init__(self) -> None:
         for name in ("cpu_adam_params_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s", "duplex_bytes_per_s",
@@ -73,10 +70,8 @@ class CostParams:
                 raise ValueError(f"{name}: {value!r} is not a byte count; set {name} to an integer >= 0")
         if self.state_bytes_per_param == 0:
             raise ValueError("state_bytes_per_param: must be > 0; set it to 12 for fp32 master + exp_avg + exp_avg_sq")
-        for name in ("ranks_per_host", "host_staging_slots"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: {value!r}; set {name} to an integer >= 1")
+        if isinstance(self.ranks_per_host, bool) or not isinstance(self.ranks_per_host, int) or self.ranks_per_host < 1:
+            raise ValueError(f"ranks_per_host: {self.ranks_per_host!r}; set ranks_per_host to an integer >= 1")
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -220,24 +215,16 @@ def _timeline(plan: Plan, sizes: Sequence[int], params: CostParams, grads_on_dev
     state, grad = params.state_bytes_per_param, params.grad_bytes_per_param
     upload_bytes = params.host_upload_bytes_per_param
 
-    # Host lane: CPU Adam in id order; the uploads it produces wait for the H2D link, and the CPU Adam of host
-    # subgroup j waits until the upload of subgroup j - 1 - slots has freed its staging buffer. Each CPU Adam
-    # is computed only when its upload is about to be scheduled, by which time that earlier upload is known.
+    # Host lane: CPU Adam back to back in id order; each upload waits for its CPU Adam and for the H2D link.
     prefetch: list[tuple[float, float]] = []
     adam: list[tuple[float, float]] = []
     flush: list[tuple[float, float]] = []
     upload: list[tuple[float, float]] = []
     adam_host: list[tuple[float, float]] = []
-    slots = params.host_staging_slots
-
-    def host_adam_end(j: int) -> float:
-        while len(adam_host) <= j:
-            m = len(adam_host)
-            begin = adam_host[m - 1][1] if m else 0.0
-            if m - 1 - slots >= 0 and upload[m - 1 - slots][1] > begin:
-                begin = upload[m - 1 - slots][1]
-            adam_host.append((begin, begin + sizes[host[m]] / cpu_rate))
-        return adam_host[j][1]
+    clock = 0.0
+    for g in host:
+        adam_host.append((clock, clock + sizes[g] / cpu_rate))
+        clock = adam_host[-1][1]
 
     link_free = 0.0  # H2D link: prefetches and uploads, one at a time, first ready first served
     adam_free = flush_free = 0.0
@@ -246,7 +233,7 @@ def _timeline(plan: Plan, sizes: Sequence[int], params: CostParams, grads_on_dev
         # a prefetch is ready once the flush of the subgroup that used its buffer slot has ended
         ready = (flush[k - buffers][1] if k >= buffers else 0.0) if k < n_dev else math.inf
         # uploads ready before this prefetch go first (a tie goes to the prefetch: it gates the GPU)
-        while len(upload) < n_host and (done := host_adam_end(len(upload))) < ready:
+        while len(upload) < n_host and (done := adam_host[len(upload)][1]) < ready:
             start = link_free if link_free > done else done
             link_free = start + sizes[host[len(upload)]] * upload_bytes / h2d_rate
             upload.append((start, link_free))

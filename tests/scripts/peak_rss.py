@@ -65,7 +65,8 @@ def main() -> None:
 def _device_standin_bytes(strategy: Any) -> int:
     """Bytes the device lane held on the host standing in for the device: GPU memory on a GPU host, not host RAM.
 
-    The buffer slots of the update phase plus the fp32 gradients kept "on the device" through backward.
+    The buffer slots of the update phase and the upload ring, plus the fp32 gradients kept "on the device" through
+    backward.
     """
     manager = getattr(strategy, "manager", None)
     if manager is None or not manager.records:
