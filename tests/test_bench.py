@@ -383,6 +383,15 @@ def test_resume_reuses_finished_configurations_with_the_same_settings(tmp_path: 
     assert second["reused"] == ["dos(auto)", "zero3_offload"] and not second["interrupted"]
     assert "**Resumed** (`--resume`)" in (tmp_path / "report.md").read_text()
 
+    # interrupted again, in the middle: what finished after the interrupted configuration is still reused
+    calls.clear()
+    (tmp_path / "runs" / "dos_auto_r0" / "result.json").unlink()
+    fourth = run_bench(config, tmp_path, launcher=writing_launcher("dos(auto)"), progress=False, resume=True)
+    assert calls == ["dos(auto)"] and fourth["interrupted"]
+    assert [(r["label"], r["status"]) for r in fourth["results"]] == [
+        ("zero3_offload", "ok"), ("dos(auto)", "skipped"), ("dos(host)", "ok")]
+    assert fourth["reused"] == ["dos(host)", "zero3_offload"]
+
     calls.clear()
     longer = BenchConfig(**{**config.to_dict(), "steps": 4})
     third = run_bench(longer, tmp_path, launcher=writing_launcher(None), progress=False, resume=True)

@@ -133,12 +133,12 @@ def run_bench(config: BenchConfig, out_dir: Path, launcher: Launcher = launch, p
         for index, spec in enumerate(runs, start=1):
             bar.set_postfix_str(spec.label)
             run_dir = out_dir / "runs" / f"{spec.slug}_r{spec.repeat}"
-            if interrupted:
+            if resume and (prior := reusable_result(config, spec, run_dir)):
+                result = prior  # already on disk: reused even after an interruption, costs no time
+            elif interrupted:
                 result = skipped(spec, "not run: the bench was interrupted")
             elif spec.strategy == "no_offload" and skip_no_offload:
                 result = skipped(spec, skip_no_offload)
-            elif resume and (prior := reusable_result(config, spec, run_dir)):
-                result = prior
             else:
                 try:
                     result = launcher(config, spec, run_dir)
