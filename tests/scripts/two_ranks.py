@@ -7,6 +7,7 @@ Lightning re-runs this script for rank 1, as it does for any multi-process CPU r
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -57,4 +58,14 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main()  # an exception here exits non-zero as usual
+    # Both ranks have written their results; the barrier keeps rank 0 (whose exit ends the test's wait) from
+    # leaving before rank 1 has written its own. Then skip interpreter finalization: the process groups outlive it
+    # (DeepSpeed's engine and parameters keep them alive, so destroy_process_group() does not stop their threads),
+    # and a gloo worker thread still releasing the last all-gather needs the GIL to drop its tensors; during
+    # finalization that kills the thread inside a noexcept destructor: std::terminate, SIGABRT ("terminate called
+    # without an active exception").
+    torch.distributed.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
