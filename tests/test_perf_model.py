@@ -380,16 +380,25 @@ def test_calibrator_pcie_and_gpu_rates():
     capped = CostParams(h2d_bytes_per_s=64e9, d2h_bytes_per_s=64e9, duplex_bytes_per_s=96e9, launch_overhead_s=0.25,
                         gpu_adam_params_per_s=2e11)
     calibrator = Calibrator(capped, alpha=0.5)
-    # duplex cap active (64 + 64 > 96): learn the sum 48e9 + 32e9 = 80e9 -> 0.5 * 96e9 + 0.5 * 80e9
+    # duplex cap active (64 + 64 > 96): learn the sum 48e9 + 32e9 = 80e9 -> 0.5 * 96e9 + 0.5 * 80e9, and the split:
+    # H2D took 48 / 80 = 0.6 of it, the rates' H2D share 0.5 -> 0.55 of their sum 128e9: 70.4e9 and 57.6e9
     # GPU: 1e11 params in 1.5 s minus 2 launches * 0.25 s = 1 s -> 1e11 -> 0.5 * 2e11 + 0.5 * 1e11
     calibrator.observe(step(device_params=100_000_000_000, h2d_bytes=48_000_000_000, h2d_busy_s=1.0,
                             d2h_bytes=32_000_000_000, d2h_busy_s=1.0, adam_busy_s=1.5, device_subgroups=2))
     p = calibrator.params
-    assert (p.duplex_bytes_per_s, p.h2d_bytes_per_s, p.d2h_bytes_per_s) == (88e9, 64e9, 64e9)
+    assert p.duplex_bytes_per_s == 88e9
+    assert p.h2d_bytes_per_s == pytest.approx(70.4e9, rel=1e-12)
+    assert p.d2h_bytes_per_s == pytest.approx(57.6e9, rel=1e-12)
+    assert p.duplex_scale() == pytest.approx(88 / 128, rel=1e-12)  # the sum, and so the cap's factor, is kept
     assert p.gpu_adam_params_per_s == 1.5e11
-    # host-only step: uploads alone, 8e9 B in 0.25 s = 32e9 -> h2d 0.5 * 64e9 + 0.5 * 32e9
+    # host-only step: uploads alone, 8e9 B in 0.25 s = 32e9 -> h2d 0.5 * 70.4e9 + 0.5 * 32e9
     calibrator.observe(step(h2d_bytes=8_000_000_000, h2d_busy_s=0.25))
-    assert calibrator.params.h2d_bytes_per_s == 48e9
+    assert calibrator.params.h2d_bytes_per_s == pytest.approx(51.2e9, rel=1e-12)
+    # an overridden direction pins the split
+    pinned = Calibrator(capped, alpha=0.5, overrides={"d2h_bytes_per_s": 64e9})
+    pinned.observe(step(device_params=1, h2d_bytes=48_000_000_000, h2d_busy_s=1.0, d2h_bytes=32_000_000_000,
+                        d2h_busy_s=1.0))
+    assert (pinned.params.h2d_bytes_per_s, pinned.params.d2h_bytes_per_s) == (64e9, 64e9)
 
     uncapped = Calibrator(CostParams(h2d_bytes_per_s=40e9, d2h_bytes_per_s=40e9, duplex_bytes_per_s=100e9), alpha=0.5)
     uncapped.observe(step(device_params=1, h2d_bytes=30_000_000_000, h2d_busy_s=1.0, d2h_bytes=20_000_000_000,

@@ -69,9 +69,11 @@ class Calibrator:
       overlapped step updates ``cpu_contention`` toward ``obs / cpu_adam_params_per_s``; when that ratio exceeds 1,
       or ``cpu_contention`` is overridden, ``cpu_contention`` moves toward 1 (unless overridden) and
       ``cpu_adam_params_per_s`` toward ``obs / cpu_contention``;
-    * PCIe, ``obs = bytes / busy_s`` per direction: in a step with a device lane, ``duplex_bytes_per_s`` moves toward
-      the sum of both directions when the duplex cap is active, else ``h2d_bytes_per_s`` and ``d2h_bytes_per_s``
-      move toward their own observation; in a host-only step ``h2d_bytes_per_s`` moves toward the upload rate;
+    * PCIe, ``obs = bytes / busy_s`` per direction: in a step with a device lane, when the duplex cap is active,
+      ``duplex_bytes_per_s`` moves toward the sum of both directions and the split of ``h2d_bytes_per_s +
+      d2h_bytes_per_s`` between them toward the observed split (their sum kept; not when either is overridden),
+      else ``h2d_bytes_per_s`` and ``d2h_bytes_per_s`` move toward their own observation; in a host-only step
+      ``h2d_bytes_per_s`` moves toward the upload rate;
     * GPU, ``obs = device_params / (adam_busy_s - device_subgroups * launch_overhead_s)``: ``gpu_adam_params_per_s``.
     """
 
@@ -133,8 +135,9 @@ class Calibrator:
         d2h = m.d2h_bytes / m.d2h_busy_s if m.d2h_bytes > 0 and _positive(m.d2h_busy_s) else None
         if m.device_params > 0:
             if h2d is not None and d2h is not None:
-                if self._params.duplex_scale() < 1:  # the model caps the sum, so the sum is what we learn
+                if self._params.duplex_scale() < 1:  # the model caps the sum, so the sum is what we learn ...
                     self._ema("duplex_bytes_per_s", h2d + d2h)
+                    self._split_directions(h2d / (h2d + d2h))  # ... and how the two directions share it
                 else:
                     self._ema("h2d_bytes_per_s", h2d)
                     self._ema("d2h_bytes_per_s", d2h)
@@ -147,6 +150,21 @@ class Calibrator:
         if _positive(m.predicted_s) and _positive(m.measured_s):
             self._history.append((float(m.predicted_s), float(m.measured_s)))
         return self._params
+
+    def _split_directions(self, h2d_share: float) -> None:
+        """Move the H2D share of ``h2d_bytes_per_s + d2h_bytes_per_s`` toward ``h2d_share``, keeping their sum.
+
+        Under the duplex cap the model runs each direction at its own rate times the same factor, so the share of
+        the cap each direction gets is its share of that sum. A GPU host was measured to split the cap unevenly
+        (H2D ~42 GB/s, D2H ~50 GB/s), and an H2D-bound device lane was then predicted ~9% short. The sum, and so
+        the duplex factor, is unchanged; neither rate moves if either is overridden.
+        """
+        if "h2d_bytes_per_s" in self.overrides or "d2h_bytes_per_s" in self.overrides:
+            return
+        h2d, d2h = self._params.h2d_bytes_per_s, self._params.d2h_bytes_per_s
+        total = h2d + d2h
+        share = (1 - self.alpha) * (h2d / total) + self.alpha * h2d_share
+        self._params = replace(self._params, h2d_bytes_per_s=total * share, d2h_bytes_per_s=total * (1 - share))
 
     def _observe_host(self, observed: float, overlapped: bool) -> None:
         if not overlapped:
