@@ -13,6 +13,8 @@ from lightning_dos.bench.claims import check_claims
 BENCHMARKS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 RUN_C = BENCHMARKS / "gpt-2.7b_H200_2026-11-21.json"
 RUN_E = BENCHMARKS / "gpt-2.7b_H200_2026-11-21_runE.json"
+RUN_H = BENCHMARKS / "gpt-2.7b_H200_2026-11-21_runH.json"
+RUN_H_4B = BENCHMARKS / "gpt-4b_H200_2026-11-21_runH.json"
 
 
 def _result(label: str, strategy: str, plan: str, iteration: float, step: float, gpu: float, loss: float) -> dict:
@@ -55,6 +57,26 @@ def test_claims_of_run_e_as_quoted_in_the_docs() -> None:
     iterations = (round(dos["iteration_ms"]), round(vanilla["iteration_ms"]), round(split["iteration_ms"]))
     assert iterations == (1014, 2499, 1678)
     assert (round(dos["peak_gpu_gib"], 1), round(split["peak_gpu_gib"], 1)) == (14.7, 32.3)
+
+
+def test_claims_of_run_h_as_quoted_in_the_docs() -> None:
+    """Run H (commit 4a54cdc), the figures README.md and the docs quote: 2.78B 2.62x per iteration (met 2.5x), 4.2x
+    step, 1.64x over the static split 0.5 at lower GPU memory, DOS host RSS below vanilla's; 3.94B 3.04x and 1.72x."""
+    results = json.loads(RUN_H.read_text())["results"]
+    claims = _by_claim(check_claims(results))
+    assert {c["status"] for c in claims.values()} == {"met"}
+    assert round(claims["iteration vs zero3_offload"]["value"], 2) == 2.62
+    assert round(claims["update phase (step) vs zero3_offload"]["value"], 1) == 4.2
+    assert round(claims["iteration vs static_split 0.5 at lower peak GPU memory"]["value"], 2) == 1.64
+    by_label = {r["label"]: r for r in results}
+    dos, host, vanilla = by_label["dos(auto)"], by_label["dos(host)"], by_label["zero3_offload"]
+    assert (round(dos["iteration_ms"]), round(vanilla["iteration_ms"]), round(host["step_ms"])) == (1201, 3145, 746)
+    assert dos["dos"]["update_ms"] == pytest.approx(511, abs=0.5)
+    for r in (dos, host):
+        assert r["peak_host_gib"] / vanilla["peak_host_gib"] - 1 == pytest.approx(-0.005, abs=0.0006)  # -0.5%
+    big = _by_claim(check_claims(json.loads(RUN_H_4B.read_text())["results"]))
+    assert round(big["iteration vs zero3_offload"]["value"], 2) == 3.04
+    assert round(big["iteration vs static_split 0.5 at lower peak GPU memory"]["value"], 2) == 1.72
 
 
 def test_static_split_claim_needs_less_gpu_memory() -> None:
