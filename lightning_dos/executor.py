@@ -4,8 +4,9 @@ Host lane, per subgroup: unscale/clip + DeepSpeed's CPU Adam (supplied by the se
 very code vanilla ZeRO-3 runs), then the new fp32 master weights are uploaded asynchronously, straight from
 their pinned home, through a small ring of fp32 buffers on the device, where a kernel writes them into the
 16-bit params (``upload``). The host itself neither converts nor waits: the 16-bit conversion is a memory-bound
-pass that cost the host lane about a quarter of its time, and costs the device microseconds; it doubles the
-upload's bytes on the link (4 instead of 2 per parameter), which the performance model weighs.
+pass that cost the host lane about a quarter of its time (read off a GPU host's timeline) and is a short kernel
+on the device; it doubles the upload's bytes on the link (4 instead of 2 per parameter), which the performance
+model weighs.
 
 Device lane, per subgroup, through a ring of buffer slots on the device:
 ``prefetch`` (host->device: master, exp_avg, exp_avg_sq, grad) -> ``adam`` (unscale + fused AdamW on the
@@ -47,7 +48,7 @@ COPY_CHUNK = 16 * 1024 * 1024
 #: enough to keep the link busy, few enough that a host-lane upload never queues behind the whole lane.
 PREFETCH_WINDOW = 2
 #: fp32 buffers (of ``COPY_CHUNK`` elements each) on the device through which host-lane uploads pass on their way
-#: into the 16-bit params. Allocated at the first host-lane upload and kept: 3 x 64 MB on a real run.
+#: into the 16-bit params. Allocated once (the manager reserves them at start-up) and kept: 3 x 64 MB on a real run.
 UPLOAD_BUFFERS = 3
 
 #: One recorded stage: (subgroup, lane, stage, begin event, end event).
@@ -60,7 +61,8 @@ class LaneTimings:
 
     total_s: float = 0.0
     host_busy_s: float = 0.0
-    """Wall time of the host lane, from its first CPU Adam to its last upload issued (waits included)."""
+    """Wall time of the host lane, from its first CPU Adam to its last upload issued (feeding the device lane
+    between its subgroups included)."""
     host_compute_s: float = 0.0
     """Time the host lane spent in CPU Adam (what is left of ``host_busy_s`` is issuing work to the device)."""
     device_busy_s: float = 0.0
@@ -106,7 +108,7 @@ class _Streams:
             self.adam = torch.cuda.Stream(device)
             self.flush = torch.cuda.Stream(device)
             # uploads' 16-bit writes: short kernels that free a ring buffer for the link; first call on the SMs
-            low, high = torch.cuda.Stream.priority_range()
+            _, high = torch.cuda.Stream.priority_range()
             self.convert = torch.cuda.Stream(device, priority=high)
         else:
             self.h2d = self.adam = self.flush = self.convert = None

@@ -192,7 +192,7 @@ class OptimizerStateManager:
         self.calibrator.observe(
             StepMeasurement(
                 host_params=t.host_params,
-                host_busy_s=t.host_compute_s,  # waits for a staging slot are the model's to predict, not a rate
+                host_busy_s=t.host_compute_s,  # CPU Adam alone: feeding the device lane is not part of the rate
                 host_overlapped=t.device_params > 0 and self.device.type == "cuda",
                 device_params=t.device_params,
                 h2d_bytes=t.h2d_bytes + t.upload_bytes,
