@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from lightning_dos.executor import LaneTimings, UpdateExecutor
-from lightning_dos.planning.calibration import Calibrator, StepMeasurement, probe_plan
+from lightning_dos.planning.calibration import Calibrator, StepMeasurement, probe_plans
 from lightning_dos.planning.perf_model import CostParams, device_memory_bytes, predicted_makespan_s
 from lightning_dos.planning.plan import Plan, PlanSpec, resolve_plan
 from lightning_dos.planning.planner import best_plan, demote_to_fit, grads_for
@@ -27,8 +27,8 @@ GIB = 1024**3
 #: Device memory kept free for the allocator's fragmentation and the next forward's first kernels.
 SAFETY_MARGIN_BYTES = 1 * GIB
 DEFAULT_BUFFERS = 2
-#: ``auto`` starts with one probe step that puts half the subgroups on each lane, to measure both lanes.
-PROBE_STEPS = 1
+#: ``auto`` starts with two probe steps (``probe_plans``): the host lane alone, then half the subgroups on each lane.
+PROBE_STEPS = 2
 #: After the probe, ``auto`` re-plans only when this many consecutive update phases, all measured since the last
 #: re-plan, drifted from their predictions ...
 REPLAN_PATIENCE = 3
@@ -82,8 +82,11 @@ class OptimizerStateManager:
         self.calibrator = Calibrator(base, overrides=cost_overrides)
         self.sizes = list(optimizer.subgroup_sizes())
         self.active = bool(optimizer._dos_supported())
-        if self.spec.kind == "auto":  # measure both lanes first; the planner chooses after this probe step
-            self.base_plan = probe_plan(self.sizes, buffers=self.buffers or DEFAULT_BUFFERS)
+        self._probes: tuple[Plan, ...] = ()
+        if self.spec.kind == "auto":  # measure the lanes first; the planner chooses after the probe steps
+            self._probes = probe_plans(self.sizes, buffers=self.buffers or DEFAULT_BUFFERS)
+            assert len(self._probes) == PROBE_STEPS
+            self.base_plan = self._probes[0]
         else:
             self.base_plan = self._resolve(self.spec)
         self.executor = UpdateExecutor(self.device)
@@ -208,7 +211,10 @@ class OptimizerStateManager:
         if self.spec.kind != "auto":
             return
         done = len(self.records)
-        if done == PROBE_STEPS:
+        if done < PROBE_STEPS:  # the next probe step (part of the start-up measurement, not a re-plan)
+            self.base_plan = self._probes[done]
+            self._plan_gradients()
+        elif done == PROBE_STEPS:
             self._adopt(self._resolve(self.spec), record)
         elif done - self._replan_checked >= REPLAN_PATIENCE and self.calibrator.should_replan(REPLAN_PATIENCE):
             self._replan_checked = done  # the next check needs REPLAN_PATIENCE fresh steps

@@ -39,7 +39,7 @@ def _step(manager: OptimizerStateManager) -> StepRecord:
 
 def test_auto_replans_after_fresh_drift_only_and_for_a_real_gain(monkeypatch: pytest.MonkeyPatch) -> None:
     manager = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("auto"))
-    assert manager.base_plan.source == "probe"
+    assert manager.base_plan.source == "probe" and manager.optimizer.device_grad_subgroups == frozenset()
     candidates = iter([_plan("DHDHDH"), _plan("HDHDHD"), _plan("DDHHDD")])
     predicted = {"DHDHDH": 1.00, "HDHDHD": 0.97, "DDHHDD": 0.90}  # 3% better: churn; 10% better: a real gain
     monkeypatch.setattr(manager, "_resolve", lambda spec: next(candidates))
@@ -47,10 +47,16 @@ def test_auto_replans_after_fresh_drift_only_and_for_a_real_gain(monkeypatch: py
     monkeypatch.setattr(manager.calibrator, "observe", lambda measurement: None)
     monkeypatch.setattr(manager.calibrator, "should_replan", lambda patience: True)  # every step drifts
 
-    replanned = [_step(manager).replanned for _ in range(8)]
-    # update 1: the probe's plan is replaced; 2-3: too few fresh steps; 4: weighed, 3% is no gain, kept;
-    # 5-6: too few fresh steps since that check; 7: weighed again, 10% better, adopted; 8: too few fresh steps
-    assert replanned == [True, False, False, False, False, False, True, False]
+    # the probe: the host lane alone, then half the subgroups on each lane (their gradients stay on the device)
+    probe = [_step(manager)]
+    assert manager.optimizer.device_grad_subgroups == frozenset({1, 3, 5})  # decided before the next backward
+    probe += [_step(manager) for _ in range(manager_module.PROBE_STEPS - 1)]
+    assert ["".join(lane.letter for lane in r.plan.lanes) for r in probe] == ["HHHHHH", "HDHDHD"]
+    assert [r.replanned for r in probe] == [False, True]  # the probe's steps are not re-plans; choosing after is
+    replanned = [_step(manager).replanned for _ in range(7)]
+    # 1-2 after the choice: too few fresh steps; 3: weighed, 3% is no gain, kept;
+    # 4-5: too few fresh steps since that check; 6: weighed again, 10% better, adopted; 7: too few fresh steps
+    assert replanned == [False, False, False, False, False, True, False]
     assert "".join(lane.letter for lane in manager.base_plan.lanes) == "DDHHDD"
 
 

@@ -21,6 +21,7 @@ from lightning_dos.planning import (
     grads_for,
     predict,
     probe_plan,
+    probe_plans,
     rank_plans,
     resolve_plan,
 )
@@ -329,49 +330,60 @@ def step(**values: float) -> StepMeasurement:
 
 def test_calibrator_host_rate_alone_and_contended():
     calibrator = Calibrator(CostParams(cpu_adam_params_per_s=4e9, cpu_contention=1.0), alpha=0.5)
-    # alone: 2e9 params in 1 s on 1 rank -> 2e9; ema = 0.5 * 4e9 + 0.5 * 2e9
+    # alone: 2e9 params in 1 s on 1 rank -> 2e9; the first measurement replaces the starting value
     calibrator.observe(step(host_params=2_000_000_000, host_busy_s=1.0))
+    assert calibrator.params.cpu_adam_params_per_s == 2e9
+    # the next ones are averaged: 0.5 * 2e9 + 0.5 * 4e9
+    calibrator.observe(step(host_params=4_000_000_000, host_busy_s=1.0))
     assert calibrator.params.cpu_adam_params_per_s == 3e9
-    # overlapped: 1.5e9 / 3e9 = 0.5 -> contention 0.5 * 1 + 0.5 * 0.5
+    # overlapped: 1.5e9 / 3e9 = 0.5, the first contention measured -> 0.5
     calibrator.observe(step(host_params=1_500_000_000, host_busy_s=1.0, host_overlapped=True))
-    assert (calibrator.params.cpu_adam_params_per_s, calibrator.params.cpu_contention) == (3e9, 0.75)
-    # overlapped but faster than alone (6e9 > 3e9): contention -> 0.5 * 0.75 + 0.5 * 1 = 0.875,
-    # rate -> 0.5 * 3e9 + 0.5 * 6e9 / 0.875
+    assert (calibrator.params.cpu_adam_params_per_s, calibrator.params.cpu_contention) == (3e9, 0.5)
+    # overlapped but faster than alone (6e9 > 3e9): contention -> 0.5 * 0.5 + 0.5 * 1 = 0.75,
+    # rate -> 0.5 * 3e9 + 0.5 * 6e9 / 0.75
     calibrator.observe(step(host_params=6_000_000_000, host_busy_s=1.0, host_overlapped=True))
-    assert calibrator.params.cpu_contention == 0.875
-    assert calibrator.params.cpu_adam_params_per_s == pytest.approx(1.5e9 + 3e9 / 0.875, rel=1e-15)
+    assert calibrator.params.cpu_contention == 0.75
+    assert calibrator.params.cpu_adam_params_per_s == pytest.approx(1.5e9 + 3e9 / 0.75, rel=1e-15)
 
 
 def test_calibrator_fits_the_rate_while_only_contended_steps_were_seen():
     """Contended steps alone cannot separate the uncontended rate from the contention: the starting contention is
     kept and the rate follows the machine, so a host-only plan is not predicted at another host's speed."""
     calibrator = Calibrator(CostParams(cpu_adam_params_per_s=5e9, cpu_contention=0.5), alpha=0.5)
-    # overlapped, 1e9 params/s: rate -> 0.5 * 5e9 + 0.5 * (1e9 / 0.5) = 3.5e9, contention unchanged
+    # overlapped, 1e9 params/s: rate -> 1e9 / 0.5 = 2e9 (first measurement), contention unchanged
     calibrator.observe(step(host_params=1_000_000_000, host_busy_s=1.0, host_overlapped=True))
-    assert (calibrator.params.cpu_adam_params_per_s, calibrator.params.cpu_contention) == (3.5e9, 0.5)
-    # a host-only step measures the uncontended rate: 2e9 -> 0.5 * 3.5e9 + 0.5 * 2e9 = 2.75e9
-    calibrator.observe(step(host_params=2_000_000_000, host_busy_s=1.0))
-    assert calibrator.params.cpu_adam_params_per_s == 2.75e9
-    # from now on contended steps fit the contention: 1.1e9 / 2.75e9 = 0.4 -> 0.5 * 0.5 + 0.5 * 0.4 = 0.45
-    calibrator.observe(step(host_params=1_100_000_000, host_busy_s=1.0, host_overlapped=True))
-    assert calibrator.params.cpu_adam_params_per_s == 2.75e9
-    assert calibrator.params.cpu_contention == pytest.approx(0.45, rel=1e-15)
+    assert (calibrator.params.cpu_adam_params_per_s, calibrator.params.cpu_contention) == (2e9, 0.5)
+    # 1.5e9 -> 0.5 * 2e9 + 0.5 * 3e9
+    calibrator.observe(step(host_params=1_500_000_000, host_busy_s=1.0, host_overlapped=True))
+    assert calibrator.params.cpu_adam_params_per_s == 2.5e9
+    # the first host-only step measures the uncontended rate itself: it replaces the inferred one
+    calibrator.observe(step(host_params=1_800_000_000, host_busy_s=1.0))
+    assert calibrator.params.cpu_adam_params_per_s == 1.8e9
+    # from now on contended steps fit the contention: 0.99e9 / 1.8e9 = 0.55 (its first measurement), then 0.45
+    calibrator.observe(step(host_params=990_000_000, host_busy_s=1.0, host_overlapped=True))
+    assert calibrator.params.cpu_adam_params_per_s == 1.8e9
+    assert calibrator.params.cpu_contention == pytest.approx(0.55, rel=1e-15)
+    calibrator.observe(step(host_params=810_000_000, host_busy_s=1.0, host_overlapped=True))
+    assert calibrator.params.cpu_contention == pytest.approx(0.5, rel=1e-15)
     # a pinned uncontended rate makes the contention identifiable from the start
     pinned = Calibrator(CostParams(cpu_adam_params_per_s=5e9, cpu_contention=1.0), alpha=0.5,
                         overrides={"cpu_adam_params_per_s": 4e9})
     pinned.observe(step(host_params=2_000_000_000, host_busy_s=1.0, host_overlapped=True))
-    assert (pinned.params.cpu_adam_params_per_s, pinned.params.cpu_contention) == (4e9, 0.75)
+    assert (pinned.params.cpu_adam_params_per_s, pinned.params.cpu_contention) == (4e9, 0.5)
 
 
 def test_calibrator_counts_ranks_and_keeps_overrides_fixed():
     calibrator = Calibrator(CostParams(cpu_adam_params_per_s=4e9, cpu_contention=1.0, ranks_per_host=2),
                             alpha=0.5, overrides={"cpu_contention": 0.5, "gpu_adam_params_per_s": 1e11})
     assert calibrator.params.cpu_contention == 0.5 and calibrator.params.gpu_adam_params_per_s == 1e11
-    # overlapped with pinned contention: 1.5e9 params/s per rank * 2 ranks = 3e9 -> rate target 3e9 / 0.5 = 6e9
+    # overlapped with pinned contention: 1.5e9 params/s per rank * 2 ranks = 3e9 -> rate 3e9 / 0.5 = 6e9
     calibrator.observe(step(host_params=1_500_000_000, host_busy_s=1.0, host_overlapped=True, device_params=10,
                             adam_busy_s=1.0))
-    assert calibrator.params.cpu_adam_params_per_s == 5e9
+    assert calibrator.params.cpu_adam_params_per_s == 6e9
     assert calibrator.params.cpu_contention == 0.5 and calibrator.params.gpu_adam_params_per_s == 1e11
+    # the next one is averaged: 1e9 * 2 / 0.5 = 4e9 -> 0.5 * 6e9 + 0.5 * 4e9
+    calibrator.observe(step(host_params=1_000_000_000, host_busy_s=1.0, host_overlapped=True))
+    assert calibrator.params.cpu_adam_params_per_s == 5e9
     with pytest.raises(ValueError, match=r"^overrides: 'bogus' is not a cost parameter"):
         Calibrator(CostParams(), overrides={"bogus": 1.0})
 
@@ -380,20 +392,28 @@ def test_calibrator_pcie_and_gpu_rates():
     capped = CostParams(h2d_bytes_per_s=64e9, d2h_bytes_per_s=64e9, duplex_bytes_per_s=96e9, launch_overhead_s=0.25,
                         gpu_adam_params_per_s=2e11)
     calibrator = Calibrator(capped, alpha=0.5)
-    # duplex cap active (64 + 64 > 96): learn the sum 48e9 + 32e9 = 80e9 -> 0.5 * 96e9 + 0.5 * 80e9, and the split:
-    # H2D took 48 / 80 = 0.6 of it, the rates' H2D share 0.5 -> 0.55 of their sum 128e9: 70.4e9 and 57.6e9
-    # GPU: 1e11 params in 1.5 s minus 2 launches * 0.25 s = 1 s -> 1e11 -> 0.5 * 2e11 + 0.5 * 1e11
+    # duplex cap active (64 + 64 > 96): learn the sum 48e9 + 32e9 = 80e9 (the first measurement: it replaces 96e9),
+    # and the split: H2D took 48 / 80 = 0.6 of it -> 0.6 and 0.4 of the rates' sum 128e9 (kept): 76.8e9, 51.2e9
+    # GPU: 1e11 params in 1.5 s minus 2 launches * 0.25 s = 1 s -> 1e11
     calibrator.observe(step(device_params=100_000_000_000, h2d_bytes=48_000_000_000, h2d_busy_s=1.0,
                             d2h_bytes=32_000_000_000, d2h_busy_s=1.0, adam_busy_s=1.5, device_subgroups=2))
     p = calibrator.params
-    assert p.duplex_bytes_per_s == 88e9
-    assert p.h2d_bytes_per_s == pytest.approx(70.4e9, rel=1e-12)
-    assert p.d2h_bytes_per_s == pytest.approx(57.6e9, rel=1e-12)
-    assert p.duplex_scale() == pytest.approx(88 / 128, rel=1e-12)  # the sum, and so the cap's factor, is kept
-    assert p.gpu_adam_params_per_s == 1.5e11
-    # host-only step: uploads alone, 8e9 B in 0.25 s = 32e9 -> h2d 0.5 * 70.4e9 + 0.5 * 32e9
+    assert p.duplex_bytes_per_s == 80e9
+    assert p.h2d_bytes_per_s == pytest.approx(76.8e9, rel=1e-12)
+    assert p.d2h_bytes_per_s == pytest.approx(51.2e9, rel=1e-12)
+    assert p.duplex_scale() == pytest.approx(80 / 128, rel=1e-12)  # the rates' sum is kept
+    assert p.gpu_adam_params_per_s == 1e11
+    # again: sum 60e9 + 40e9 = 100e9 -> 90e9; the H2D share is 0.6 again, so the split stays; GPU 2e11 -> 1.5e11
+    calibrator.observe(step(device_params=100_000_000_000, h2d_bytes=60_000_000_000, h2d_busy_s=1.0,
+                            d2h_bytes=40_000_000_000, d2h_busy_s=1.0, adam_busy_s=1.0, device_subgroups=2))
+    p = calibrator.params
+    assert (p.duplex_bytes_per_s, p.gpu_adam_params_per_s) == (90e9, 1.5e11)
+    assert p.h2d_bytes_per_s == pytest.approx(76.8e9, rel=1e-12)
+    # host-only step: uploads alone, 8e9 B in 0.25 s = 32e9, the first direct H2D measurement -> 32e9; then 40e9
     calibrator.observe(step(h2d_bytes=8_000_000_000, h2d_busy_s=0.25))
-    assert calibrator.params.h2d_bytes_per_s == pytest.approx(51.2e9, rel=1e-12)
+    assert calibrator.params.h2d_bytes_per_s == pytest.approx(32e9, rel=1e-12)
+    calibrator.observe(step(h2d_bytes=8_000_000_000, h2d_busy_s=0.2))
+    assert calibrator.params.h2d_bytes_per_s == pytest.approx(36e9, rel=1e-12)
     # an overridden direction pins the split
     pinned = Calibrator(capped, alpha=0.5, overrides={"d2h_bytes_per_s": 64e9})
     pinned.observe(step(device_params=1, h2d_bytes=48_000_000_000, h2d_busy_s=1.0, d2h_bytes=32_000_000_000,
@@ -403,7 +423,10 @@ def test_calibrator_pcie_and_gpu_rates():
     uncapped = Calibrator(CostParams(h2d_bytes_per_s=40e9, d2h_bytes_per_s=40e9, duplex_bytes_per_s=100e9), alpha=0.5)
     uncapped.observe(step(device_params=1, h2d_bytes=30_000_000_000, h2d_busy_s=1.0, d2h_bytes=20_000_000_000,
                           d2h_busy_s=1.0))
-    assert (uncapped.params.h2d_bytes_per_s, uncapped.params.d2h_bytes_per_s) == (35e9, 30e9)
+    assert (uncapped.params.h2d_bytes_per_s, uncapped.params.d2h_bytes_per_s) == (30e9, 20e9)
+    uncapped.observe(step(device_params=1, h2d_bytes=50_000_000_000, h2d_busy_s=1.0, d2h_bytes=40_000_000_000,
+                          d2h_busy_s=1.0))
+    assert (uncapped.params.h2d_bytes_per_s, uncapped.params.d2h_bytes_per_s) == (40e9, 30e9)
     assert uncapped.params.duplex_bytes_per_s == 100e9
 
 
@@ -428,6 +451,12 @@ def test_calibrator_rejects_bad_settings():
         Calibrator(CostParams(), alpha=0)
     with pytest.raises(ValueError, match=r"^drift_tolerance: -0.1; set drift_tolerance"):
         Calibrator(CostParams(), drift_tolerance=-0.1)
+
+
+def test_probe_plans_run_the_host_lane_alone_then_half_on_each_lane():
+    host, mixed = probe_plans([7] * 5, buffers=3)
+    assert (letters(host), letters(mixed)) == ("HHHHH", "HDHDH")
+    assert (host.source, mixed.source, host.buffers, mixed.buffers) == ("probe", "probe", 3, 3)
 
 
 def test_probe_plan_puts_half_on_each_lane():

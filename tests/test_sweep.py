@@ -99,7 +99,10 @@ def test_sweep_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
     auto = budget["auto"]
     assert auto["status"] == "ok" and auto["probe_step"] == PROBE_STEPS
-    assert auto["excluded_steps"] == 2 and auto["measured_steps"] == 2  # 4 steps: the probe and one more left out
+    # 4 steps: the two probe steps and the first of the chosen plan left out
+    assert auto["excluded_steps"] == 3 and auto["measured_steps"] == 1
+    assert [s["lanes"].count("D") for s in json.loads((out / "runs" / "auto_unlimited" / "result.json").read_text())[
+        "dos"]["steps"][:2]] == [0, sizes_n // 2]  # the host lane alone, then half the subgroups on the device
     assert auto["chosen"]["lanes"] and auto["update_ms"] > 0
 
     targets = {t["target"]: t for t in budget["targets"]}
@@ -242,7 +245,7 @@ def test_sweep_dry_run_lists_the_processes(capsys: pytest.CaptureFixture[str]) -
                  "--dry-run"]) == 0
     printed = capsys.readouterr().out
     assert "4 processes:" in printed and "2 plans x 3 iterations = 6 (0.25, stride:3)" in printed
-    assert "0.5 GiB" in printed and "auto: 4 iterations, the first 2 left out" in printed
+    assert "0.5 GiB" in printed and "auto: 4 iterations, the first 3 left out" in printed
 
 
 # --- figures and targets ------------------------------------------------------------------------------------------
@@ -270,8 +273,10 @@ def _fixed(plans: dict[str, list[tuple[float, float]]], status: str = "ok", fail
 
 
 def _auto(updates: list[float], status: str = "ok") -> dict[str, Any]:
-    """An auto process's raw result: the probe (re-plans), then the chosen plan; predictions 10% high."""
-    steps = [_record(u, u * 1.1, lanes="DHDH", fraction=0.5, replanned=(i == 0)) for i, u in enumerate(updates)]
+    """An auto process's raw result: the probe (host-only, then mixed; it re-plans), then the chosen plan; predictions
+    10% high."""
+    steps = [_record(u, u * 1.1, lanes="HHHH" if i == 0 else "DHDH", fraction=0.0 if i == 0 else 0.5,
+                     replanned=(i == 1)) for i, u in enumerate(updates)]
     return {"status": status, "reason": None, "dos": {"plan": "plan auto [DHDH] 2 buffers, 50.0% on device",
                                                       "steps": steps}}
 
@@ -301,7 +306,7 @@ def test_figures_leave_out_warm_up_and_the_targets_are_met() -> None:
     assert all(p["measured_steps"] == 2 and p["status"] == "ok" for p in plans.values())
     assert summary["best"] == {"plan": "0.5", "update_ms": 102}
     a = summary["auto"]
-    assert (a["excluded_steps"], a["measured_steps"], a["update_ms"], a["probe_step"]) == (3, 3, 104, 1)
+    assert (a["excluded_steps"], a["measured_steps"], a["update_ms"], a["probe_step"]) == (3, 3, 104, 2)
     assert a["chosen"]["lanes"] == "DHDH" and a["median_rel_error"] == pytest.approx(0.10)
     # errors pooled over the six measured update phases: 0.02 0.02 0.05 0.05 0.10 0.10 -> median 0.05
     assert summary["prediction_error_median"] == pytest.approx(0.05) and summary["prediction_steps"] == 6

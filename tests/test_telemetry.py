@@ -9,6 +9,7 @@ from lightning.pytorch.loggers import Logger
 from parity import TinyLM, make_strategy, token_loader
 
 from lightning_dos.callbacks import DOSMetricsLogger
+from lightning_dos.manager import PROBE_STEPS
 from lightning_dos.telemetry import PLAN_TABLE_COLUMNS
 
 
@@ -55,8 +56,8 @@ def test_auto_run_logs_metrics_plan_tables_and_timelines() -> None:
     for key in ("dos/device_fraction", "dos/update_ms", "dos/predicted_update_ms", "dos/replanned",
                 "dos/host_busy_ms", "dos/host_wait_ms", "dos/device_busy_ms", "dos/h2d_gb", "dos/d2h_gb"):
         assert key in keys, key
-    # a table for the first update phase and for every re-plan (auto re-plans right after its probe step)
-    assert manager.records[0].replanned
+    # a table for the first update phase and for every re-plan (auto re-plans right after its probe steps)
+    assert [r.replanned for r in manager.records[:PROBE_STEPS]] == [False] * (PROBE_STEPS - 1) + [True]
     expected = sum(1 for i, r in enumerate(manager.records) if i == 0 or r.replanned)
     assert len(logger.tables) == expected >= 1
     key, columns, rows, _ = logger.tables[-1]

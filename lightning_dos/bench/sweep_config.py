@@ -27,8 +27,9 @@ QUARTER_SHARE = 0.25
 STATE_BYTES_PER_PARAM = 12
 #: Iterations of each plan left out of its statistics (the first: buffers and gradients change with the plan).
 PLAN_WARMUP = 1
-#: Leading iterations of an ``auto`` run always left out: the probe step and the first step of the chosen plan.
-AUTO_MIN_EXCLUDED = 2
+#: Leading iterations of an ``auto`` run always left out: its two probe steps (the host lane alone, then half the
+#: subgroups on each lane) and the first step of the chosen plan.
+AUTO_MIN_EXCLUDED = 3
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ class SweepConfig:
     """What a plan sweep runs: the bench settings, the fixed plans, iterations per plan and the budgets.
 
     The ``auto`` process of each budget runs ``bench.steps`` iterations; its first ``bench.warmup`` (at least
-    the probe step and the first step of the plan chosen after it) are left out.
+    the two probe steps and the first step of the plan chosen after them) are left out.
     """
 
     bench: BenchConfig
@@ -107,7 +108,7 @@ class SweepConfig:
 
     @property
     def auto_excluded(self) -> int:
-        """Leading iterations of the ``auto`` process left out: its warm-up, at least the probe and one more."""
+        """Leading iterations of the ``auto`` process left out: its warm-up, at least the probe steps and one more."""
         return max(self.bench.warmup, AUTO_MIN_EXCLUDED)
 
     def to_dict(self) -> dict[str, Any]:

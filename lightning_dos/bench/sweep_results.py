@@ -127,8 +127,9 @@ def summarize_auto(result: dict[str, Any], warmup: int) -> dict[str, Any]:
     """``auto``'s figures over its update phases after the probe, the first step of its plan and ``warmup``."""
     dos = result.get("dos") or {}
     steps = dos.get("steps") or []
-    probe = next((i for i, step in enumerate(steps) if step.get("replanned")), None)
-    skip = max(warmup, (0 if probe is None else probe) + AUTO_MIN_EXCLUDED)
+    probe = next((i for i, step in enumerate(steps) if step.get("replanned")), None)  # the probe's last step
+    # the probe's steps and the first step of the plan chosen after them
+    skip = max(warmup, AUTO_MIN_EXCLUDED if probe is None else probe + 2)
     measured = steps[skip:]
     chosen = steps[probe + 1] if probe is not None and probe + 1 < len(steps) else None
     return {

@@ -4,7 +4,7 @@ Nothing here imports torch, so plans and predictions can be computed, printed an
 the strategy feeds it subgroup sizes and measurements and executes the plans it returns.
 """
 
-from .calibration import Calibrator, StepMeasurement, probe_plan
+from .calibration import Calibrator, StepMeasurement, probe_plan, probe_plans
 from .perf_model import CostParams, Prediction, SubgroupEvent, device_memory_bytes, predict
 from .plan import (
     PLAN_HINT,
@@ -39,6 +39,7 @@ __all__ = [
     "parse_plan",
     "predict",
     "probe_plan",
+    "probe_plans",
     "rank_plans",
     "resolve_plan",
     "stride_lanes",

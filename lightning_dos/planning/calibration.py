@@ -4,7 +4,7 @@ A :class:`Calibrator` starts from some :class:`~.perf_model.CostParams` (the ref
 or a user's), and after every measured optimizer step folds the observed rates into them with an exponential
 moving average. Parameters named in ``overrides`` are pinned and never change. It also keeps the history of
 (predicted, measured) step times, so the caller can tell when predictions have drifted and re-plan.
-:func:`probe_plan` gives the small mixed plan used for the start-up measurement.
+:func:`probe_plans` gives the two plans of ``auto``'s start-up measurement: the host lane alone, then a mixed plan.
 
 Pure Python: no torch.
 """
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from .perf_model import CostParams
-from .plan import Plan, _check_buffers, even_device_lanes
+from .plan import Lane, Plan, _check_buffers, even_device_lanes
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,9 @@ class Calibrator:
     """Exponential moving average of the cost parameters over measured steps, plus drift tracking.
 
     Update rules, each applied only when its inputs are positive and the parameter is not overridden
-    (``ema(x, obs) = (1 - alpha) * x + alpha * obs``):
+    (``ema(x, obs) = (1 - alpha) * x + alpha * obs``, except that the first observation of a parameter replaces its
+    starting value: the starting values describe another machine, and averaging the first measurement with them
+    left ``auto``'s first plan chosen on 30% of what was measured and 70% of the reference host):
 
     * host rate, ``obs = host_params / host_busy_s * ranks_per_host``: a non-overlapped step updates
       ``cpu_adam_params_per_s``. Until one has been seen (and unless ``cpu_adam_params_per_s`` is overridden), an
@@ -68,7 +70,8 @@ class Calibrator:
       left the uncontended rate (the host-only plan's prediction) at the reference host's value. Afterwards an
       overlapped step updates ``cpu_contention`` toward ``obs / cpu_adam_params_per_s``; when that ratio exceeds 1,
       or ``cpu_contention`` is overridden, ``cpu_contention`` moves toward 1 (unless overridden) and
-      ``cpu_adam_params_per_s`` toward ``obs / cpu_contention``;
+      ``cpu_adam_params_per_s`` toward ``obs / cpu_contention``. ``auto``'s start-up probe (:func:`probe_plans`)
+      runs the host lane alone first, so that both factors are measured;
     * PCIe, ``obs = bytes / busy_s`` per direction: in a step with a device lane, when the duplex cap is active,
       ``duplex_bytes_per_s`` moves toward the sum of both directions and the split of ``h2d_bytes_per_s +
       d2h_bytes_per_s`` between them toward the observed split (their sum kept; not when either is overridden),
@@ -103,6 +106,7 @@ class Calibrator:
         self._history: deque[tuple[float, float]] = deque(maxlen=history_size)
         self._observations = 0
         self._host_alone_seen = False
+        self._seen: set[str] = set()  # quantities observed at least once (their next observation is averaged)
 
     @property
     def params(self) -> CostParams:
@@ -119,11 +123,20 @@ class Calibrator:
         """Number of steps observed so far."""
         return self._observations
 
-    def _ema(self, name: str, observed: float) -> None:
+    def _weight(self, quantity: str) -> float:
+        """Weight of a new observation of ``quantity``: 1 the first time (it replaces the start value), else alpha."""
+        weight = self.alpha if quantity in self._seen else 1.0
+        self._seen.add(quantity)
+        return weight
+
+    def _ema(self, name: str, observed: float, quantity: str | None = None) -> None:
+        """Move ``name`` toward ``observed``; ``quantity`` names what was measured when that differs from ``name``
+        (the CPU Adam rate measured alone is a different measurement from one inferred from contended steps)."""
         if name in self.overrides or not _positive(observed):
             return
         old = getattr(self._params, name)
-        self._params = replace(self._params, **{name: (1 - self.alpha) * old + self.alpha * observed})
+        weight = self._weight(quantity or name)
+        self._params = replace(self._params, **{name: (1 - weight) * old + weight * observed})
 
     def observe(self, measurement: StepMeasurement) -> CostParams:
         """Fold one measured step into the parameters; returns the updated parameters."""
@@ -163,13 +176,14 @@ class Calibrator:
             return
         h2d, d2h = self._params.h2d_bytes_per_s, self._params.d2h_bytes_per_s
         total = h2d + d2h
-        share = (1 - self.alpha) * (h2d / total) + self.alpha * h2d_share
+        weight = self._weight("h2d_share")
+        share = (1 - weight) * (h2d / total) + weight * h2d_share
         self._params = replace(self._params, h2d_bytes_per_s=total * share, d2h_bytes_per_s=total * (1 - share))
 
     def _observe_host(self, observed: float, overlapped: bool) -> None:
         if not overlapped:
             self._host_alone_seen = True
-            self._ema("cpu_adam_params_per_s", observed)
+            self._ema("cpu_adam_params_per_s", observed, quantity="cpu_adam_alone")
             return
         if not self._host_alone_seen and "cpu_adam_params_per_s" not in self.overrides:
             # contended steps only so far: keep the starting contention, fit the rate (see the class docstring)
@@ -181,7 +195,7 @@ class Calibrator:
             return
         # contention alone cannot explain it: it is pinned, or the host ran faster than its uncontended rate
         self._ema("cpu_contention", 1.0)
-        self._ema("cpu_adam_params_per_s", observed / self._params.cpu_contention)
+        self._ema("cpu_adam_params_per_s", observed / self._params.cpu_contention, quantity="cpu_adam_alone")
 
     def drifted(self, predicted_s: float, measured_s: float) -> bool:
         """Whether ``|predicted - measured| / measured`` exceeds the drift tolerance."""
@@ -210,3 +224,15 @@ def probe_plan(sizes: Sequence[int], buffers: int = 2) -> Plan:
     """Start-up probe: half the subgroups (rounded down) on the device lane, spread evenly, so both lanes run."""
     buffers = _check_buffers(buffers)
     return Plan(lanes=even_device_lanes(sizes, len(sizes) // 2), buffers=buffers, source="probe")
+
+
+def probe_plans(sizes: Sequence[int], buffers: int = 2) -> tuple[Plan, Plan]:
+    """``auto``'s start-up probe, one update phase each: the host lane alone, then :func:`probe_plan`.
+
+    Mixed plans alone cannot tell the CPU Adam rate from its slowdown while DMA runs (their product is all they
+    measure), and the host-only plan's prediction depends on the rate alone: on a GPU host whose DMA barely slowed
+    CPU Adam, the reference host's contention (0.76) made the host-only plan look 25% faster than it ran. The
+    host-only update measures the rate (and the upload bandwidth), the mixed one the contention, PCIe and GPU.
+    """
+    mixed = probe_plan(sizes, buffers)
+    return Plan(lanes=tuple(Lane.HOST for _ in mixed.lanes), buffers=mixed.buffers, source="probe"), mixed
