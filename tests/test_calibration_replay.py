@@ -150,8 +150,9 @@ def test_the_host_only_probe_keeps_auto_off_a_host_only_plan_it_would_have_misju
     """gpt-1b at the quarter budget, run H. DMA barely slowed CPU Adam on that machine (3.7 Gparam/s alone and
     beside the device lane), but mixed plans cannot tell the two factors apart, so auto's calibration kept the
     reference host's contention (0.76) and put the uncontended rate 1/0.76 too high: the host-only plan, which the
-    fixed-plan process measured at 293-303 ms, was predicted at about 210 ms and ranked first. One host-only update
-    before the mixed probe (``probe_plans``; here the fixed-plan process's, same machine) measures the rate itself."""
+    fixed-plan process measured at 293-303 ms, was predicted at about 210 ms (among the evenly spread plans that the
+    planner then weighed, it ranked first). One host-only update before the mixed probe (``probe_plans``; here the
+    fixed-plan process's, same machine) measures the rate itself."""
     data = json.loads(RECORDS_1B.read_text())
     sizes = data["subgroup_sizes"]
     budget = _budget_bytes(RECORDS_1B, "quarter")
@@ -167,7 +168,6 @@ def test_the_host_only_probe_keeps_auto_off_a_host_only_plan_it_would_have_misju
     for record in auto:
         mixed_only.observe(_sized_measurement(record, sizes))
     assert host_only_ms(mixed_only) < 0.75 * min(measured)
-    assert best_plan(sizes, mixed_only.params, budget, 2, every).device_subgroups() == ()  # the trap
 
     probed = Calibrator(CostParams())
     for record in [data["fixed_quarter"]["steps"][1], auto[0]]:  # host lane alone, then the mixed probe

@@ -15,9 +15,11 @@ from lightning_dos.planning import (
     Plan,
     StepMeasurement,
     best_plan,
+    candidate_lanes,
     candidate_plans,
     demote_to_fit,
     device_memory_bytes,
+    even_device_lanes,
     grads_for,
     predict,
     probe_plan,
@@ -236,12 +238,37 @@ PLANNER = dict(
 
 def test_candidate_plans():
     plans = list(candidate_plans([1] * 4, max_buffers=2))
-    # all-host once, then k = 1..4 with 1 and 2 slots; k=1: targets (i+1)/4, device at i=2 (.5 < .75)
+    # all-host once, then k = 1..4 spread evenly with 1 and 2 slots; k=1: targets (i+1)/4, device at i=2 (.5 < .75);
+    # then the named plans' lanes not seen yet: stride:4 HHHD (stride:2, stride:3 are HDHD, HHDH), and the fractions
+    # by 1/20: after subgroup i the device holds round_half_down(f (i + 1)) -> 0.3 HDHH, 0.55 DHDH, 0.8 DDHD,
+    # 0.85 DDDH (the others repeat lanes already listed)
     assert [(letters(p), p.buffers) for p in plans] == [
         ("HHHH", 1), ("HHDH", 1), ("HHDH", 2), ("HDHD", 1), ("HDHD", 2), ("DHDD", 1), ("DHDD", 2), ("DDDD", 1),
-        ("DDDD", 2),
+        ("DDDD", 2), ("HHHD", 1), ("HHHD", 2), ("HDHH", 1), ("HDHH", 2), ("DHDH", 1), ("DHDH", 2), ("DDHD", 1),
+        ("DDHD", 2), ("DDDH", 1), ("DDDH", 2),
     ]
     assert {p.source for p in plans} == {"auto"}
+    assert ["".join(lane.letter for lane in lanes) for lanes in candidate_lanes([5, 1, 1])] == [
+        "HHH", "DHH", "DDH", "DDD", "HDH", "HHD", "HDD", "DHD"]  # even k = 0..3, stride:2, stride:3, fractions
+
+
+def test_best_plan_weighs_the_placements_users_name():
+    """A large first subgroup: spread evenly, the device lane takes it and waits on its long transfers; fraction
+    0.5 by size keeps it on the host, and is what auto must find (PLANNER rates, 2 slots at most).
+
+    HDDD: host 3 params at 0.8/s = 3.75 s + upload 6 B / 32 B/s = 3.9375; device: three 1-param subgroups through
+    2 slots end at 3.0. The best evenly spread plan, DHDH with 2 slots, ends at 5.0 (prefetch of subgroup 0 for
+    1.5 s, its Adam 1.5-3, its flush 3-4.5, then subgroup 2's flush 4.5-5).
+    """
+    sizes = [3, 1, 1, 1]
+    params = CostParams(**PLANNER)
+    plan = best_plan(sizes, params, None, max_buffers=2)
+    assert (letters(plan), plan.buffers, predict(plan, sizes, params).makespan_s) == ("HDDD", 2, 3.9375)
+    assert letters(resolve_plan(0.5, sizes)) == "HDDD"
+    even = [Plan(lanes=even_device_lanes(sizes, k), buffers=b) for k in range(5) for b in (1, 2)]
+    assert min(predict(p, sizes, params).makespan_s for p in even) == 5.0
+    for spec in [f"stride:{k}" for k in range(2, 5)] + [j / 10 for j in range(11)]:
+        assert predict(plan, sizes, params).makespan_s <= predict(resolve_plan(spec, sizes), sizes, params).makespan_s
 
 
 @pytest.mark.parametrize(
@@ -275,14 +302,20 @@ def test_rank_plans_orders_ties_by_fewer_device_subgroups_then_fewer_buffers():
     table = [(letters(plan), plan.buffers, prediction.makespan_s) for plan, prediction in ranked]
     # the schedules of the table in test_best_plan_hand_computed (DHDD with 1 slot: subgroup 0 0-.5|.5-1|1-1.5,
     # the upload of subgroup 1 takes the link 1.25-1.3125, subgroup 2 1.5-2|2-2.5|2.5-3, subgroup 3 3-3.5|..|4-4.5)
+    # With equal sizes, where the device subgroups sit does not change the schedule: the named plans' other placements
+    # (HHHD, HDHH; DHDH; DDHD, DDDH) tie with the even spread of the same count and slots, and come after it.
     assert table == [
-        ("DHDD", 3, 2.5), ("DHDD", 4, 2.5),
-        ("HDHD", 2, 2.5625), ("HDHD", 3, 2.5625), ("HDHD", 4, 2.5625),
-        ("HDHD", 1, 3.0), ("DHDD", 2, 3.0), ("DDDD", 3, 3.0), ("DDDD", 4, 3.0),
+        ("DHDD", 3, 2.5), ("DDHD", 3, 2.5), ("DDDH", 3, 2.5), ("DHDD", 4, 2.5), ("DDHD", 4, 2.5), ("DDDH", 4, 2.5),
+        ("HDHD", 2, 2.5625), ("DHDH", 2, 2.5625), ("HDHD", 3, 2.5625), ("DHDH", 3, 2.5625), ("HDHD", 4, 2.5625),
+        ("DHDH", 4, 2.5625),
+        ("HDHD", 1, 3.0), ("DHDH", 1, 3.0), ("DHDD", 2, 3.0), ("DDHD", 2, 3.0), ("DDDH", 2, 3.0), ("DDDD", 3, 3.0),
+        ("DDDD", 4, 3.0),
         ("DDDD", 2, 3.5),
-        ("HHDH", 1, 3.8125), ("HHDH", 2, 3.8125), ("HHDH", 3, 3.8125), ("HHDH", 4, 3.8125),
+        ("HHDH", 1, 3.8125), ("HHHD", 1, 3.8125), ("HDHH", 1, 3.8125), ("HHDH", 2, 3.8125), ("HHHD", 2, 3.8125),
+        ("HDHH", 2, 3.8125), ("HHDH", 3, 3.8125), ("HHHD", 3, 3.8125), ("HDHH", 3, 3.8125), ("HHDH", 4, 3.8125),
+        ("HHHD", 4, 3.8125), ("HDHH", 4, 3.8125),
         ("HHHH", 1, 4.0625),
-        ("DHDD", 1, 4.5),
+        ("DHDD", 1, 4.5), ("DDHD", 1, 4.5), ("DDDH", 1, 4.5),
         ("DDDD", 1, 6.0),
     ]
 

@@ -17,7 +17,7 @@ from .plan import (
     resolve_plan,
     stride_lanes,
 )
-from .planner import best_plan, candidate_plans, demote_to_fit, grads_for, rank_plans
+from .planner import best_plan, candidate_lanes, candidate_plans, demote_to_fit, grads_for, rank_plans
 
 __all__ = [
     "PLAN_HINT",
@@ -30,6 +30,7 @@ __all__ = [
     "StepMeasurement",
     "SubgroupEvent",
     "best_plan",
+    "candidate_lanes",
     "candidate_plans",
     "demote_to_fit",
     "grads_for",

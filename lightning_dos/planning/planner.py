@@ -1,7 +1,8 @@
 """Owns the choice of plan: the ``auto`` search over the performance model, and demotion to fit GPU memory.
 
 :func:`best_plan` tries every number of device subgroups k = 0..n (spread evenly by size, see
-:func:`~.plan.even_device_lanes`) with every buffering depth 1..max_buffers, drops those that do not fit the
+:func:`~.plan.even_device_lanes`) and the lanes of every ``stride:K`` and of fractions 0.05..0.95 (see
+:func:`candidate_lanes`), each with every buffering depth 1..max_buffers, drops those that do not fit the
 memory budget, and keeps the smallest predicted makespan. :func:`demote_to_fit` shrinks an existing plan
 when the GPU turns out to have less free memory than planned for.
 
@@ -11,24 +12,59 @@ Pure Python: no torch.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from fractions import Fraction
 
 from .perf_model import CostParams, Prediction, _check_grads, _timeline, device_memory_bytes, predict
-from .plan import Lane, Plan, _check_buffers, _check_length, _check_sizes, even_device_lanes
+from .plan import (
+    Lane,
+    Plan,
+    _check_buffers,
+    _check_length,
+    _check_sizes,
+    even_device_lanes,
+    fraction_lanes,
+    stride_lanes,
+)
 
 TIE_TOLERANCE = 1e-9
 """Makespans within this relative distance count as a tie (float noise must not buy a bigger plan)."""
 
 
-def candidate_plans(sizes: Sequence[int], max_buffers: int = 4) -> Iterator[Plan]:
-    """Every plan the ``auto`` search considers: k = 0..n device subgroups spread by size, buffers 1..max_buffers.
+#: Fractions whose lanes ``auto`` also weighs, by size: 1/20 .. 19/20 (the fraction plans a user would name).
+NAMED_FRACTIONS = tuple(Fraction(j, 20) for j in range(1, 20))
 
-    The all-host plan (k = 0) is yielded once, with 1 buffer, since its buffering depth does not matter.
+
+def candidate_lanes(sizes: Sequence[int]) -> list[tuple[Lane, ...]]:
+    """Every distinct lane assignment ``auto`` weighs, in the order ties are settled.
+
+    First k = 0..n device subgroups spread evenly by size (:func:`~.plan.even_device_lanes`), then the lanes of
+    every plan a user could name instead that are not among them: ``stride:K`` for K = 2..n and the fractions of
+    :data:`NAMED_FRACTIONS`. With unequal subgroups these place the device lane differently (``stride:3`` skips a
+    large first subgroup that the even spread takes), so ``auto`` is never predicted slower than any of them.
+    """
+    sizes = _check_sizes(sizes)
+    n = len(sizes)
+    seen: dict[tuple[Lane, ...], None] = {}
+    for lanes in (
+        *(even_device_lanes(sizes, count) for count in range(n + 1)),
+        *(stride_lanes(n, stride) for stride in range(2, n + 1)),
+        *(fraction_lanes(sizes, fraction) for fraction in NAMED_FRACTIONS),
+    ):
+        seen.setdefault(lanes, None)
+    return list(seen)
+
+
+def candidate_plans(sizes: Sequence[int], max_buffers: int = 4) -> Iterator[Plan]:
+    """Every plan the ``auto`` search considers: each of :func:`candidate_lanes` with buffers 1..max_buffers.
+
+    The all-host plan is yielded once, with 1 buffer, since its buffering depth does not matter.
     """
     sizes = _check_sizes(sizes)
     max_buffers = _check_buffers(max_buffers)
-    yield Plan(lanes=tuple(Lane.HOST for _ in sizes), buffers=1, source="auto")
-    for count in range(1, len(sizes) + 1):
-        lanes = even_device_lanes(sizes, count)
+    for lanes in candidate_lanes(sizes):
+        if Lane.DEVICE not in lanes:
+            yield Plan(lanes=lanes, buffers=1, source="auto")
+            continue
         for buffers in range(1, max_buffers + 1):
             yield Plan(lanes=lanes, buffers=buffers, source="auto")
 
