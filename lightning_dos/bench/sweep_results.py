@@ -287,7 +287,7 @@ def document(hardware: dict[str, Any], versions: dict[str, Any], sweep: SweepCon
                            f"order given; the first {PLAN_WARMUP} of each plan is left out and the rest summarised "
                            "by their median",
             "auto": f"one process per budget runs plan auto for {sweep.bench.steps} iterations; the first "
-                    f"{sweep.auto_excluded} (the probe step, the first step of the chosen plan, warm-up) are left out",
+                    f"{sweep.auto_excluded} (the probe steps, the first step of the chosen plan, warm-up) are left out",
             "update_ms": "the DOS update phase's makespan (both lanes), from the manager's records",
             "predicted_ms": "the manager's prediction for that update phase, made just before it with the cost "
                             "parameters calibrated on every earlier update phase of the process (earlier plans' "
