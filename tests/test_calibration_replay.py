@@ -55,15 +55,16 @@ def test_auto_calibration_predicts_the_host_only_plan_of_the_same_machine() -> N
 RECORDS_H = BENCHMARKS / "sweep_gpt-2.7b_H200_2026-11-21_runH_updates.json"
 
 
-def _measurement(record: dict, params: int) -> StepMeasurement:
-    """The manager's StepMeasurement of one recorded update phase (bytes and busy times as the executor gave them)."""
-    device = round(record["device_fraction"] * params)
-    return StepMeasurement(host_params=params - device, host_busy_s=record["host_compute_ms"] / 1e3,
-                           host_overlapped=device > 0, device_params=device, h2d_bytes=round(record["h2d_gb"] * 1e9),
+def _sized_measurement(record: dict, sizes: list[int]) -> StepMeasurement:
+    """The manager's StepMeasurement of one recorded update phase, device params counted from the real sizes."""
+    device = sum(size for size, lane in zip(sizes, record["lanes"]) if lane == "D")
+    return StepMeasurement(host_params=sum(sizes) - device, host_busy_s=record["host_compute_ms"] / 1e3,
+                           host_overlapped=device > 0, device_params=device,
+                           h2d_bytes=round(record["h2d_gb"] * 1e9),
                            h2d_busy_s=(record["prefetch_busy_ms"] + record["upload_busy_ms"]) / 1e3,
                            d2h_bytes=round(record["d2h_gb"] * 1e9), d2h_busy_s=record["flush_busy_ms"] / 1e3,
                            adam_busy_s=record["adam_busy_ms"] / 1e3, predicted_s=record["predicted_ms"] / 1e3,
-                           measured_s=record["update_ms"] / 1e3)
+                           measured_s=record["update_ms"] / 1e3, device_subgroups=record["lanes"].count("D"))
 
 
 @pytest.mark.parametrize("budget", ["unlimited", "quarter"])
@@ -75,11 +76,10 @@ def test_calibration_learns_how_the_duplex_link_splits_between_directions(budget
     calibration did before, is more than 7% too fast, and that is the H2D-bound device lane predicted ~9% short.
     """
     data = json.loads(RECORDS_H.read_text())
-    params = data["params"]
     steps = data[f"auto_{budget}"]["steps"]
     calibrator = Calibrator(CostParams())
     for record in steps:
-        calibrator.observe(_measurement(record, params))
+        calibrator.observe(_sized_measurement(record, data["subgroup_sizes"]))
     fitted = calibrator.params
     assert fitted.duplex_scale() < 1  # the cap is active: the learnt sum is below the directions' own rates
     measured_h2d = statistics.median(
@@ -98,18 +98,6 @@ GIB = 2**30
 
 def _plan(record: dict) -> Plan:
     return Plan(lanes=tuple(Lane.DEVICE if c == "D" else Lane.HOST for c in record["lanes"]), buffers=record["buffers"])
-
-
-def _sized_measurement(record: dict, sizes: list[int]) -> StepMeasurement:
-    """The manager's StepMeasurement of one recorded update phase, device params counted from the real sizes."""
-    device = sum(size for size, lane in zip(sizes, record["lanes"]) if lane == "D")
-    return StepMeasurement(host_params=sum(sizes) - device, host_busy_s=record["host_compute_ms"] / 1e3,
-                           host_overlapped=device > 0, device_params=device,
-                           h2d_bytes=round(record["h2d_gb"] * 1e9),
-                           h2d_busy_s=(record["prefetch_busy_ms"] + record["upload_busy_ms"]) / 1e3,
-                           d2h_bytes=round(record["d2h_gb"] * 1e9), d2h_busy_s=record["flush_busy_ms"] / 1e3,
-                           adam_busy_s=record["adam_busy_ms"] / 1e3, predicted_s=record["predicted_ms"] / 1e3,
-                           measured_s=record["update_ms"] / 1e3, device_subgroups=record["lanes"].count("D"))
 
 
 def _budget_bytes(records: Path, budget: str) -> float | None:

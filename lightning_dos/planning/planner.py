@@ -12,7 +12,6 @@ Pure Python: no torch.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from fractions import Fraction
 
 from .perf_model import CostParams, Prediction, _check_grads, _timeline, device_memory_bytes, predict
 from .plan import (
@@ -30,8 +29,9 @@ TIE_TOLERANCE = 1e-9
 """Makespans within this relative distance count as a tie (float noise must not buy a bigger plan)."""
 
 
-#: Fractions whose lanes ``auto`` also weighs, by size: 1/20 .. 19/20 (the fraction plans a user would name).
-NAMED_FRACTIONS = tuple(Fraction(j, 20) for j in range(1, 20))
+#: Fractions whose lanes ``auto`` also weighs, by size: 1/20 .. 19/20 (the fraction plans a user would name; read
+#: exactly as j/20 by :func:`~.plan.fraction_lanes`).
+NAMED_FRACTIONS = tuple(j / 20 for j in range(1, 20))
 
 
 def candidate_lanes(sizes: Sequence[int]) -> list[tuple[Lane, ...]]:
