@@ -18,7 +18,7 @@ import torch
 from lightning_dos.executor import LaneTimings, UpdateExecutor
 from lightning_dos.planning.calibration import Calibrator, StepMeasurement, probe_plans
 from lightning_dos.planning.perf_model import CostParams, device_memory_bytes, predicted_makespan_s
-from lightning_dos.planning.plan import Plan, PlanSpec, resolve_plan
+from lightning_dos.planning.plan import Plan, PlanSpec, parse_plan, resolve_plan
 from lightning_dos.planning.planner import best_plan, demote_to_fit, grads_for
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,8 @@ class OptimizerStateManager:
         base = cost or CostParams(ranks_per_host=max(1, ranks_per_host))
         if cost_overrides:
             base = base.with_values(cost_overrides, key="cost_overrides")
+        self._start_cost = base
+        self._cost_overrides = cost_overrides
         self.calibrator = Calibrator(base, overrides=cost_overrides)
         self.sizes = list(optimizer.subgroup_sizes())
         self.active = bool(optimizer._dos_supported())
@@ -95,6 +97,7 @@ class OptimizerStateManager:
         self.records: list[StepRecord] = []
         self._pending: tuple[Plan, int | None, tuple[int, ...]] | None = None
         self._replan_checked = 0  # update phases done when auto last (re-)planned or weighed a re-plan
+        self._auto_from = 0  # update phases done when auto started (its probe's first step is the next one)
         if self.active:
             optimizer.update_phase = self._update_phase
             self._plan_gradients()
@@ -122,6 +125,22 @@ class OptimizerStateManager:
         if len(plan.lanes) != len(self.sizes):
             raise ValueError(f"plan: has {len(plan.lanes)} lanes, this rank has {len(self.sizes)} subgroups")
         self.base_plan = plan
+        self._plan_gradients()
+
+    def start_auto(self) -> None:
+        """Switch to ``plan="auto"`` from a cold start, as a new run would begin it (call before a backward).
+
+        The calibration goes back to its starting values (user overrides kept), the next update phases are the
+        two probe steps, and the planner chooses after them. The records so far are kept; ``auto``'s count from
+        here. The plan sweep uses this to measure ``auto`` in the same process as the fixed plans it is compared
+        with.
+        """
+        self.spec = parse_plan("auto")
+        self.calibrator = Calibrator(self._start_cost, overrides=self._cost_overrides)
+        self._probes = probe_plans(self.sizes, buffers=self.buffers or DEFAULT_BUFFERS)
+        self._auto_from = self._replan_checked = len(self.records)
+        self._pending = None
+        self.base_plan = self._probes[0]
         self._plan_gradients()
 
     def _plan_gradients(self) -> None:
@@ -211,10 +230,11 @@ class OptimizerStateManager:
         if self.spec.kind != "auto":
             return
         done = len(self.records)
-        if done < PROBE_STEPS:  # the next probe step (part of the start-up measurement, not a re-plan)
-            self.base_plan = self._probes[done]
+        probed = done - self._auto_from  # update phases since auto started
+        if probed < PROBE_STEPS:  # the next probe step (part of the start-up measurement, not a re-plan)
+            self.base_plan = self._probes[probed]
             self._plan_gradients()
-        elif done == PROBE_STEPS:
+        elif probed == PROBE_STEPS:
             self._adopt(self._resolve(self.spec), record)
         elif done - self._replan_checked >= REPLAN_PATIENCE and self.calibrator.should_replan(REPLAN_PATIENCE):
             self._replan_checked = done  # the next check needs REPLAN_PATIENCE fresh steps

@@ -81,3 +81,33 @@ def _candidates(manager: OptimizerStateManager) -> list[Plan]:
         patch.setattr(planner, "candidate_plans", spy)
         manager._resolve(manager.spec)
     return seen
+
+
+def _letters(plan: Plan) -> str:
+    return "".join(lane.letter for lane in plan.lanes)
+
+
+def test_start_auto_begins_cold_after_fixed_plans() -> None:
+    """A fixed-plan run switched to ``auto`` (the plan sweep does this) starts as a new ``auto`` run would: the
+    starting cost values (user overrides kept), the two probe steps, then the planner's choice."""
+    manager = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("0.5"),
+                                    cost_overrides={"gpu_adam_params_per_s": 7e9})
+    start = manager.cost
+    for _ in range(3):  # fixed plans: nothing is re-planned, and calibration moves the rates
+        record = StepRecord(step=len(manager.records), plan=manager.base_plan,
+                            timings=LaneTimings(total_s=0.5, host_params=3000, host_compute_s=0.5), free_bytes=None,
+                            demoted=(), device_fraction=0.5, predicted_s=0.2)
+        manager.records.append(record)
+        manager._calibrate(record)
+        assert not record.replanned
+    assert manager.cost.cpu_adam_params_per_s != start.cpu_adam_params_per_s
+    assert manager.calibrator.history
+
+    manager.start_auto()
+    assert manager.spec.kind == "auto" and manager.cost == start and not manager.calibrator.history
+    assert manager.cost.gpu_adam_params_per_s == 7e9
+    assert _letters(manager.base_plan) == "HHHHHH" and manager.optimizer.device_grad_subgroups == frozenset()
+    probe = [_step(manager) for _ in range(manager_module.PROBE_STEPS)]
+    assert [_letters(r.plan) for r in probe] == ["HHHHHH", "HDHDHD"]
+    assert [r.replanned for r in probe] == [False, True]  # counted from start_auto, not from the run's first step
+    assert manager.base_plan.source not in ("probe", "0.5") and len(manager.records) == 5

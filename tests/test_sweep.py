@@ -1,6 +1,6 @@
 """The plan sweep: one CPU run of ``lightning-dos bench --sweep`` with real workers, plus its parts.
 
-The end-to-end test sweeps three fixed plans of a tiny model in one process and runs ``auto`` in another, then
+The end-to-end test sweeps three fixed plans of a tiny model, then ``auto`` started cold, in one process, and
 checks that every iteration ran the plan the sweep set for it, the figures in sweep.json, the report and the
 chart. The other tests cover the parent alone: the callback's switching (a stand-in manager), the budgets, the
 command line, the per-plan and ``auto`` figures and the four targets with exact numbers (met, missed, not
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -55,7 +56,7 @@ def test_sweep_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert code == 0
     assert elapsed < 120, f"the end-to-end sweep took {elapsed:.0f} s"
     printed = capsys.readouterr().out
-    assert "[1/2] unlimited: fixed plans: ok  3/3 plans" in printed and "[2/2] unlimited: auto: ok" in printed
+    assert "[1/1] unlimited: ok  3/3 fixed plans" in printed and "; auto " in printed
 
     doc = json.loads((out / "sweep.json").read_text())
     assert {"hardware", "versions", "config", "sweep", "model", "budgets", "targets", "date"} <= set(doc)
@@ -67,21 +68,22 @@ def test_sweep_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert budget["fixed"]["status"] == "ok" and budget["fixed"]["plans_completed"] == 3
 
     # every iteration ran the plan the sweep set for it, from its first update on
-    raw = json.loads((out / "runs" / "fixed_unlimited" / "result.json").read_text())
+    raw = json.loads((out / "runs" / "unlimited" / "result.json").read_text())
     dos = raw["dos"]
     sizes_n = dos["subgroups"]
     assert sizes_n >= 3
     lanes = {entry["plan"]: entry["lanes"] for entry in raw["sweep"]["resolved"]}
     assert lanes["host"] == "H" * sizes_n and "D" in lanes["0.5"] and "H" in lanes["0.5"]
     assert lanes["stride:2"] == "".join("D" if (i + 1) % 2 == 0 else "H" for i in range(sizes_n))
-    iterations = raw["sweep"]["iterations"]
-    assert [it["plan"] for it in iterations] == ["host", "host", "0.5", "0.5", "stride:2", "stride:2"]
+    every = raw["sweep"]["iterations"]
+    assert [it["plan"] for it in every] == ["host", "host", "0.5", "0.5", "stride:2", "stride:2"] + ["auto"] * 4
+    iterations, auto_its = every[:6], every[6:]
     for it in iterations:
         (record,) = it["records"]
         assert record["lanes"] == lanes[it["plan"]], it
         assert record["demoted_subgroups"] == 0 and record["update_ms"] > 0 and record["predicted_ms"] > 0
-    assert [s["lanes"] for s in dos["steps"]] == [it["records"][0]["lanes"] for it in iterations]
-    assert (out / "runs" / "fixed_unlimited" / PROGRESS_FILE).is_file()
+    assert [s["lanes"] for s in dos["steps"]] == [it["records"][0]["lanes"] for it in every]
+    assert (out / "runs" / "unlimited" / PROGRESS_FILE).is_file()
 
     plans = {p["plan"]: p for p in budget["plans"]}
     assert list(plans) == ["host", "0.5", "stride:2"]
@@ -101,9 +103,13 @@ def test_sweep_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert auto["status"] == "ok" and auto["probe_step"] == PROBE_STEPS
     # 4 steps: the two probe steps and the first of the chosen plan left out
     assert auto["excluded_steps"] == 3 and auto["measured_steps"] == 1
-    assert [s["lanes"].count("D") for s in json.loads((out / "runs" / "auto_unlimited" / "result.json").read_text())[
-        "dos"]["steps"][:2]] == [0, sizes_n // 2]  # the host lane alone, then half the subgroups on the device
-    assert auto["chosen"]["lanes"] and auto["update_ms"] > 0
+    probe = [it["records"][0] for it in auto_its[:2]]
+    # started cold after the fixed plans: the host lane alone, then half the subgroups on the device
+    assert [r["lanes"].count("D") for r in probe] == [0, sizes_n // 2]
+    assert [r["replanned"] for r in probe] == [False, True]
+    assert auto["chosen"]["lanes"] == auto_its[2]["records"][0]["lanes"] and auto["update_ms"] > 0
+    assert auto["update_ms"] == pytest.approx(auto_its[3]["records"][0]["update_ms"])
+    assert auto["iteration_ms"] == pytest.approx(raw["iterations"]["iteration_ms"][9])
 
     targets = {t["target"]: t for t in budget["targets"]}
     assert list(targets) == [AUTO_VS_BEST, PREDICTION, NO_OOM, AUTO_VS_STRIDES]
@@ -139,10 +145,15 @@ class _Manager:
         self.base_plan: Any = None
         self.records: list[Any] = []
         self.set_calls = 0
+        self.auto_started_at: list[int] = []
 
     def set_plan(self, plan: Any) -> None:
         self.set_calls += 1
         self.base_plan = plan
+
+    def start_auto(self) -> None:
+        self.auto_started_at.append(len(self.records))
+        self.base_plan = resolve_plan("host", self.sizes)  # the probe's first step
 
     def update(self, ms: float) -> None:
         timings = SimpleNamespace(total_s=ms / 1e3, host_busy_s=0.0, host_compute_s=0.0, device_busy_s=0.0, h2d_bytes=0,
@@ -178,6 +189,29 @@ def test_plan_sweep_sets_each_plan_before_its_iterations(tmp_path: Path) -> None
     assert json.loads((tmp_path / "progress.json").read_text()) == raw
     assert manager.base_plan == resolve_plan("stride:2", sizes)
     assert sweep.current_plan == "stride:2"
+
+
+def test_plan_sweep_starts_auto_once_after_the_fixed_plans(tmp_path: Path) -> None:
+    sizes = [10, 10, 10, 10]
+    manager = _Manager(sizes)
+    trainer = SimpleNamespace(strategy=SimpleNamespace(manager=manager))
+    sweep = PlanSweep(["device", "stride:2"], 2, progress_path=tmp_path / "progress.json", auto_steps=3)
+    assert (sweep.fixed_steps, sweep.total_steps) == (4, 7)
+    for i in range(7):
+        sweep.on_train_batch_start(trainer, None, None, i)
+        manager.update(10.0 + i)
+        sweep.on_train_batch_end(trainer, None, None, None, i)
+    # auto is started once, before the first iteration after the fixed plans, and then left to plan by itself
+    assert manager.auto_started_at == [4] and manager.set_calls == 4
+    raw = sweep.raw()
+    assert raw["auto_steps"] == 3
+    assert [(it["plan"], it["plan_index"], it["step_in_plan"]) for it in raw["iterations"]] == [
+        ("device", 0, 0), ("device", 0, 1), ("stride:2", 1, 0), ("stride:2", 1, 1),
+        ("auto", None, 0), ("auto", None, 1), ("auto", None, 2)]
+    assert [it["records"][0]["lanes"] for it in raw["iterations"][4:]] == ["HHHH"] * 3
+    assert sweep.current_plan == "auto"
+    with pytest.raises(ValueError, match="auto_steps"):
+        PlanSweep(["0.5"], 2, auto_steps=-1)
 
 
 def test_plan_sweep_refuses_auto_and_a_run_without_a_manager() -> None:
@@ -218,11 +252,12 @@ def test_sweep_defaults_and_its_own_options() -> None:
                            "stride:3", "stride:4", "stride:5", "stride:6"] == list(DEFAULT_SWEEP_PLANS)
     assert sweep.steps_per_plan == 3 and sweep.budgets == ["unlimited", "quarter"]
     assert sweep.fixed_steps == 48 and sweep.auto_excluded == 3 and sweep.bench.model == "gpt-2.7b"
+    assert sweep.auto_steps == 10 and sweep.process_steps == 58
     assert sweep.bench.strategies == ["deep_optimizer_states"] and sweep.bench.plans == ["auto"]
     budget = resolve_budget("quarter", 1_000)
-    fixed, auto = sweep.fixed_config(budget), sweep.auto_config(budget)
-    assert (fixed.steps, fixed.warmup, fixed.memory_budget_gib) == (48, 1, budget.gib)
-    assert (auto.steps, auto.warmup, auto.plans) == (10, 3, ["auto"])
+    process = sweep.process_config(budget)
+    assert (process.steps, process.warmup, process.memory_budget_gib) == (58, 1, budget.gib)
+    assert process.plans == [*DEFAULT_SWEEP_PLANS, "auto"] and process.strategies == ["deep_optimizer_states"]
     custom = parse_args(["--sweep", "--model", "gpt-1b", "--sweep-plans", "host", "stride:3", "--steps-per-plan", "4",
                          "--budgets", "quarter", "20", "--steps", "12", "--warmup", "1"]).sweep
     assert custom is not None and custom.plans == ["host", "stride:3"] and custom.budgets == ["quarter", "20"]
@@ -244,41 +279,43 @@ def test_sweep_dry_run_lists_the_processes(capsys: pytest.CaptureFixture[str]) -
     assert main([*TINY, "--sweep", "--sweep-plans", "0.25", "stride:3", "--budgets", "unlimited", "0.5",
                  "--dry-run"]) == 0
     printed = capsys.readouterr().out
-    assert "4 processes:" in printed and "2 plans x 3 iterations = 6 (0.25, stride:3)" in printed
-    assert "0.5 GiB" in printed and "auto: 4 iterations, the first 3 left out" in printed
+    assert "2 processes, one per budget, each 10 iterations:" in printed
+    assert "2 plans x 3 iterations = 6 (0.25, stride:3)" in printed
+    assert "0.5 GiB" in printed and "then auto, started cold: 4 iterations, the first 3 left out" in printed
 
 
 # --- figures and targets ------------------------------------------------------------------------------------------
 
 
 def _record(update: float, predicted: float, lanes: str = "HDHD", fraction: float = 0.5, demoted: int = 0,
-            replanned: bool = False) -> dict[str, Any]:
-    return {"lanes": lanes, "update_ms": update, "predicted_ms": predicted, "device_fraction": fraction,
+            replanned: bool = False, source: str = "fixed") -> dict[str, Any]:
+    return {"lanes": lanes, "source": source, "update_ms": update, "predicted_ms": predicted, "device_fraction": fraction,
             "demoted_subgroups": demoted, "replanned": replanned}
 
 
-def _fixed(plans: dict[str, list[tuple[float, float]]], status: str = "ok", failed_plan: str | None = None,
-           demoted: int = 0) -> dict[str, Any]:
-    """A fixed-plan process's raw result: per plan, (measured, predicted) of each of its iterations."""
+def _process(plans: dict[str, list[tuple[float, float]]], auto: Sequence[float] = (), status: str = "ok",
+             failed_plan: str | None = None, demoted: int = 0) -> dict[str, Any]:
+    """A sweep process's raw result: per fixed plan, (measured, predicted) of each of its iterations; then ``auto``'s
+    measured update times (the probe: host-only, then mixed, after which it chooses; then the chosen plan), each
+    predicted 10% high."""
     iterations = []
     for index, (plan, steps) in enumerate(plans.items()):
         for k, (update, predicted) in enumerate(steps):
             iterations.append({"iteration": len(iterations), "plan": plan, "plan_index": index, "step_in_plan": k,
                                "lanes": "HDHD", "device_fraction": 0.5,
                                "records": [_record(update, predicted, demoted=demoted)]})
+    for k, update in enumerate(auto):
+        lanes, fraction = ("HHHH", 0.0) if k == 0 else ("DHDH", 0.5)
+        iterations.append({"iteration": len(iterations), "plan": "auto", "plan_index": None, "step_in_plan": k,
+                           "lanes": lanes, "device_fraction": fraction,
+                           "records": [_record(update, update * 1.1, lanes=lanes, fraction=fraction,
+                                               replanned=(k == 1), source="probe" if k < 2 else "auto")]})
     resolved = [{"plan": plan, "lanes": "HDHD", "buffers": 2, "source": plan} for plan in plans]
-    return {"status": status, "reason": None if status == "ok" else "OutOfMemoryError: CUDA out of memory",
-            "failed_plan": failed_plan, "sweep": {"plans": list(plans), "steps_per_plan": 3, "resolved": resolved,
-                                                  "iterations": iterations}}
-
-
-def _auto(updates: list[float], status: str = "ok") -> dict[str, Any]:
-    """An auto process's raw result: the probe (host-only, then mixed; it re-plans), then the chosen plan; predictions
-    10% high."""
-    steps = [_record(u, u * 1.1, lanes="HHHH" if i == 0 else "DHDH", fraction=0.0 if i == 0 else 0.5,
-                     replanned=(i == 1)) for i, u in enumerate(updates)]
-    return {"status": status, "reason": None, "dos": {"plan": "plan auto [DHDH] 2 buffers, 50.0% on device",
-                                                      "steps": steps}}
+    reason = {"ok": None, "oom": "OutOfMemoryError: CUDA out of memory"}.get(status, f"{status}: stopped")
+    return {"status": status, "reason": reason, "failed_plan": failed_plan,
+            "iterations": {"iteration_ms": [1000.0 + i for i in range(len(iterations))]},
+            "sweep": {"plans": list(plans), "steps_per_plan": 3, "auto_steps": len(auto), "resolved": resolved,
+                      "iterations": iterations}}
 
 
 def _sweep(plans: list[str]) -> SweepConfig:
@@ -292,23 +329,26 @@ def _targets(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_figures_leave_out_warm_up_and_the_targets_are_met() -> None:
     sweep = _sweep(["0.0", "0.5", "stride:2"])
-    # first iteration of each plan (999) is warm-up; predictions 5% low, 10% high, 2% low
-    fixed = _fixed({"0.0": [(999, 1), (200, 190), (220, 209)],
-                    "0.5": [(999, 1), (100, 110), (104, 114.4)],
-                    "stride:2": [(999, 1), (150, 147), (160, 156.8)]})
-    auto = _auto([500, 300, 900, 103, 105, 104])  # probe, first step of its plan, warm-up: left out
-    summary = summarize_budget(resolve_budget("unlimited", 1), fixed, auto, sweep)
+    # first iteration of each plan (999) is warm-up; predictions 5% low, 10% high, 2% low; then auto's probe, the
+    # first step of its plan and warm-up (left out), and three measured update phases
+    result = _process({"0.0": [(999, 1), (200, 190), (220, 209)],
+                       "0.5": [(999, 1), (100, 110), (104, 114.4)],
+                       "stride:2": [(999, 1), (150, 147), (160, 156.8)]}, auto=[500, 300, 900, 103, 105, 104])
+    summary = summarize_budget(resolve_budget("unlimited", 1), result, sweep)
     plans = {p["plan"]: p for p in summary["plans"]}
     assert plans["0.0"]["update_ms"] == 210 and plans["0.0"]["predicted_ms"] == pytest.approx(199.5)
     assert plans["0.0"]["median_rel_error"] == pytest.approx(0.05)
     assert plans["0.5"]["update_ms"] == 102 and plans["0.5"]["median_rel_error"] == pytest.approx(0.10)
     assert plans["stride:2"]["median_rel_error"] == pytest.approx(0.02)
     assert all(p["measured_steps"] == 2 and p["status"] == "ok" for p in plans.values())
+    assert plans["0.5"]["iteration_ms"] == 1004.5  # its iterations 4 and 5 of the process
     assert summary["best"] == {"plan": "0.5", "update_ms": 102}
     a = summary["auto"]
     assert (a["excluded_steps"], a["measured_steps"], a["update_ms"], a["probe_step"]) == (3, 3, 104, 2)
     assert a["chosen"]["lanes"] == "DHDH" and a["median_rel_error"] == pytest.approx(0.10)
-    # errors pooled over the six measured update phases: 0.02 0.02 0.05 0.05 0.10 0.10 -> median 0.05
+    assert a["iteration_ms"] == 1013  # auto's iterations are the process's 12-14 (after nine fixed-plan ones)
+    assert a["status"] == "ok" and a["final_plan"] == "auto: DHDH"
+    # errors pooled over the six measured update phases of the fixed plans: 0.02 0.02 0.05 0.05 0.10 0.10 -> 0.05
     assert summary["prediction_error_median"] == pytest.approx(0.05) and summary["prediction_steps"] == 6
     t = _targets(summary)
     assert t[AUTO_VS_BEST]["status"] == "met" and t[AUTO_VS_BEST]["value"] == pytest.approx(104 / 102 - 1)
@@ -320,50 +360,72 @@ def test_figures_leave_out_warm_up_and_the_targets_are_met() -> None:
 
 def test_targets_are_missed_with_their_figures() -> None:
     sweep = _sweep(["0.3", "stride:4", "0.9"])
-    fixed = _fixed({"0.3": [(999, 1), (100, 88), (100, 88)],     # 12% off
-                    "stride:4": [(999, 1), (104, 91.52), (106, 93.28)],
-                    "0.9": [(999, 1), (300, 300)]},            # it ran out of memory in its third iteration
-                   status="oom", failed_plan="0.9", demoted=1)
-    auto = _auto([500, 300, 900, 106, 106, 106])
-    summary = summarize_budget(resolve_budget("unlimited", 1), fixed, auto, sweep)
+    result = _process({"0.3": [(999, 1), (100, 88), (100, 88)],     # 12% off
+                       "stride:4": [(999, 1), (104, 91.52), (106, 93.28)],
+                       "0.9": [(999, 1), (300, 300), (300, 300)]}, auto=[500, 300, 900, 106, 106, 106], demoted=1)
+    summary = summarize_budget(resolve_budget("unlimited", 1), result, sweep)
     plans = {p["plan"]: p for p in summary["plans"]}
-    assert [p["status"] for p in summary["plans"]] == ["ok", "ok", "oom"]
-    assert plans["0.9"]["measured_steps"] == 1 and plans["0.9"]["demoted_max"] == 1
-    assert summary["fixed"]["failed_plan"] == "0.9" and summary["fixed"]["plans_completed"] == 2
+    assert [p["status"] for p in summary["plans"]] == ["ok", "ok", "ok"] and plans["0.9"]["demoted_max"] == 1
     t = _targets(summary)
     assert t[AUTO_VS_BEST]["status"] == "missed" and t[AUTO_VS_BEST]["value"] == pytest.approx(0.06)
-    # pooled errors: 0.12 0.12 0.12 0.12 0 (the oom plan's measured step counts) -> 0.12
+    # pooled errors: 0.12 0.12 0.12 0.12 0 0 -> 0.12
     assert t[PREDICTION]["status"] == "missed" and t[PREDICTION]["value"] == pytest.approx(0.12)
-    assert t[NO_OOM]["status"] == "missed" and t[NO_OOM]["detail"] == "fixed plans: oom (during plan 0.9)"
+    assert t[NO_OOM]["status"] == "met" and "at most 1 subgroups demoted" in t[NO_OOM]["detail"]
     assert t[AUTO_VS_STRIDES]["status"] == "missed" and t[AUTO_VS_STRIDES]["value"] == pytest.approx(106 / 105)
+
+
+def test_a_process_that_runs_out_of_memory_misses_no_oom_and_says_where() -> None:
+    sweep = _sweep(["0.3", "0.9"])
+    during_plan = _process({"0.3": [(999, 1), (100, 100), (100, 100)], "0.9": [(999, 1)]}, status="oom",
+                           failed_plan="0.9")
+    summary = summarize_budget(resolve_budget("12", 1), during_plan, sweep)
+    assert [p["status"] for p in summary["plans"]] == ["ok", "oom"]
+    assert summary["fixed"]["failed_plan"] == "0.9" and summary["fixed"]["plans_completed"] == 1
+    assert summary["auto"]["status"] == "not run" and summary["auto"]["update_ms"] is None
+    t = _targets(summary)
+    assert t[NO_OOM]["status"] == "missed" and t[NO_OOM]["detail"] == "sweep process: oom (during plan 0.9)"
+    assert t[AUTO_VS_BEST]["status"] == "not measured"
+
+    # out of memory during auto: every fixed plan completed; auto's update phases so far are not its figure
+    during_auto = _process({"0.3": [(999, 1), (100, 100), (100, 100)], "0.9": [(999, 1), (90, 90), (90, 90)]},
+                           auto=[500, 300, 900, 95], status="oom", failed_plan="auto")
+    summary = summarize_budget(resolve_budget("12", 1), during_auto, sweep)
+    assert [p["status"] for p in summary["plans"]] == ["ok", "ok"] and summary["fixed"]["failed_plan"] == "auto"
+    assert summary["auto"]["status"] == "oom" and summary["auto"]["measured_steps"] == 1
+    t = _targets(summary)
+    assert t[NO_OOM]["status"] == "missed" and t[NO_OOM]["detail"] == "sweep process: oom (during auto)"
+    assert t[AUTO_VS_BEST]["status"] == "not measured"
 
 
 def test_targets_not_measured_and_their_combination_over_budgets() -> None:
     sweep = _sweep(["0.5"])
-    fixed = _fixed({"0.5": [(999, 1), (100, 100), (100, 100)]})
-    skipped_auto = {"status": "skipped", "reason": "not run: the sweep was interrupted"}
-    summary = summarize_budget(resolve_budget("12", 1), fixed, skipped_auto, sweep)
+    fixed_only = {"0.5": [(999, 1), (100, 100), (100, 100)]}
+    # interrupted after the fixed plans (progress.json has no auto iteration): auto is reached but not measured
+    interrupted = _process(fixed_only, status="skipped")
+    summary = summarize_budget(resolve_budget("12", 1), interrupted, sweep)
+    assert summary["auto"]["status"] == "skipped" and summary["auto"]["measured_steps"] == 0
     t = _targets(summary)
     assert t[AUTO_VS_BEST]["status"] == "not measured" and t[AUTO_VS_BEST]["value"] is None
     assert t[PREDICTION]["status"] == "met" and t[PREDICTION]["value"] == 0
-    assert t[NO_OOM]["status"] == "not measured" and "auto: skipped" in t[NO_OOM]["detail"]
+    assert t[NO_OOM]["status"] == "not measured" and t[NO_OOM]["detail"] == "sweep process: skipped"
     assert t[AUTO_VS_STRIDES]["status"] == "not measured"  # no stride plan swept
-    failed_auto = summarize_budget(resolve_budget("12", 1), fixed, {"status": "failed", "reason": "x"}, sweep)
-    assert _targets(failed_auto)[NO_OOM]["status"] == "missed"
-    good = summarize_budget(resolve_budget("unlimited", 1), fixed, _auto([9, 9, 9, 101, 101]), sweep)
+    failed = summarize_budget(resolve_budget("12", 1), _process(fixed_only, auto=[9, 9], status="failed"), sweep)
+    assert failed["fixed"]["failed_plan"] == "auto" and _targets(failed)[NO_OOM]["status"] == "missed"
+    good = summarize_budget(resolve_budget("unlimited", 1), _process(fixed_only, auto=[9, 9, 9, 101, 101]), sweep)
     assert _targets(good)[AUTO_VS_BEST]["status"] == "met"
     overall = {t["target"]: t for t in overall_targets([good, summary])}
     assert overall[AUTO_VS_BEST]["status"] == "not measured"
     assert overall[AUTO_VS_BEST]["detail"] == "unlimited: met; 12 GiB: not measured"
-    overall = {t["target"]: t for t in overall_targets([good, failed_auto, summary])}
+    overall = {t["target"]: t for t in overall_targets([good, failed, summary])}
     assert overall[NO_OOM]["status"] == "missed" and overall[NO_OOM]["value"] == 1
     assert {t["target"]: t["status"] for t in overall_targets([good])} == {
         AUTO_VS_BEST: "met", PREDICTION: "met", NO_OOM: "met", AUTO_VS_STRIDES: "not measured"}
 
 
 def test_auto_without_a_probe_record_is_not_measured() -> None:
-    summary = summarize_auto({"status": "ok", "dos": {"plan": "p", "steps": []}}, warmup=3)
+    summary = summarize_auto(_process({"0.5": [(999, 1), (100, 100)]}), _sweep(["0.5"]))
     assert summary["measured_steps"] == 0 and summary["update_ms"] is None and summary["chosen"] is None
+    assert summary["status"] == "ok" and summary["final_plan"] is None
 
 
 def test_a_timed_out_sweep_keeps_the_plans_it_finished(tmp_path: Path) -> None:
@@ -376,40 +438,46 @@ def test_a_timed_out_sweep_keeps_the_plans_it_finished(tmp_path: Path) -> None:
                       extra: dict[str, Any] | None = None) -> dict[str, Any]:
         calls.append((spec.label, module, config.steps, config.memory_budget_gib))
         run_dir.mkdir(parents=True, exist_ok=True)
-        if spec.label == "sweep[quarter]":  # the first budget's outputs are already written
-            assert len(json.loads((tmp_path / "sweep.json").read_text())["budgets"]) == 1
-            assert "**Partial**: written after 1 of 2 budgets" in (tmp_path / "sweep.md").read_text()
-        if spec.plan != "auto":
-            assert extra == {"sweep": {"plans": ["host", "0.5", "stride:2"], "steps_per_plan": 2}}
-            done = _fixed({"host": [(50, 45), (40, 44)], "0.5": [(30, 27)]})["sweep"]  # stopped during 0.5
+        assert extra == {"sweep": {"plans": ["host", "0.5", "stride:2"], "steps_per_plan": 2, "auto_steps": 5}}
+        log = str(run_dir / "worker.log")
+        if spec.label == "sweep[unlimited]":  # stopped by its time limit during 0.5: only progress.json is left
+            done = _process({"host": [(50, 45), (40, 44)], "0.5": [(30, 27)]})["sweep"]
             (run_dir / PROGRESS_FILE).write_text(json.dumps(done))
             return {**spec.to_dict(), "status": "timeout", "reason": "no result within 60 s (raise --timeout)",
-                    "elapsed_s": 60.0, "log": str(run_dir / "worker.log")}
-        return {**spec.to_dict(), **_auto([90, 80, 37, 38, 36]), "elapsed_s": 5.0, "log": str(run_dir / "worker.log")}
+                    "elapsed_s": 60.0, "log": log}
+        # the first budget's outputs are already written
+        assert len(json.loads((tmp_path / "sweep.json").read_text())["budgets"]) == 1
+        assert "**Partial**: written after 1 of 2 budgets" in (tmp_path / "sweep.md").read_text()
+        done = _process({"host": [(50, 45), (40, 44)], "0.5": [(30, 27), (39, 39)], "stride:2": [(60, 60), (50, 50)]},
+                        auto=[90, 80, 37, 38, 36])
+        return {**spec.to_dict(), **done, "elapsed_s": 50.0, "log": log}
 
     doc = run_sweep(sweep, tmp_path, launcher=fake_launcher, progress=False)
     quarter = doc["budgets"][1]["budget"]["gib"]
     assert quarter == pytest.approx(resolve_budget("quarter", doc["model"]["params"]).gib)
-    assert calls == [("sweep[unlimited]", "lightning_dos.bench.sweep_worker", 6, None),
-                     ("auto[unlimited]", None, 5, None),
-                     ("sweep[quarter]", "lightning_dos.bench.sweep_worker", 6, quarter),
-                     ("auto[quarter]", None, 5, quarter)]
+    assert calls == [("sweep[unlimited]", "lightning_dos.bench.sweep_worker", 11, None),
+                     ("sweep[quarter]", "lightning_dos.bench.sweep_worker", 11, quarter)]
     budget = doc["budgets"][0]
     assert [(p["plan"], p["status"]) for p in budget["plans"]] == [("host", "ok"), ("0.5", "timeout"),
                                                                    ("stride:2", "not run")]
     assert budget["plans"][0]["update_ms"] == 40 and budget["plans"][0]["median_rel_error"] == pytest.approx(0.1)
-    assert budget["fixed"]["failed_plan"] == "0.5" and budget["fixed"]["log"] == "runs/fixed_unlimited/worker.log"
-    assert budget["auto"]["update_ms"] == 37  # warm-up 2: the probe and the first step of its plan left out
+    assert budget["fixed"]["failed_plan"] == "0.5" and budget["fixed"]["log"] == "runs/unlimited/worker.log"
+    assert budget["auto"]["status"] == "not run"
     t = _targets(budget)
-    assert t[NO_OOM]["status"] == "missed" and "fixed plans: timeout" in t[NO_OOM]["detail"]
-    assert t[AUTO_VS_BEST]["status"] == "met" and t[AUTO_VS_BEST]["value"] == pytest.approx(37 / 40 - 1)
-    assert t[AUTO_VS_STRIDES]["status"] == "not measured"
+    assert t[NO_OOM]["status"] == "missed" and "sweep process: timeout" in t[NO_OOM]["detail"]
+    assert t[AUTO_VS_BEST]["status"] == "not measured" and t[AUTO_VS_STRIDES]["status"] == "not measured"
+
+    done = doc["budgets"][1]
+    assert done["auto"]["update_ms"] == 37  # warm-up 2: the probe and the first step of its plan left out
+    t = _targets(done)
+    assert t[AUTO_VS_BEST]["status"] == "met" and t[AUTO_VS_BEST]["value"] == pytest.approx(37 / 39 - 1)
+    assert t[AUTO_VS_STRIDES]["status"] == "met" and t[NO_OOM]["status"] == "met"
     assert {t["target"]: t["status"] for t in doc["targets"]}[NO_OOM] == "missed"
 
     report = (tmp_path / "sweep.md").read_text()
     assert "Partial" not in report
     for text in ("## Budget: unlimited", "## Budget: quarter (", "| 0.5 | timeout |", "| stride:2 | not run |",
-                 "**missed**", "during plan 0.5", "1/3 plans completed"):
+                 "**missed**", "during plan 0.5", "1/3 plans completed", "| auto | not run |"):
         assert text in report, text
     assert json.loads((tmp_path / "sweep.json").read_text())["budgets"][0]["plans"][1]["status"] == "timeout"
     assert (tmp_path / "sweep.png").read_bytes()[:8] == PNG_SIGNATURE

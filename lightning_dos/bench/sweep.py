@@ -1,10 +1,14 @@
-"""Owns switching fixed DOS plans inside one training run, and which update records belong to which plan.
+"""Owns switching DOS plans inside one training run, and which update records belong to which plan.
 
 :class:`PlanSweep` is a Lightning callback for a run under ``deep_optimizer_states``: it holds each plan of a
 list for ``steps_per_plan`` iterations, setting the manager's plan in ``on_train_batch_start`` (before that
 iteration's backward, so the device lane's gradients stay on the device as the plan says), and collects the
 manager's update records of every iteration under the plan that ran. The manager's calibrator keeps learning
 across plans: each prediction is made just before its update phase from everything measured so far.
+
+After the fixed plans it can run ``auto`` for ``auto_steps`` iterations in the same process, started cold (the
+manager's :meth:`~lightning_dos.manager.OptimizerStateManager.start_auto`: starting cost values, then the probe),
+so that ``auto`` and the plans it is compared with share the process, its memory placement and its warm state.
 """
 
 from __future__ import annotations
@@ -29,10 +33,11 @@ class PlanSweep(pl.Callback):
         steps_per_plan: iterations each plan is held for.
         progress_path: if set, the raw records so far are written there (JSON) after every iteration, so a
             run that is stopped from outside still leaves what it measured.
+        auto_steps: iterations of ``auto`` after the last fixed plan, started cold (0: none).
     """
 
     def __init__(self, plans: Sequence[str], steps_per_plan: int,
-                 progress_path: str | Path | None = None) -> None:
+                 progress_path: str | Path | None = None, auto_steps: int = 0) -> None:
         if not plans:
             raise ValueError("plan sweep: give at least one plan")
         if isinstance(steps_per_plan, bool) or not isinstance(steps_per_plan, int) or steps_per_plan < 1:
@@ -42,15 +47,23 @@ class PlanSweep(pl.Callback):
         if any(spec.kind == "auto" for spec in self.specs):
             raise ValueError("plan sweep: 'auto' is not a fixed plan; run it on its own (it probes and re-plans)")
         self.steps_per_plan = steps_per_plan
+        if isinstance(auto_steps, bool) or not isinstance(auto_steps, int) or auto_steps < 0:
+            raise ValueError(f"plan sweep: auto_steps {auto_steps!r} must be an integer >= 0")
+        self.auto_steps = auto_steps
         self.progress_path = None if progress_path is None else Path(progress_path)
         self.resolved: list[Plan] = []
         self.iterations: list[dict[str, Any]] = []
         self._first_record = 0
 
     @property
-    def total_steps(self) -> int:
-        """Iterations needed to hold every plan for ``steps_per_plan`` iterations."""
+    def fixed_steps(self) -> int:
+        """Iterations needed to hold every fixed plan for ``steps_per_plan`` iterations."""
         return len(self.plans) * self.steps_per_plan
+
+    @property
+    def total_steps(self) -> int:
+        """Iterations of the whole sweep: the fixed plans, then ``auto``."""
+        return self.fixed_steps + self.auto_steps
 
     def plan_index(self, iteration: int) -> int:
         """Index into :attr:`plans` of the plan held at ``iteration`` (from 0); the last one past the end."""
@@ -84,10 +97,24 @@ class PlanSweep(pl.Callback):
         if not self.resolved:  # subgroup sizes are known once the engine exists
             self.resolved = self._resolve(manager)
         iteration = len(self.iterations)
+        self._first_record = len(manager.records)
+        if self.auto_steps and iteration >= self.fixed_steps:
+            if iteration == self.fixed_steps:
+                manager.start_auto()  # cold: starting cost values, then the probe, as a new run
+            plan = manager.base_plan
+            self.iterations.append({
+                "iteration": iteration,
+                "plan": "auto",
+                "plan_index": None,
+                "step_in_plan": iteration - self.fixed_steps,
+                "lanes": plan.lane_letters(),
+                "device_fraction": plan.device_fraction(manager.sizes),
+                "records": [],
+            })
+            return
         index = self.plan_index(iteration)
         plan = self.resolved[index]
         manager.set_plan(plan)  # every iteration: whatever ran before, this iteration runs this plan
-        self._first_record = len(manager.records)
         self.iterations.append({
             "iteration": iteration,
             "plan": self.plans[index],
@@ -113,6 +140,7 @@ class PlanSweep(pl.Callback):
         return {
             "plans": list(self.plans),
             "steps_per_plan": self.steps_per_plan,
+            "auto_steps": self.auto_steps,
             "resolved": [{"plan": name, "lanes": plan.lane_letters(), "buffers": plan.buffers, "source": plan.source}
                          for name, plan in zip(self.plans, self.resolved)],
             "iterations": copy.deepcopy(self.iterations),

@@ -1,11 +1,12 @@
 """Owns the plan sweep's settings: the fixed plans swept, iterations per plan, and the memory budgets.
 
 A plan sweep (``lightning-dos bench --sweep``) measures the performance model's evidence: for each memory
-budget it runs every fixed plan of :attr:`SweepConfig.plans` in one training process, switching the plan
-every ``steps_per_plan`` iterations, and ``auto`` in a second process. The model, data and timing settings are
-the bench's own (:class:`~lightning_dos.bench.config.BenchConfig`). A budget is ``unlimited`` (no limit but
-the free device memory), ``quarter`` (room for a quarter of the optimizer state: 0.25 x 12 bytes x the model's
-parameters) or a number of GiB. No torch import here.
+budget one training process runs every fixed plan of :attr:`SweepConfig.plans`, switching the plan every
+``steps_per_plan`` iterations, then ``auto`` for ``bench.steps`` iterations, started cold (starting cost values,
+then its probe) so that it is compared with plans measured in the same process. The model, data and timing
+settings are the bench's own (:class:`~lightning_dos.bench.config.BenchConfig`). A budget is ``unlimited`` (no
+limit but the free device memory), ``quarter`` (room for a quarter of the optimizer state: 0.25 x 12 bytes x the
+model's parameters) or a number of GiB. No torch import here.
 """
 
 from __future__ import annotations
@@ -88,8 +89,8 @@ def resolve_budget(text: str, params: int) -> Budget:
 class SweepConfig:
     """What a plan sweep runs: the bench settings, the fixed plans, iterations per plan and the budgets.
 
-    The ``auto`` process of each budget runs ``bench.steps`` iterations; its first ``bench.warmup`` (at least
-    the two probe steps and the first step of the plan chosen after them) are left out.
+    After the fixed plans, each budget's process runs ``auto`` for ``bench.steps`` iterations; their first
+    ``bench.warmup`` (at least the two probe steps and the first step of the plan chosen after them) are left out.
     """
 
     bench: BenchConfig
@@ -103,12 +104,22 @@ class SweepConfig:
 
     @property
     def fixed_steps(self) -> int:
-        """Iterations of one fixed-plan process."""
+        """Iterations of the fixed plans in one budget's process."""
         return len(self.plans) * self.steps_per_plan
 
     @property
+    def auto_steps(self) -> int:
+        """Iterations of ``auto`` after the fixed plans."""
+        return self.bench.steps
+
+    @property
+    def process_steps(self) -> int:
+        """Iterations of one budget's process: the fixed plans, then ``auto``."""
+        return self.fixed_steps + self.auto_steps
+
+    @property
     def auto_excluded(self) -> int:
-        """Leading iterations of the ``auto`` process left out: its warm-up, at least the probe steps and one more."""
+        """Leading iterations of ``auto`` left out: its warm-up, at least the probe steps and one more."""
         return max(self.bench.warmup, AUTO_MIN_EXCLUDED)
 
     def to_dict(self) -> dict[str, Any]:
@@ -116,15 +127,11 @@ class SweepConfig:
         return {"plans": list(self.plans), "steps_per_plan": self.steps_per_plan, "plan_warmup": PLAN_WARMUP,
                 "budgets": list(self.budgets), "auto_steps": self.bench.steps, "auto_excluded": self.auto_excluded}
 
-    def fixed_config(self, budget: Budget) -> BenchConfig:
-        """The bench settings of the fixed-plan process of ``budget``."""
-        return dataclasses.replace(self.bench, memory_budget_gib=budget.gib, steps=self.fixed_steps,
-                                   warmup=PLAN_WARMUP, strategies=["deep_optimizer_states"], plans=list(self.plans))
-
-    def auto_config(self, budget: Budget) -> BenchConfig:
-        """The bench settings of the ``auto`` process of ``budget``."""
-        return dataclasses.replace(self.bench, memory_budget_gib=budget.gib, strategies=["deep_optimizer_states"],
-                                   plans=["auto"])
+    def process_config(self, budget: Budget) -> BenchConfig:
+        """The bench settings of the process of ``budget`` (every fixed plan, then ``auto``)."""
+        return dataclasses.replace(self.bench, memory_budget_gib=budget.gib, steps=self.process_steps,
+                                   warmup=PLAN_WARMUP, strategies=["deep_optimizer_states"],
+                                   plans=[*self.plans, "auto"])
 
     def validate(self) -> None:
         """Raise ``ValueError`` listing every setting the sweep cannot run (the bench settings' own included)."""
@@ -145,7 +152,7 @@ class SweepConfig:
                 problems.append(str(err))
                 continue
             if spec.kind == "auto":
-                problems.append("sweep plans: 'auto' is not a fixed plan; it always runs in its own process")
+                problems.append("sweep plans: 'auto' is not a fixed plan; the sweep runs it after the fixed plans")
         lowered = [str(p).strip().lower() for p in self.plans]
         repeated = sorted({p for p in lowered if lowered.count(p) > 1})
         if repeated:
@@ -162,7 +169,7 @@ class SweepConfig:
             except ValueError as err:
                 problems.append(str(err))
         if isinstance(self.bench.steps, int) and self.bench.steps <= self.auto_excluded:
-            problems.append(f"steps: the auto process leaves out its first {self.auto_excluded} iterations (the "
+            problems.append(f"steps: auto's first {self.auto_excluded} iterations are left out (the "
                             f"probe, the first step of its plan, warm-up); set steps > {self.auto_excluded}")
         if problems:
             raise ValueError("sweep: " + "; ".join(problems))

@@ -1,10 +1,11 @@
-"""Owns one plan-sweep invocation end to end: two worker processes per budget in, sweep.json/.md/.png out.
+"""Owns one plan-sweep invocation end to end: one worker process per budget in, sweep.json/.md/.png out.
 
-For each budget: a fixed-plan process (:mod:`lightning_dos.bench.sweep_worker`) runs every plan of the sweep in
-turn, then an ``auto`` process (the bench's own worker, plan ``auto`` with that budget) probes, calibrates and
-re-plans as in training. Each process goes through the bench's launcher (time limit, failure classification,
-its own log), under a progress bar with one line per finished process. The outputs are written after every
-budget, and a fixed-plan process stopped from outside still contributes the plans it finished (its
+For each budget, one process (:mod:`lightning_dos.bench.sweep_worker`) runs every fixed plan of the sweep in turn,
+then ``auto`` started cold, which probes, calibrates and re-plans as in training. ``auto`` shares the process with
+the plans it is compared with: measured in processes of their own, the same lanes differed by more than the 5%
+the target allows (docs/performance-model.md). Each process goes through the bench's launcher (time limit,
+failure classification, its own log), under a progress bar with one line per finished process. The outputs are
+written after every budget, and a process stopped from outside still contributes the plans it finished (its
 ``progress.json``), so a sweep cut short keeps what it measured.
 """
 
@@ -32,8 +33,6 @@ from lightning_dos.bench.sweep_worker import PROGRESS_FILE
 from lightning_dos.bench.worker import write_json
 
 SWEEP_WORKER = "lightning_dos.bench.sweep_worker"
-#: Status of the auto process in the summary printed before it runs.
-NOT_YET = "not run yet"
 #: ``launcher(config, spec, run_dir, module=..., extra=...)``: the bench's :func:`~lightning_dos.bench.launcher.launch`.
 Launcher = Callable[..., dict[str, Any]]
 
@@ -49,18 +48,13 @@ def budgets_of(sweep: SweepConfig) -> list[Budget]:
     return [resolve_budget(text, params) for text in sweep.budgets]
 
 
-def fixed_spec(sweep: SweepConfig, budget: Budget) -> RunSpec:
-    """The fixed-plan process of ``budget``: DOS started with the first plan (the sweep switches from there)."""
+def process_spec(sweep: SweepConfig, budget: Budget) -> RunSpec:
+    """The process of ``budget``: DOS started with the first plan (the sweep switches from there)."""
     return RunSpec(label=f"sweep[{budget.name}]", strategy="deep_optimizer_states", plan=sweep.plans[0])
 
 
-def auto_spec(budget: Budget) -> RunSpec:
-    """The ``auto`` process of ``budget``."""
-    return RunSpec(label=f"auto[{budget.name}]", strategy="deep_optimizer_states", plan="auto")
-
-
 def with_progress(result: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-    """A fixed-plan result that lacks the sweep's records, completed from the worker's ``progress.json``."""
+    """A process result that lacks the sweep's records, completed from the worker's ``progress.json``."""
     if result.get("sweep") or result.get("status") == "ok":
         return result
     try:
@@ -74,35 +68,25 @@ def _elapsed(result: dict[str, Any]) -> str:
     return f" ({result['elapsed_s']:.0f} s)" if result.get("elapsed_s") is not None else ""
 
 
-def fixed_line(index: int, total: int, budget: Budget, summary: dict[str, Any], result: dict[str, Any]) -> str:
-    """One line summarising a finished fixed-plan process."""
-    head = f"[{index}/{total}] {budget.label}: fixed plans"
+def budget_line(index: int, total: int, budget: Budget, summary: dict[str, Any], result: dict[str, Any]) -> str:
+    """One line summarising a finished budget process: the fixed plans, then ``auto``."""
+    head = f"[{index}/{total}] {budget.label}:"
     plans = summary["plans"]
     done = sum(p["status"] == "ok" for p in plans)
+    best = summary["best"]
+    a = summary["auto"]
     if result.get("status") != "ok":
         where = summary["fixed"].get("failed_plan")
-        return (f"{head}: {str(result.get('status')).upper()}: {result.get('reason')}"
-                + (f" during plan {where}" if where else "") + f"; {done}/{len(plans)} plans completed"
+        return (f"{head} {str(result.get('status')).upper()}: {result.get('reason')}"
+                + (f" during plan {where}" if where else "") + f"; {done}/{len(plans)} fixed plans completed"
                 + _elapsed(result))
-    best = summary["best"]
     best_text = f"best {best['plan']} {best['update_ms']:.1f} ms" if best else "no plan measured"
     error = summary["prediction_error_median"]
     error_text = f", median prediction error {error:.1%}" if error is not None else ""
-    return f"{head}: ok  {done}/{len(plans)} plans, {best_text}{error_text}{_elapsed(result)}"
-
-
-def auto_line(index: int, total: int, budget: Budget, summary: dict[str, Any], result: dict[str, Any]) -> str:
-    """One line summarising a finished ``auto`` process."""
-    head = f"[{index}/{total}] {budget.label}: auto"
-    if result.get("status") != "ok":
-        return f"{head}: {str(result.get('status')).upper()}: {result.get('reason')}{_elapsed(result)}"
-    a = summary["auto"]
-    update = f"update {a['update_ms']:.1f} ms" if a["update_ms"] is not None else "no measured update phase"
-    fraction = f", device fraction {a['device_fraction']:.2f}" if a["device_fraction"] is not None else ""
-    best = summary["best"]
-    versus = (f" (best swept {best['plan']} {best['update_ms']:.1f} ms)"
-              if best and a["update_ms"] is not None else "")
-    return f"{head}: ok  {update}{fraction}{versus}{_elapsed(result)}"
+    auto_text = (f"auto {a['update_ms']:.1f} ms" if a["update_ms"] is not None else "auto: no measured update phase")
+    fraction = f" (device fraction {a['device_fraction']:.2f})" if a["device_fraction"] is not None else ""
+    return (f"{head} ok  {done}/{len(plans)} fixed plans, {best_text}{error_text}; {auto_text}{fraction}"
+            f"{_elapsed(result)}")
 
 
 def run_sweep(sweep: SweepConfig, out_dir: Path, launcher: Launcher = launch, progress: bool = True,
@@ -118,46 +102,34 @@ def run_sweep(sweep: SweepConfig, out_dir: Path, launcher: Launcher = launch, pr
     budgets = budgets_of(sweep)
     if not budgets:
         raise ValueError("sweep: give at least one budget")
-    total = 2 * len(budgets)
+    total = len(budgets)
     summaries: list[dict[str, Any]] = []
     devices: list[dict[str, Any]] = []
     interrupted = False
-    index = 0
     with tqdm(total=total, desc="sweep", unit="process", disable=not progress, dynamic_ncols=True) as bar:
-        for budget in budgets:
-            results: dict[str, dict[str, Any]] = {}
-            jobs = (("fixed", fixed_spec(sweep, budget), sweep.fixed_config(budget)),
-                    ("auto", auto_spec(budget), sweep.auto_config(budget)))
-            for kind, spec, config in jobs:
-                index += 1
-                bar.set_postfix_str(spec.label)
-                run_dir = out_dir / "runs" / f"{kind}_{budget.slug}"
-                if interrupted:
-                    result = skipped(spec, "not run: the sweep was interrupted")
-                else:
-                    try:
-                        if kind == "fixed":
-                            (run_dir / PROGRESS_FILE).unlink(missing_ok=True)  # an earlier run's, in the same --out
-                            extra = {"sweep": {"plans": list(sweep.plans), "steps_per_plan": sweep.steps_per_plan}}
-                            result = launcher(config, spec, run_dir, module=SWEEP_WORKER, extra=extra)
-                            result = with_progress(result, run_dir)
-                        else:
-                            result = launcher(config, spec, run_dir)
-                    except KeyboardInterrupt:  # the worker is already stopped; report what ran
-                        interrupted = True
-                        result = skipped(spec, "interrupted while running")
-                result["log"] = _relative(result.get("log"), out_dir)
-                if result.get("device"):
-                    devices.append(result["device"])
-                results[kind] = result
-                if kind == "fixed":
-                    partial = summarize_budget(budget, result, skipped(auto_spec(budget), NOT_YET), sweep)
-                    bar.write(fixed_line(index, total, budget, partial, result))
-                else:
-                    summary = summarize_budget(budget, results["fixed"], result, sweep)
-                    bar.write(auto_line(index, total, budget, summary, result))
-                bar.update(1)
-            summaries.append(summarize_budget(budget, results["fixed"], results["auto"], sweep))
+        for index, budget in enumerate(budgets, start=1):
+            spec, config = process_spec(sweep, budget), sweep.process_config(budget)
+            bar.set_postfix_str(spec.label)
+            run_dir = out_dir / "runs" / budget.slug
+            if interrupted:
+                result = skipped(spec, "not run: the sweep was interrupted")
+            else:
+                try:
+                    (run_dir / PROGRESS_FILE).unlink(missing_ok=True)  # an earlier run's, in the same --out
+                    extra = {"sweep": {"plans": list(sweep.plans), "steps_per_plan": sweep.steps_per_plan,
+                                       "auto_steps": sweep.auto_steps}}
+                    result = launcher(config, spec, run_dir, module=SWEEP_WORKER, extra=extra)
+                    result = with_progress(result, run_dir)
+                except KeyboardInterrupt:  # the worker is already stopped; report what ran
+                    interrupted = True
+                    result = with_progress(skipped(spec, "interrupted while running"), run_dir)
+            result["log"] = _relative(result.get("log"), out_dir)
+            if result.get("device"):
+                devices.append(result["device"])
+            summary = summarize_budget(budget, result, sweep)
+            bar.write(budget_line(index, total, budget, summary, result))
+            bar.update(1)
+            summaries.append(summary)
             # after every budget, so a sweep stopped from outside still leaves the budgets it finished
             merge_worker_device(hardware, devices[0] if devices else None)
             on_gpu = any(d.get("type") == "cuda" for d in devices) or (not devices and uses_gpu(sweep.bench, hardware))
@@ -184,10 +156,10 @@ def dry_run_text(sweep: SweepConfig) -> str:
     lines = ["resolved configuration:", json.dumps({"bench": sweep.bench.to_dict(), "sweep": sweep.to_dict()},
                                                     indent=2), "",
              f"model: {model['preset']}, {model['params']:,} parameters", "",
-             f"{2 * len(budgets)} processes:"]
+             f"{len(budgets)} processes, one per budget, each {sweep.process_steps} iterations:"]
     for budget in budgets:
         lines.append(f"  {budget.label:<24} fixed plans: {len(sweep.plans)} plans x {sweep.steps_per_plan} "
                      f"iterations = {sweep.fixed_steps} ({', '.join(sweep.plans)})")
-        lines.append(f"  {budget.label:<24} auto: {sweep.bench.steps} iterations, the first {sweep.auto_excluded} "
-                     "left out")
+        lines.append(f"  {budget.label:<24} then auto, started cold: {sweep.auto_steps} iterations, the first "
+                     f"{sweep.auto_excluded} left out")
     return "\n".join(lines)

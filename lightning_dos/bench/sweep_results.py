@@ -3,8 +3,9 @@
 Per fixed plan: the median update-phase makespan of its iterations after the first (warm-up), the median of the
 manager's predictions for those same update phases (made just before each, from the parameters calibrated so
 far), the median relative prediction error ``|predicted - measured| / measured``, the device fraction as run
-(after any demotion to fit memory) and the most subgroups demoted. For ``auto``: the same over its update phases
-after the probe, the first step of the plan it chose and its warm-up. The four targets of the performance model's
+(after any demotion to fit memory) and the most subgroups demoted. For ``auto``, which runs after the fixed plans in
+the same process: the same over its update phases after the probe, the first step of the plan it chose and its
+warm-up. The four targets of the performance model's
 evidence are checked per budget and over the invocation. Pure Python: report and chart only format this.
 """
 
@@ -69,8 +70,12 @@ def _update_summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def failed_plan_of(result: dict[str, Any], steps_per_plan: int, plans: Sequence[str]) -> str | None:
-    """The plan in force when a fixed-plan process stopped without completing, or None if it completed."""
+AUTO = "auto"
+
+
+def failed_plan_of(result: dict[str, Any], steps_per_plan: int, plans: Sequence[str],
+                   auto_steps: int = 0) -> str | None:
+    """The plan in force when a sweep process stopped without completing (``auto`` for its part), or None."""
     if result.get("status") == "ok":
         return None
     if result.get("failed_plan"):
@@ -79,6 +84,8 @@ def failed_plan_of(result: dict[str, Any], steps_per_plan: int, plans: Sequence[
     if not plans:
         return None
     # only completed iterations reach progress.json: the run stopped in the next one
+    if auto_steps and len(iterations) >= len(plans) * steps_per_plan:
+        return AUTO
     return plans[min(len(iterations) // steps_per_plan, len(plans) - 1)]
 
 
@@ -88,8 +95,9 @@ def summarize_plans(result: dict[str, Any], sweep: SweepConfig) -> list[dict[str
     iterations = raw.get("iterations") or []
     resolved = {entry["plan"]: entry for entry in raw.get("resolved") or []}
     status = result.get("status", "failed")
-    failed = failed_plan_of(result, sweep.steps_per_plan, sweep.plans)
-    failed_index = sweep.plans.index(failed) if failed in sweep.plans else None
+    failed = failed_plan_of(result, sweep.steps_per_plan, sweep.plans, sweep.auto_steps)
+    failed_index = len(sweep.plans) if failed == AUTO else (sweep.plans.index(failed) if failed in sweep.plans
+                                                            else None)
     out = []
     for index, plan in enumerate(sweep.plans):
         its = [it for it in iterations if it["plan_index"] == index]
@@ -123,30 +131,45 @@ def summarize_plans(result: dict[str, Any], sweep: SweepConfig) -> list[dict[str
     return out
 
 
-def summarize_auto(result: dict[str, Any], warmup: int) -> dict[str, Any]:
-    """``auto``'s figures over its update phases after the probe, the first step of its plan and ``warmup``."""
-    dos = result.get("dos") or {}
-    steps = dos.get("steps") or []
+def auto_status(result: dict[str, Any], sweep: SweepConfig) -> tuple[str, str | None]:
+    """Status and reason of ``auto``'s part of a sweep process: the process's own if it got that far."""
+    status = result.get("status", "failed")
+    if status == "ok" or failed_plan_of(result, sweep.steps_per_plan, sweep.plans, sweep.auto_steps) == AUTO:
+        return status, result.get("reason")
+    return NOT_RUN, f"the process stopped before auto ({status})"
+
+
+def summarize_auto(result: dict[str, Any], sweep: SweepConfig) -> dict[str, Any]:
+    """``auto``'s figures over its update phases after the probe, the first step of its plan and the warm-up.
+
+    ``auto`` ran after the fixed plans in the same process (its iterations are the sweep's ``auto`` entries).
+    """
+    iterations = [it for it in (result.get("sweep") or {}).get("iterations") or [] if it["plan"] == AUTO]
+    tagged = [(it["iteration"], record) for it in iterations for record in it["records"]]
+    steps = [record for _, record in tagged]
     probe = next((i for i, step in enumerate(steps) if step.get("replanned")), None)  # the probe's last step
     # the probe's steps and the first step of the plan chosen after them
-    skip = max(warmup, AUTO_MIN_EXCLUDED if probe is None else probe + 2)
+    skip = max(sweep.bench.warmup, AUTO_MIN_EXCLUDED if probe is None else probe + 2)
     measured = steps[skip:]
+    indices = sorted({iteration for iteration, _ in tagged[skip:]})
     chosen = steps[probe + 1] if probe is not None and probe + 1 < len(steps) else None
+    status, reason = auto_status(result, sweep)
+    final = steps[-1] if steps else None
     return {
-        "status": result.get("status", "failed"),
-        "reason": result.get("reason"),
+        "status": status,
+        "reason": reason,
         "update_phases": len(steps),
         "excluded_steps": min(skip, len(steps)),
         "probe_step": None if probe is None else probe + 1,
         "chosen": None if chosen is None else {key: chosen.get(key) for key in
                                                ("lanes", "source", "buffers", "device_fraction")},
-        "final_plan": dos.get("plan"),
+        "final_plan": None if final is None else f"{final.get('source')}: {final.get('lanes')}",
         **_update_summary(measured),
         "replans_measured": sum(bool(step.get("replanned")) for step in measured),
         "lanes_run": sorted({step["lanes"] for step in measured}),
         "demoted_max": max((step["demoted_subgroups"] for step in measured), default=None),
-        "iteration_ms": _phase(result, "iteration_ms", range(skip, len(steps))),
-        "step_ms": _phase(result, "step_ms", range(skip, len(steps))),
+        "iteration_ms": _phase(result, "iteration_ms", indices),
+        "step_ms": _phase(result, "step_ms", indices),
     }
 
 
@@ -174,7 +197,7 @@ def check_targets(plans: Sequence[dict[str, Any]], auto: dict[str, Any],
                   processes: dict[str, str]) -> list[dict[str, Any]]:
     """The four targets for one budget: met / missed / not measured, each with its figure.
 
-    ``processes`` maps each process (``fixed plans``, ``auto``) to its status.
+    ``processes`` maps each process to its status.
     """
     targets = []
     auto_ms = auto["update_ms"] if auto["status"] == "ok" else None
@@ -199,9 +222,10 @@ def check_targets(plans: Sequence[dict[str, Any]], auto: dict[str, Any],
     failed = {name: status for name, status in processes.items() if status in FAILED_STATUSES}
     unknown = {name: status for name, status in processes.items() if status != "ok" and name not in failed}
     if failed:
-        where = [p["plan"] for p in plans if p["status"] in FAILED_STATUSES]
+        where = [f"plan {p['plan']}" for p in plans if p["status"] in FAILED_STATUSES]
+        where += ["auto"] if auto["status"] in FAILED_STATUSES else []
         detail = "; ".join(f"{name}: {status}" for name, status in failed.items())
-        detail += f" (during plan {', '.join(where)})" if where else ""
+        detail += f" (during {', '.join(where)})" if where else ""
         targets.append(_target(NO_OOM, "every process completes", float(len(failed)), False, detail))
     elif unknown:
         targets.append(_target(NO_OOM, "every process completes", None, None,
@@ -248,18 +272,17 @@ def overall_targets(budgets: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def summarize_budget(budget: Budget, fixed: dict[str, Any], auto: dict[str, Any],
-                     sweep: SweepConfig) -> dict[str, Any]:
-    """Everything sweep.json records for one budget, from its two processes' raw results."""
-    plans = summarize_plans(fixed, sweep)
-    auto_summary = summarize_auto(auto, sweep.bench.warmup)
-    auto_summary.update({key: value for key, value in _process(auto).items() if key not in auto_summary})
+def summarize_budget(budget: Budget, result: dict[str, Any], sweep: SweepConfig) -> dict[str, Any]:
+    """Everything sweep.json records for one budget, from its process's raw result (fixed plans, then auto)."""
+    plans = summarize_plans(result, sweep)
+    auto_summary = summarize_auto(result, sweep)
     best = best_plan(plans)
     errors = [e for p in plans for e in p["rel_errors"]]
-    processes = {"fixed plans": fixed.get("status", "failed"), "auto": auto_summary["status"]}
+    processes = {"sweep process": result.get("status", "failed")}
     return {
         "budget": budget.to_dict(),
-        "fixed": {**_process(fixed), "failed_plan": failed_plan_of(fixed, sweep.steps_per_plan, sweep.plans),
+        "fixed": {**_process(result),
+                  "failed_plan": failed_plan_of(result, sweep.steps_per_plan, sweep.plans, sweep.auto_steps),
                   "plans_completed": sum(p["status"] == "ok" for p in plans)},
         "plans": plans,
         "auto": auto_summary,
@@ -286,8 +309,9 @@ def document(hardware: dict[str, Any], versions: dict[str, Any], sweep: SweepCon
             "fixed_plans": f"one process per budget runs every plan for {sweep.steps_per_plan} iterations in the "
                            f"order given; the first {PLAN_WARMUP} of each plan is left out and the rest summarised "
                            "by their median",
-            "auto": f"one process per budget runs plan auto for {sweep.bench.steps} iterations; the first "
-                    f"{sweep.auto_excluded} (the probe steps, the first step of the chosen plan, warm-up) are left out",
+            "auto": f"the same process then runs plan auto for {sweep.auto_steps} iterations, started cold (the "
+                    f"starting cost values, then its probe); the first {sweep.auto_excluded} (the probe steps, the "
+                    "first step of the chosen plan, warm-up) are left out",
             "update_ms": "the DOS update phase's makespan (both lanes), from the manager's records",
             "predicted_ms": "the manager's prediction for that update phase, made just before it with the cost "
                             "parameters calibrated on every earlier update phase of the process (earlier plans' "

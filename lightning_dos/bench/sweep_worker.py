@@ -1,8 +1,9 @@
-"""Owns one fixed-plan sweep process: ``python -m lightning_dos.bench.sweep_worker CONFIG RESULT``.
+"""Owns one sweep process: ``python -m lightning_dos.bench.sweep_worker CONFIG RESULT``.
 
 Reads the bench settings, the configuration (``deep_optimizer_states`` with the sweep's first plan) and the
-sweep (``{"plans": [...], "steps_per_plan": N}``) from ``CONFIG``, trains ``len(plans) x N`` iterations with a
-:class:`~lightning_dos.bench.sweep.PlanSweep` switching the plan, and writes the raw measurements to ``RESULT``:
+sweep (``{"plans": [...], "steps_per_plan": N, "auto_steps": A}``) from ``CONFIG``, trains ``len(plans) x N``
+iterations with a :class:`~lightning_dos.bench.sweep.PlanSweep` switching the plan, then ``A`` iterations of
+``auto`` started cold, and writes the raw measurements to ``RESULT``:
 every iteration's plan and DOS update records, phase times, peak memory. The model, data, strategy and Trainer
 are built exactly as for a bench configuration (:mod:`lightning_dos.bench.worker`). A failure is written as a
 result too, with what was measured before it and the plan in force when it happened; the records so far also go
@@ -24,10 +25,10 @@ PROGRESS_FILE = "progress.json"
 class SweepRun:
     """The parts of one sweep process, kept so that a failure can still report what was measured."""
 
-    def __init__(self, plans: list[str], steps_per_plan: int, workdir: Path) -> None:
+    def __init__(self, plans: list[str], steps_per_plan: int, workdir: Path, auto_steps: int = 0) -> None:
         from lightning_dos.bench.sweep import PlanSweep
 
-        self.sweep = PlanSweep(plans, steps_per_plan, progress_path=workdir / PROGRESS_FILE)
+        self.sweep = PlanSweep(plans, steps_per_plan, progress_path=workdir / PROGRESS_FILE, auto_steps=auto_steps)
         self.strategy: Any = None
 
     def partial(self) -> dict[str, Any]:
@@ -41,7 +42,7 @@ def run(config: BenchConfig, spec: RunSpec, state: SweepRun, workdir: Path) -> d
     sweep = state.sweep
     if config.steps != sweep.total_steps:
         raise ValueError(f"steps: {config.steps} does not hold {len(sweep.plans)} plans for {sweep.steps_per_plan} "
-                         f"iterations each ({sweep.total_steps})")
+                         f"iterations each and {sweep.auto_steps} of auto ({sweep.total_steps})")
 
     def keep(strategy: Any) -> None:
         state.strategy = strategy
@@ -54,7 +55,8 @@ def execute(payload: dict[str, Any], spec: RunSpec, workdir: Path) -> dict[str, 
     """The sweep of ``payload``; a failure still reports the plans measured before it."""
     config = BenchConfig.from_dict(payload["bench"])
     settings = payload["sweep"]
-    state = SweepRun(list(settings["plans"]), int(settings["steps_per_plan"]), workdir)
+    state = SweepRun(list(settings["plans"]), int(settings["steps_per_plan"]), workdir,
+                     auto_steps=int(settings.get("auto_steps", 0)))
     try:
         return run(config, spec, state, workdir)
     except Exception as err:  # every failure becomes a result; the traceback goes to the log
