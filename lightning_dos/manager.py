@@ -41,6 +41,19 @@ AUTO_MAX_BUFFERS = 2
 
 
 @dataclass
+class PlanningState:
+    """Everything that decides the manager's next plans: the plan asked for, the calibration, the plan in force, and
+    ``auto``'s progress (its probe plans, its update phases so far, when it last weighed a re-plan)."""
+
+    spec: PlanSpec
+    calibrator: Calibrator
+    base_plan: Plan
+    probes: tuple[Plan, ...]
+    auto_steps: int
+    replan_checked: int
+
+
+@dataclass
 class StepRecord:
     """What one update phase did: the plan that ran, demotions, timings and the free memory seen."""
 
@@ -96,8 +109,8 @@ class OptimizerStateManager:
             self.executor.reserve_upload_buffers(max(self.sizes, default=1))
         self.records: list[StepRecord] = []
         self._pending: tuple[Plan, int | None, tuple[int, ...]] | None = None
-        self._replan_checked = 0  # update phases done when auto last (re-)planned or weighed a re-plan
-        self._auto_from = 0  # update phases done when auto started (its probe's first step is the next one)
+        self._auto_steps = 0  # update phases run under auto since it started (its probe's included)
+        self._replan_checked = 0  # auto's update phases done when it last (re-)planned or weighed a re-plan
         if self.active:
             optimizer.update_phase = self._update_phase
             self._plan_gradients()
@@ -132,16 +145,28 @@ class OptimizerStateManager:
 
         The calibration goes back to its starting values (user overrides kept), the next update phases are the
         two probe steps, and the planner chooses after them. The records so far are kept; ``auto``'s count from
-        here. The plan sweep uses this to measure ``auto`` in the same process as the fixed plans it is compared
-        with.
+        here. The plan sweep uses this (with :meth:`planning_state` and :meth:`restore`) to measure ``auto`` in the
+        same process as the fixed plans it is compared with.
         """
-        self.spec = parse_plan("auto")
-        self.calibrator = Calibrator(self._start_cost, overrides=self._cost_overrides)
-        self._probes = probe_plans(self.sizes, buffers=self.buffers or DEFAULT_BUFFERS)
-        self._auto_from = self._replan_checked = len(self.records)
+        probes = probe_plans(self.sizes, buffers=self.buffers or DEFAULT_BUFFERS)
+        self.restore(PlanningState(spec=parse_plan("auto"),
+                                   calibrator=Calibrator(self._start_cost, overrides=self._cost_overrides),
+                                   base_plan=probes[0], probes=probes, auto_steps=0, replan_checked=0))
+
+    def planning_state(self) -> PlanningState:
+        """What decides the next plans, to be put back later with :meth:`restore` (the objects, not copies)."""
+        return PlanningState(spec=self.spec, calibrator=self.calibrator, base_plan=self.base_plan,
+                             probes=self._probes, auto_steps=self._auto_steps, replan_checked=self._replan_checked)
+
+    def restore(self, state: PlanningState) -> None:
+        """Plan from ``state`` from the next step on (call before that step's backward); the records are kept."""
+        self.spec = state.spec
+        self.calibrator = state.calibrator
+        self._probes = state.probes
+        self._auto_steps = state.auto_steps
+        self._replan_checked = state.replan_checked
         self._pending = None
-        self.base_plan = self._probes[0]
-        self._plan_gradients()
+        self.set_plan(state.base_plan)
 
     def _plan_gradients(self) -> None:
         """Before the next backward: the device lane's subgroups keep their gradients on the device, if they fit.
@@ -229,12 +254,12 @@ class OptimizerStateManager:
         )
         if self.spec.kind != "auto":
             return
-        done = len(self.records)
-        probed = done - self._auto_from  # update phases since auto started
-        if probed < PROBE_STEPS:  # the next probe step (part of the start-up measurement, not a re-plan)
-            self.base_plan = self._probes[probed]
+        self._auto_steps += 1
+        done = self._auto_steps
+        if done < PROBE_STEPS:  # the next probe step (part of the start-up measurement, not a re-plan)
+            self.base_plan = self._probes[done]
             self._plan_gradients()
-        elif probed == PROBE_STEPS:
+        elif done == PROBE_STEPS:
             self._adopt(self._resolve(self.spec), record)
         elif done - self._replan_checked >= REPLAN_PATIENCE and self.calibrator.should_replan(REPLAN_PATIENCE):
             self._replan_checked = done  # the next check needs REPLAN_PATIENCE fresh steps
@@ -249,7 +274,7 @@ class OptimizerStateManager:
     def _adopt(self, plan: Plan, record: StepRecord) -> None:
         self.base_plan = plan
         self._plan_gradients()
-        self._replan_checked = len(self.records)
+        self._replan_checked = self._auto_steps
         record.replanned = True
         log.info("deep_optimizer_states: re-planned at update %d: %s", record.step, plan)
 

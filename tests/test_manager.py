@@ -87,6 +87,16 @@ def _letters(plan: Plan) -> str:
     return "".join(lane.letter for lane in plan.lanes)
 
 
+def _timed_step(manager: OptimizerStateManager) -> StepRecord:
+    """One measured update phase (0.5 s, half the parameters on the host lane) of the plan in force."""
+    record = StepRecord(step=len(manager.records), plan=manager.base_plan,
+                        timings=LaneTimings(total_s=0.5, host_params=3000, host_compute_s=0.5), free_bytes=None,
+                        demoted=(), device_fraction=0.5, predicted_s=0.2)
+    manager.records.append(record)
+    manager._calibrate(record)
+    return record
+
+
 def test_start_auto_begins_cold_after_fixed_plans() -> None:
     """A fixed-plan run switched to ``auto`` (the plan sweep does this) starts as a new ``auto`` run would: the
     starting cost values (user overrides kept), the two probe steps, then the planner's choice."""
@@ -94,20 +104,29 @@ def test_start_auto_begins_cold_after_fixed_plans() -> None:
                                     cost_overrides={"gpu_adam_params_per_s": 7e9})
     start = manager.cost
     for _ in range(3):  # fixed plans: nothing is re-planned, and calibration moves the rates
-        record = StepRecord(step=len(manager.records), plan=manager.base_plan,
-                            timings=LaneTimings(total_s=0.5, host_params=3000, host_compute_s=0.5), free_bytes=None,
-                            demoted=(), device_fraction=0.5, predicted_s=0.2)
-        manager.records.append(record)
-        manager._calibrate(record)
-        assert not record.replanned
+        assert not _timed_step(manager).replanned
     assert manager.cost.cpu_adam_params_per_s != start.cpu_adam_params_per_s
     assert manager.calibrator.history
 
+    fixed = manager.planning_state()
     manager.start_auto()
     assert manager.spec.kind == "auto" and manager.cost == start and not manager.calibrator.history
     assert manager.cost.gpu_adam_params_per_s == 7e9
     assert _letters(manager.base_plan) == "HHHHHH" and manager.optimizer.device_grad_subgroups == frozenset()
-    probe = [_step(manager) for _ in range(manager_module.PROBE_STEPS)]
+    probe = [_timed_step(manager)]
+    assert _letters(manager.base_plan) == "HDHDHD" and manager.optimizer.device_grad_subgroups == {1, 3, 5}
+
+    # a fixed-plan step between two of auto's (the plan sweep interleaves them): it neither advances auto's probe nor
+    # feeds auto's calibration, and auto goes on where it was
+    auto = manager.planning_state()
+    manager.restore(fixed)
+    assert manager.spec.kind == "fraction" and _letters(manager.base_plan) == _letters(fixed.base_plan)
+    assert manager.optimizer.device_grad_subgroups == {i for i, c in enumerate(_letters(fixed.base_plan)) if c == "D"}
+    between = _timed_step(manager)
+    assert not between.replanned and len(fixed.calibrator.history) == 4 and len(auto.calibrator.history) == 1
+    manager.restore(auto)
+    probe.append(_timed_step(manager))
     assert [_letters(r.plan) for r in probe] == ["HHHHHH", "HDHDHD"]
-    assert [r.replanned for r in probe] == [False, True]  # counted from start_auto, not from the run's first step
-    assert manager.base_plan.source not in ("probe", "0.5") and len(manager.records) == 5
+    assert [r.replanned for r in probe] == [False, True]  # counted under auto, not from the run's first step
+    assert manager.base_plan.source not in ("probe", "0.5") and len(manager.records) == 6
+    assert len(manager.calibrator.history) == 2

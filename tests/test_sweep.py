@@ -23,7 +23,13 @@ from lightning_dos.bench import main
 from lightning_dos.bench.arguments import parse_args
 from lightning_dos.bench.config import BenchConfig, RunSpec
 from lightning_dos.bench.sweep import PlanSweep
-from lightning_dos.bench.sweep_config import AUTO_MIN_EXCLUDED, DEFAULT_SWEEP_PLANS, SweepConfig, resolve_budget
+from lightning_dos.bench.sweep_config import (
+    AUTO_MIN_EXCLUDED,
+    DEFAULT_SWEEP_PLANS,
+    SweepConfig,
+    resolve_budget,
+    sweep_schedule,
+)
 from lightning_dos.bench.sweep_harness import run_sweep
 from lightning_dos.bench.sweep_results import (
     AUTO_VS_BEST,
@@ -76,8 +82,11 @@ def test_sweep_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert lanes["host"] == "H" * sizes_n and "D" in lanes["0.5"] and "H" in lanes["0.5"]
     assert lanes["stride:2"] == "".join("D" if (i + 1) % 2 == 0 else "H" for i in range(sizes_n))
     every = raw["sweep"]["iterations"]
-    assert [it["plan"] for it in every] == ["host", "host", "0.5", "0.5", "stride:2", "stride:2"] + ["auto"] * 4
-    iterations, auto_its = every[:6], every[6:]
+    # rounds of the fixed plans; auto's 4 iterations spread over the second round, its probe first
+    assert [it["plan"] for it in every] == ["host", "0.5", "stride:2", "auto", "auto", "host", "auto", "0.5", "auto",
+                                            "stride:2"]
+    iterations = [it for it in every if it["plan"] != "auto"]
+    auto_its = [it for it in every if it["plan"] == "auto"]
     for it in iterations:
         (record,) = it["records"]
         assert record["lanes"] == lanes[it["plan"]], it
@@ -89,8 +98,8 @@ def test_sweep_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert list(plans) == ["host", "0.5", "stride:2"]
     for name, p in plans.items():
         assert p["status"] == "ok" and p["iterations"] == 2 and p["measured_steps"] == 1, name
-        # the first iteration of each plan is warm-up: the figure is the second one's
-        second = iterations[[it["plan"] for it in iterations].index(name) + 1]["records"][0]
+        # the first iteration of each plan (the first round) is warm-up: the figure is the second one's
+        second = [it for it in iterations if it["plan"] == name][1]["records"][0]
         assert p["update_ms"] == pytest.approx(second["update_ms"])
         assert p["predicted_ms"] == pytest.approx(second["predicted_ms"])
         assert p["median_rel_error"] == pytest.approx(abs(second["predicted_ms"] - second["update_ms"])
@@ -104,12 +113,13 @@ def test_sweep_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
     # 4 steps: the two probe steps and the first of the chosen plan left out
     assert auto["excluded_steps"] == 3 and auto["measured_steps"] == 1
     probe = [it["records"][0] for it in auto_its[:2]]
-    # started cold after the fixed plans: the host lane alone, then half the subgroups on the device
+    # started cold after the first round: the host lane alone, then half the subgroups on the device
     assert [r["lanes"].count("D") for r in probe] == [0, sizes_n // 2]
     assert [r["replanned"] for r in probe] == [False, True]
-    assert auto["chosen"]["lanes"] == auto_its[2]["records"][0]["lanes"] and auto["update_ms"] > 0
-    assert auto["update_ms"] == pytest.approx(auto_its[3]["records"][0]["update_ms"])
-    assert auto["iteration_ms"] == pytest.approx(raw["iterations"]["iteration_ms"][9])
+    # the fixed plans between auto's iterations did not disturb it: it keeps the plan it chose
+    assert auto["chosen"]["lanes"] == auto_its[2]["records"][0]["lanes"] == auto_its[3]["records"][0]["lanes"]
+    assert auto["update_ms"] == pytest.approx(auto_its[3]["records"][0]["update_ms"]) and auto["update_ms"] > 0
+    assert auto["iteration_ms"] == pytest.approx(raw["iterations"]["iteration_ms"][8])
 
     targets = {t["target"]: t for t in budget["targets"]}
     assert list(targets) == [AUTO_VS_BEST, PREDICTION, NO_OOM, AUTO_VS_STRIDES]
@@ -146,6 +156,8 @@ class _Manager:
         self.records: list[Any] = []
         self.set_calls = 0
         self.auto_started_at: list[int] = []
+        self.state = "fixed"  # which planning state is in force: "fixed", or auto's ("auto", its update phases)
+        self.restored: list[Any] = []
 
     def set_plan(self, plan: Any) -> None:
         self.set_calls += 1
@@ -153,9 +165,25 @@ class _Manager:
 
     def start_auto(self) -> None:
         self.auto_started_at.append(len(self.records))
+        self.state = ("auto", 0)
         self.base_plan = resolve_plan("host", self.sizes)  # the probe's first step
 
+    def planning_state(self) -> Any:
+        return (self.state, self.base_plan)
+
+    def restore(self, state: Any) -> None:
+        self.restored.append(state[0])
+        self.state, self.base_plan = state
+
     def update(self, ms: float) -> None:
+        if self.state != "fixed":  # auto: after its first update phase it runs the stride:2 lanes, say
+            self.state = ("auto", self.state[1] + 1)
+            self._record(ms)
+            self.base_plan = resolve_plan("stride:2", self.sizes)
+            return
+        self._record(ms)
+
+    def _record(self, ms: float) -> None:
         timings = SimpleNamespace(total_s=ms / 1e3, host_busy_s=0.0, host_compute_s=0.0, device_busy_s=0.0, h2d_bytes=0,
                                   upload_bytes=0, d2h_bytes=0, prefetch_busy_s=0.0, adam_busy_s=0.0, flush_busy_s=0.0,
                                   upload_busy_s=0.0)
@@ -178,8 +206,9 @@ def test_plan_sweep_sets_each_plan_before_its_iterations(tmp_path: Path) -> None
     assert manager.set_calls == 6
     letters = {"host": "HHHH", "device": "DDDD", "stride:2": "HDHD"}
     raw = sweep.raw()
-    assert [it["plan"] for it in raw["iterations"]] == ["host", "host", "device", "device", "stride:2", "stride:2"]
-    assert [it["step_in_plan"] for it in raw["iterations"]] == [0, 1, 0, 1, 0, 1]
+    # rounds: one iteration of each plan, in the order given
+    assert [it["plan"] for it in raw["iterations"]] == ["host", "device", "stride:2", "host", "device", "stride:2"]
+    assert [it["step_in_plan"] for it in raw["iterations"]] == [0, 0, 0, 1, 1, 1]
     for it in raw["iterations"]:
         assert {r["lanes"] for r in it["records"]} == {letters[it["plan"]]}
         assert it["lanes"] == letters[it["plan"]]
@@ -195,21 +224,26 @@ def test_plan_sweep_starts_auto_once_after_the_fixed_plans(tmp_path: Path) -> No
     sizes = [10, 10, 10, 10]
     manager = _Manager(sizes)
     trainer = SimpleNamespace(strategy=SimpleNamespace(manager=manager))
-    sweep = PlanSweep(["device", "stride:2"], 2, progress_path=tmp_path / "progress.json", auto_steps=3)
-    assert (sweep.fixed_steps, sweep.total_steps) == (4, 7)
-    for i in range(7):
+    sweep = PlanSweep(["device", "0.5"], 3, progress_path=tmp_path / "progress.json", auto_steps=3)
+    assert (sweep.fixed_steps, sweep.total_steps) == (6, 9)
+    for i in range(9):
         sweep.on_train_batch_start(trainer, None, None, i)
         manager.update(10.0 + i)
         sweep.on_train_batch_end(trainer, None, None, None, i)
-    # auto is started once, before the first iteration after the fixed plans, and then left to plan by itself
-    assert manager.auto_started_at == [4] and manager.set_calls == 4
     raw = sweep.raw()
     assert raw["auto_steps"] == 3
+    # the first round alone, then auto's iterations spread over the later rounds
     assert [(it["plan"], it["plan_index"], it["step_in_plan"]) for it in raw["iterations"]] == [
-        ("device", 0, 0), ("device", 0, 1), ("stride:2", 1, 0), ("stride:2", 1, 1),
-        ("auto", None, 0), ("auto", None, 1), ("auto", None, 2)]
-    assert [it["records"][0]["lanes"] for it in raw["iterations"][4:]] == ["HHHH"] * 3
-    assert sweep.current_plan == "auto"
+        ("device", 0, 0), ("0.5", 1, 0), ("auto", None, 0), ("device", 0, 1), ("auto", None, 1), ("0.5", 1, 1),
+        ("auto", None, 2), ("device", 0, 2), ("0.5", 1, 2)]
+    # auto is started cold once; afterwards each of its iterations gets its own state back, and each fixed plan's
+    # iteration the fixed plans' state, then its plan
+    assert manager.auto_started_at == [2] and manager.set_calls == 6
+    assert manager.restored == ["fixed", ("auto", 1), "fixed", ("auto", 2), "fixed"]
+    assert [it["records"][0]["lanes"] for it in raw["iterations"] if it["plan"] == "auto"] == ["HHHH", "HDHD",
+                                                                                                 "HDHD"]
+    assert {it["records"][0]["lanes"] for it in raw["iterations"] if it["plan"] == "device"} == {"DDDD"}
+    assert sweep.current_plan == "0.5" and manager.state == "fixed"
     with pytest.raises(ValueError, match="auto_steps"):
         PlanSweep(["0.5"], 2, auto_steps=-1)
 
@@ -280,8 +314,9 @@ def test_sweep_dry_run_lists_the_processes(capsys: pytest.CaptureFixture[str]) -
                  "--dry-run"]) == 0
     printed = capsys.readouterr().out
     assert "2 processes, one per budget, each 10 iterations:" in printed
-    assert "2 plans x 3 iterations = 6 (0.25, stride:3)" in printed
-    assert "0.5 GiB" in printed and "then auto, started cold: 4 iterations, the first 3 left out" in printed
+    assert "2 plans x 3 rounds = 6 iterations (0.25, stride:3)" in printed
+    assert "0.5 GiB" in printed and "auto, started cold, spread over rounds 2-3: 4 iterations, the first 3 left out" \
+        in printed
 
 
 # --- figures and targets ------------------------------------------------------------------------------------------
@@ -289,32 +324,46 @@ def test_sweep_dry_run_lists_the_processes(capsys: pytest.CaptureFixture[str]) -
 
 def _record(update: float, predicted: float, lanes: str = "HDHD", fraction: float = 0.5, demoted: int = 0,
             replanned: bool = False, source: str = "fixed") -> dict[str, Any]:
-    return {"lanes": lanes, "source": source, "update_ms": update, "predicted_ms": predicted, "device_fraction": fraction,
-            "demoted_subgroups": demoted, "replanned": replanned}
+    return {"lanes": lanes, "source": source, "update_ms": update, "predicted_ms": predicted,
+            "device_fraction": fraction, "demoted_subgroups": demoted, "replanned": replanned}
 
 
 def _process(plans: dict[str, list[tuple[float, float]]], auto: Sequence[float] = (), status: str = "ok",
-             failed_plan: str | None = None, demoted: int = 0) -> dict[str, Any]:
-    """A sweep process's raw result: per fixed plan, (measured, predicted) of each of its iterations; then ``auto``'s
-    measured update times (the probe: host-only, then mixed, after which it chooses; then the chosen plan), each
-    predicted 10% high."""
-    iterations = []
-    for index, (plan, steps) in enumerate(plans.items()):
-        for k, (update, predicted) in enumerate(steps):
-            iterations.append({"iteration": len(iterations), "plan": plan, "plan_index": index, "step_in_plan": k,
-                               "lanes": "HDHD", "device_fraction": 0.5,
-                               "records": [_record(update, predicted, demoted=demoted)]})
-    for k, update in enumerate(auto):
-        lanes, fraction = ("HHHH", 0.0) if k == 0 else ("DHDH", 0.5)
-        iterations.append({"iteration": len(iterations), "plan": "auto", "plan_index": None, "step_in_plan": k,
-                           "lanes": lanes, "device_fraction": fraction,
-                           "records": [_record(update, update * 1.1, lanes=lanes, fraction=fraction,
-                                               replanned=(k == 1), source="probe" if k < 2 else "auto")]})
+             failed_plan: str | None = None, demoted: int = 0, auto_steps: int | None = None) -> dict[str, Any]:
+    """A sweep process's raw result, its iterations in the sweep's order (rounds of the fixed plans, ``auto``
+    interleaved): per fixed plan, (measured, predicted) of each of its iterations; ``auto``'s measured update times
+    (the probe: host-only, then mixed, after which it chooses; then the chosen plan), each predicted 10% high. The
+    process stops where the schedule (of ``auto_steps`` auto iterations; all of ``auto`` by default) asks for more
+    than was given."""
+    rounds = max(len(steps) for steps in plans.values())
+    schedule = sweep_schedule(list(plans), rounds, len(auto) if auto_steps is None else auto_steps)
+    left = {plan: list(steps) for plan, steps in plans.items()}
+    autos = list(auto)
+    iterations: list[dict[str, Any]] = []
+    for name in schedule:
+        if name == "auto":
+            if not autos:
+                break
+            k = len(auto) - len(autos)
+            lanes, fraction = ("HHHH", 0.0) if k == 0 else ("DHDH", 0.5)
+            update = autos.pop(0)
+            record = _record(update, update * 1.1, lanes=lanes, fraction=fraction, replanned=(k == 1),
+                             source="probe" if k < 2 else "auto")
+            iterations.append({"iteration": len(iterations), "plan": "auto", "plan_index": None, "step_in_plan": k,
+                               "lanes": lanes, "device_fraction": fraction, "records": [record]})
+            continue
+        if not left[name]:
+            break
+        k = len(plans[name]) - len(left[name])
+        update, predicted = left[name].pop(0)
+        iterations.append({"iteration": len(iterations), "plan": name, "plan_index": list(plans).index(name),
+                           "step_in_plan": k, "lanes": "HDHD", "device_fraction": 0.5,
+                           "records": [_record(update, predicted, demoted=demoted)]})
     resolved = [{"plan": plan, "lanes": "HDHD", "buffers": 2, "source": plan} for plan in plans]
     reason = {"ok": None, "oom": "OutOfMemoryError: CUDA out of memory"}.get(status, f"{status}: stopped")
     return {"status": status, "reason": reason, "failed_plan": failed_plan,
             "iterations": {"iteration_ms": [1000.0 + i for i in range(len(iterations))]},
-            "sweep": {"plans": list(plans), "steps_per_plan": 3, "auto_steps": len(auto), "resolved": resolved,
+            "sweep": {"plans": list(plans), "steps_per_plan": rounds, "auto_steps": len(auto), "resolved": resolved,
                       "iterations": iterations}}
 
 
@@ -341,12 +390,13 @@ def test_figures_leave_out_warm_up_and_the_targets_are_met() -> None:
     assert plans["0.5"]["update_ms"] == 102 and plans["0.5"]["median_rel_error"] == pytest.approx(0.10)
     assert plans["stride:2"]["median_rel_error"] == pytest.approx(0.02)
     assert all(p["measured_steps"] == 2 and p["status"] == "ok" for p in plans.values())
-    assert plans["0.5"]["iteration_ms"] == 1004.5  # its iterations 4 and 5 of the process
+    # auto (A) between rounds 2 and 3: 0.0 0.5 stride:2 | A 0.0 A 0.5 A stride:2 A 0.0 A 0.5 A stride:2
+    assert plans["0.5"]["iteration_ms"] == 1009  # its iterations 6 and 12 of the process
     assert summary["best"] == {"plan": "0.5", "update_ms": 102}
     a = summary["auto"]
     assert (a["excluded_steps"], a["measured_steps"], a["update_ms"], a["probe_step"]) == (3, 3, 104, 2)
     assert a["chosen"]["lanes"] == "DHDH" and a["median_rel_error"] == pytest.approx(0.10)
-    assert a["iteration_ms"] == 1013  # auto's iterations are the process's 12-14 (after nine fixed-plan ones)
+    assert a["iteration_ms"] == 1011  # auto's measured iterations are the process's 9, 11 and 13
     assert a["status"] == "ok" and a["final_plan"] == "auto: DHDH"
     # errors pooled over the six measured update phases of the fixed plans: 0.02 0.02 0.05 0.05 0.10 0.10 -> 0.05
     assert summary["prediction_error_median"] == pytest.approx(0.05) and summary["prediction_steps"] == 6
@@ -441,7 +491,8 @@ def test_a_timed_out_sweep_keeps_the_plans_it_finished(tmp_path: Path) -> None:
         assert extra == {"sweep": {"plans": ["host", "0.5", "stride:2"], "steps_per_plan": 2, "auto_steps": 5}}
         log = str(run_dir / "worker.log")
         if spec.label == "sweep[unlimited]":  # stopped by its time limit during 0.5: only progress.json is left
-            done = _process({"host": [(50, 45), (40, 44)], "0.5": [(30, 27)]})["sweep"]
+            done = _process({"host": [(50, 45), (40, 44)], "0.5": [(30, 27)], "stride:2": [(70, 70)]},
+                            auto=[90, 80, 37, 38], auto_steps=5)["sweep"]
             (run_dir / PROGRESS_FILE).write_text(json.dumps(done))
             return {**spec.to_dict(), "status": "timeout", "reason": "no result within 60 s (raise --timeout)",
                     "elapsed_s": 60.0, "log": log}
@@ -458,14 +509,17 @@ def test_a_timed_out_sweep_keeps_the_plans_it_finished(tmp_path: Path) -> None:
     assert calls == [("sweep[unlimited]", "lightning_dos.bench.sweep_worker", 11, None),
                      ("sweep[quarter]", "lightning_dos.bench.sweep_worker", 11, quarter)]
     budget = doc["budgets"][0]
+    # the first round, then auto x2, host, auto x2: stopped in 0.5's second iteration; stride:2 ran only its warm-up
     assert [(p["plan"], p["status"]) for p in budget["plans"]] == [("host", "ok"), ("0.5", "timeout"),
                                                                    ("stride:2", "not run")]
     assert budget["plans"][0]["update_ms"] == 40 and budget["plans"][0]["median_rel_error"] == pytest.approx(0.1)
     assert budget["fixed"]["failed_plan"] == "0.5" and budget["fixed"]["log"] == "runs/unlimited/worker.log"
-    assert budget["auto"]["status"] == "not run"
+    a = budget["auto"]  # its iterations so far count, as the fixed plans' do
+    assert a["status"] == "ok" and a["update_ms"] == 38 and a["reason"].startswith("4 of 5 iterations")
     t = _targets(budget)
     assert t[NO_OOM]["status"] == "missed" and "sweep process: timeout" in t[NO_OOM]["detail"]
-    assert t[AUTO_VS_BEST]["status"] == "not measured" and t[AUTO_VS_STRIDES]["status"] == "not measured"
+    assert t[AUTO_VS_BEST]["status"] == "met" and t[AUTO_VS_BEST]["value"] == pytest.approx(38 / 40 - 1)
+    assert t[AUTO_VS_STRIDES]["status"] == "not measured"
 
     done = doc["budgets"][1]
     assert done["auto"]["update_ms"] == 37  # warm-up 2: the probe and the first step of its plan left out
@@ -477,7 +531,8 @@ def test_a_timed_out_sweep_keeps_the_plans_it_finished(tmp_path: Path) -> None:
     report = (tmp_path / "sweep.md").read_text()
     assert "Partial" not in report
     for text in ("## Budget: unlimited", "## Budget: quarter (", "| 0.5 | timeout |", "| stride:2 | not run |",
-                 "**missed**", "during plan 0.5", "1/3 plans completed", "| auto | not run |"):
+                 "**missed**", "during plan 0.5", "1/3 plans completed", "| auto | ok |",
+                 "4 of 5 iterations: the process stopped during plan 0.5"):
         assert text in report, text
     assert json.loads((tmp_path / "sweep.json").read_text())["budgets"][0]["plans"][1]["status"] == "timeout"
     assert (tmp_path / "sweep.png").read_bytes()[:8] == PNG_SIGNATURE

@@ -1,14 +1,18 @@
 """Owns switching DOS plans inside one training run, and which update records belong to which plan.
 
-:class:`PlanSweep` is a Lightning callback for a run under ``deep_optimizer_states``: it holds each plan of a
-list for ``steps_per_plan`` iterations, setting the manager's plan in ``on_train_batch_start`` (before that
-iteration's backward, so the device lane's gradients stay on the device as the plan says), and collects the
-manager's update records of every iteration under the plan that ran. The manager's calibrator keeps learning
-across plans: each prediction is made just before its update phase from everything measured so far.
+:class:`PlanSweep` is a Lightning callback for a run under ``deep_optimizer_states``: it runs each plan of a
+list for ``steps_per_plan`` iterations, in rounds (one iteration of every plan per round), setting the manager's
+plan in ``on_train_batch_start`` (before that iteration's backward, so the device lane's gradients stay on the
+device as the plan says), and collects the manager's update records of every iteration under the plan that ran.
+The manager's calibrator keeps learning across plans: each prediction is made just before its update phase from
+everything the fixed plans measured so far.
 
-After the fixed plans it can run ``auto`` for ``auto_steps`` iterations in the same process, started cold (the
-manager's :meth:`~lightning_dos.manager.OptimizerStateManager.start_auto`: starting cost values, then the probe),
-so that ``auto`` and the plans it is compared with share the process, its memory placement and its warm state.
+It can also run ``auto`` for ``auto_steps`` iterations, spread over the rounds after the first
+(:func:`~lightning_dos.bench.sweep_config.sweep_schedule`). ``auto`` starts cold (the manager's
+:meth:`~lightning_dos.manager.OptimizerStateManager.start_auto`: starting cost values, then the probe) and keeps
+its own planning state between its iterations (its calibration, its plan, its probe and re-plan counts), so it
+learns only from its own update phases, while sharing the process, its memory placement and the host's slow and
+fast spells with the plans it is compared with.
 """
 
 from __future__ import annotations
@@ -21,19 +25,20 @@ from typing import Any
 import lightning.pytorch as pl
 
 from lightning_dos.bench.config import plan_argument
+from lightning_dos.bench.sweep_config import AUTO, sweep_schedule
 from lightning_dos.planning.plan import Plan, parse_plan, resolve_plan
 
 
 class PlanSweep(pl.Callback):
-    """Holds each of ``plans`` for ``steps_per_plan`` iterations, in order, and records what each one did.
+    """Runs each of ``plans`` for ``steps_per_plan`` iterations, in rounds, and records what each one did.
 
     Args:
         plans: fixed plans as on the command line: ``host``, ``device``, a fraction, ``stride:K`` or lanes
-            joined by commas. ``auto`` is refused: it re-plans by itself.
-        steps_per_plan: iterations each plan is held for.
+            joined by commas. ``auto`` is refused here: it re-plans by itself (see ``auto_steps``).
+        steps_per_plan: iterations each plan runs (rounds).
         progress_path: if set, the raw records so far are written there (JSON) after every iteration, so a
             run that is stopped from outside still leaves what it measured.
-        auto_steps: iterations of ``auto`` after the last fixed plan, started cold (0: none).
+        auto_steps: iterations of ``auto``, started cold, spread over the rounds after the first (0: none).
     """
 
     def __init__(self, plans: Sequence[str], steps_per_plan: int,
@@ -50,24 +55,28 @@ class PlanSweep(pl.Callback):
         if isinstance(auto_steps, bool) or not isinstance(auto_steps, int) or auto_steps < 0:
             raise ValueError(f"plan sweep: auto_steps {auto_steps!r} must be an integer >= 0")
         self.auto_steps = auto_steps
+        self.schedule = sweep_schedule(self.plans, steps_per_plan, auto_steps)
         self.progress_path = None if progress_path is None else Path(progress_path)
         self.resolved: list[Plan] = []
         self.iterations: list[dict[str, Any]] = []
         self._first_record = 0
+        self._fixed_state: Any = None  # the manager's planning state for the fixed plans, while auto runs
+        self._auto_state: Any = None  # auto's, while a fixed plan runs (None: auto has not started)
+        self._in_auto = False
 
     @property
     def fixed_steps(self) -> int:
-        """Iterations needed to hold every fixed plan for ``steps_per_plan`` iterations."""
+        """Iterations of the fixed plans: ``steps_per_plan`` each."""
         return len(self.plans) * self.steps_per_plan
 
     @property
     def total_steps(self) -> int:
-        """Iterations of the whole sweep: the fixed plans, then ``auto``."""
+        """Iterations of the whole sweep: the fixed plans' and ``auto``'s."""
         return self.fixed_steps + self.auto_steps
 
-    def plan_index(self, iteration: int) -> int:
-        """Index into :attr:`plans` of the plan held at ``iteration`` (from 0); the last one past the end."""
-        return min(iteration // self.steps_per_plan, len(self.plans) - 1)
+    def plan_at(self, iteration: int) -> str:
+        """The plan of ``iteration`` (from 0; :data:`AUTO` for ``auto``'s); the last one past the end."""
+        return self.schedule[min(iteration, len(self.schedule) - 1)]
 
     @property
     def current_plan(self) -> str | None:
@@ -98,28 +107,29 @@ class PlanSweep(pl.Callback):
             self.resolved = self._resolve(manager)
         iteration = len(self.iterations)
         self._first_record = len(manager.records)
-        if self.auto_steps and iteration >= self.fixed_steps:
-            if iteration == self.fixed_steps:
-                manager.start_auto()  # cold: starting cost values, then the probe, as a new run
-            plan = manager.base_plan
-            self.iterations.append({
-                "iteration": iteration,
-                "plan": "auto",
-                "plan_index": None,
-                "step_in_plan": iteration - self.fixed_steps,
-                "lanes": plan.lane_letters(),
-                "device_fraction": plan.device_fraction(manager.sizes),
-                "records": [],
-            })
-            return
-        index = self.plan_index(iteration)
-        plan = self.resolved[index]
-        manager.set_plan(plan)  # every iteration: whatever ran before, this iteration runs this plan
+        name = self.plan_at(iteration)
+        if name == AUTO:
+            if not self._in_auto:
+                self._fixed_state = manager.planning_state()
+                if self._auto_state is None:
+                    manager.start_auto()  # cold: starting cost values, then the probe, as a new run
+                else:
+                    manager.restore(self._auto_state)  # where auto left off: its calibration, plan and counts
+                self._in_auto = True
+            plan, index = manager.base_plan, None
+        else:
+            if self._in_auto:
+                self._auto_state = manager.planning_state()
+                manager.restore(self._fixed_state)
+                self._in_auto = False
+            index = self.plans.index(name)
+            plan = self.resolved[index]
+            manager.set_plan(plan)  # every iteration: whatever ran before, this iteration runs this plan
         self.iterations.append({
             "iteration": iteration,
-            "plan": self.plans[index],
+            "plan": name,
             "plan_index": index,
-            "step_in_plan": iteration - index * self.steps_per_plan,
+            "step_in_plan": sum(it["plan"] == name for it in self.iterations),
             "lanes": plan.lane_letters(),
             "device_fraction": plan.device_fraction(manager.sizes),
             "records": [],

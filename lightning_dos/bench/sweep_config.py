@@ -1,9 +1,10 @@
 """Owns the plan sweep's settings: the fixed plans swept, iterations per plan, and the memory budgets.
 
 A plan sweep (``lightning-dos bench --sweep``) measures the performance model's evidence: for each memory
-budget one training process runs every fixed plan of :attr:`SweepConfig.plans`, switching the plan every
-``steps_per_plan`` iterations, then ``auto`` for ``bench.steps`` iterations, started cold (starting cost values,
-then its probe) so that it is compared with plans measured in the same process. The model, data and timing
+budget one training process runs every fixed plan of :attr:`SweepConfig.plans` for ``steps_per_plan``
+iterations and ``auto`` for ``bench.steps`` iterations, interleaved (:func:`sweep_schedule`): the host's speed
+drifts by more than 10% over tens of seconds, and plans held in turn each met a different spell of it. ``auto``
+starts cold (starting cost values, then its probe) and keeps its own calibration. The model, data and timing
 settings are the bench's own (:class:`~lightning_dos.bench.config.BenchConfig`). A budget is ``unlimited`` (no
 limit but the free device memory), ``quarter`` (room for a quarter of the optimizer state: 0.25 x 12 bytes x the
 model's parameters) or a number of GiB. No torch import here.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,9 +30,30 @@ QUARTER_SHARE = 0.25
 STATE_BYTES_PER_PARAM = 12
 #: Iterations of each plan left out of its statistics (the first: buffers and gradients change with the plan).
 PLAN_WARMUP = 1
+#: The plan name of ``auto``'s iterations in a sweep's schedule.
+AUTO = "auto"
 #: Leading iterations of an ``auto`` run always left out: its two probe steps (the host lane alone, then half the
 #: subgroups on each lane) and the first step of the chosen plan.
 AUTO_MIN_EXCLUDED = 3
+
+
+def sweep_schedule(plans: Sequence[str], rounds: int, auto_steps: int = 0) -> list[str]:
+    """The plan of each iteration of a sweep process, in order.
+
+    ``rounds`` rounds of every fixed plan, one iteration each, in the order given. The first round runs alone (it is
+    every plan's warm-up, left out of the figures); ``auto_steps`` iterations of ``auto`` (:data:`AUTO`) are spread
+    evenly over the later rounds, so that slow and fast spells of the host fall on ``auto`` and on every fixed plan
+    alike. ``auto``'s k-th iteration comes just before iteration ``k * n // auto_steps`` of those ``n`` later ones.
+    """
+    first, later = list(plans), list(plans) * (rounds - 1)
+    if auto_steps <= 0:
+        return first + later
+    slots = [k * len(later) // auto_steps for k in range(auto_steps)]
+    out = first
+    for i, plan in enumerate(later):
+        out += [AUTO] * slots.count(i)
+        out.append(plan)
+    return out + [AUTO] * sum(slot >= len(later) for slot in slots)
 
 
 @dataclass(frozen=True)
@@ -89,8 +112,9 @@ def resolve_budget(text: str, params: int) -> Budget:
 class SweepConfig:
     """What a plan sweep runs: the bench settings, the fixed plans, iterations per plan and the budgets.
 
-    After the fixed plans, each budget's process runs ``auto`` for ``bench.steps`` iterations; their first
-    ``bench.warmup`` (at least the two probe steps and the first step of the plan chosen after them) are left out.
+    Each budget's process interleaves the fixed plans and ``bench.steps`` iterations of ``auto``
+    (:meth:`schedule`); of ``auto``'s, the first ``bench.warmup`` (at least the two probe steps and the first step
+    of the plan chosen after them) are left out.
     """
 
     bench: BenchConfig
@@ -98,7 +122,7 @@ class SweepConfig:
     plans: list[str] = field(default_factory=lambda: list(DEFAULT_SWEEP_PLANS))
     """Fixed plans swept in one process per budget: ``host``, ``device``, a fraction, ``stride:K`` or lanes."""
     steps_per_plan: int = 3
-    """Iterations each fixed plan is held for; the first is warm-up."""
+    """Iterations each fixed plan runs, one per round; the first (the first round) is warm-up."""
     budgets: list[str] = field(default_factory=lambda: list(DEFAULT_BUDGETS))
     """Memory budgets: ``unlimited``, ``quarter`` or a number of GiB."""
 
@@ -109,13 +133,17 @@ class SweepConfig:
 
     @property
     def auto_steps(self) -> int:
-        """Iterations of ``auto`` after the fixed plans."""
+        """Iterations of ``auto``, interleaved with the fixed plans' rounds after the first."""
         return self.bench.steps
 
     @property
     def process_steps(self) -> int:
-        """Iterations of one budget's process: the fixed plans, then ``auto``."""
+        """Iterations of one budget's process: the fixed plans' and ``auto``'s."""
         return self.fixed_steps + self.auto_steps
+
+    def schedule(self) -> list[str]:
+        """The plan of each iteration of a budget's process (:func:`sweep_schedule`)."""
+        return sweep_schedule(self.plans, self.steps_per_plan, self.auto_steps)
 
     @property
     def auto_excluded(self) -> int:
@@ -128,7 +156,7 @@ class SweepConfig:
                 "budgets": list(self.budgets), "auto_steps": self.bench.steps, "auto_excluded": self.auto_excluded}
 
     def process_config(self, budget: Budget) -> BenchConfig:
-        """The bench settings of the process of ``budget`` (every fixed plan, then ``auto``)."""
+        """The bench settings of the process of ``budget`` (every fixed plan and ``auto``, interleaved)."""
         return dataclasses.replace(self.bench, memory_budget_gib=budget.gib, steps=self.process_steps,
                                    warmup=PLAN_WARMUP, strategies=["deep_optimizer_states"],
                                    plans=[*self.plans, "auto"])
@@ -152,7 +180,8 @@ class SweepConfig:
                 problems.append(str(err))
                 continue
             if spec.kind == "auto":
-                problems.append("sweep plans: 'auto' is not a fixed plan; the sweep runs it after the fixed plans")
+                problems.append("sweep plans: 'auto' is not a fixed plan; the sweep runs it between the fixed plans "
+                                "(--steps iterations)")
         lowered = [str(p).strip().lower() for p in self.plans]
         repeated = sorted({p for p in lowered if lowered.count(p) > 1})
         if repeated:

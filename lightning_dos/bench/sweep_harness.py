@@ -1,9 +1,10 @@
 """Owns one plan-sweep invocation end to end: one worker process per budget in, sweep.json/.md/.png out.
 
-For each budget, one process (:mod:`lightning_dos.bench.sweep_worker`) runs every fixed plan of the sweep in turn,
-then ``auto`` started cold, which probes, calibrates and re-plans as in training. ``auto`` shares the process with
-the plans it is compared with: measured in processes of their own, the same lanes differed by more than the 5%
-the target allows (docs/performance-model.md). Each process goes through the bench's launcher (time limit,
+For each budget, one process (:mod:`lightning_dos.bench.sweep_worker`) runs every fixed plan of the sweep in
+rounds, and ``auto`` started cold, which probes, calibrates and re-plans as in training, interleaved with them
+(:func:`~lightning_dos.bench.sweep_config.sweep_schedule`). ``auto`` shares the process and the time with the plans
+it is compared with: measured in processes of their own, or in turn within one, the same lanes differed by more
+than the 5% the target allows (docs/performance-model.md). Each process goes through the bench's launcher (time limit,
 failure classification, its own log), under a progress bar with one line per finished process. The outputs are
 written after every budget, and a process stopped from outside still contributes the plans it finished (its
 ``progress.json``), so a sweep cut short keeps what it measured.
@@ -69,7 +70,7 @@ def _elapsed(result: dict[str, Any]) -> str:
 
 
 def budget_line(index: int, total: int, budget: Budget, summary: dict[str, Any], result: dict[str, Any]) -> str:
-    """One line summarising a finished budget process: the fixed plans, then ``auto``."""
+    """One line summarising a finished budget process: the fixed plans and ``auto``."""
     head = f"[{index}/{total}] {budget.label}:"
     plans = summary["plans"]
     done = sum(p["status"] == "ok" for p in plans)
@@ -158,8 +159,8 @@ def dry_run_text(sweep: SweepConfig) -> str:
              f"model: {model['preset']}, {model['params']:,} parameters", "",
              f"{len(budgets)} processes, one per budget, each {sweep.process_steps} iterations:"]
     for budget in budgets:
-        lines.append(f"  {budget.label:<24} fixed plans: {len(sweep.plans)} plans x {sweep.steps_per_plan} "
-                     f"iterations = {sweep.fixed_steps} ({', '.join(sweep.plans)})")
-        lines.append(f"  {budget.label:<24} then auto, started cold: {sweep.auto_steps} iterations, the first "
-                     f"{sweep.auto_excluded} left out")
+        lines.append(f"  {budget.label:<24} fixed plans: {len(sweep.plans)} plans x {sweep.steps_per_plan} rounds "
+                     f"= {sweep.fixed_steps} iterations ({', '.join(sweep.plans)})")
+        lines.append(f"  {budget.label:<24} auto, started cold, spread over rounds 2-{sweep.steps_per_plan}: "
+                     f"{sweep.auto_steps} iterations, the first {sweep.auto_excluded} left out")
     return "\n".join(lines)

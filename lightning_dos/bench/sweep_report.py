@@ -88,7 +88,7 @@ def _budget_lines(budget: dict[str, Any]) -> list[str]:
     b, fixed, a = budget["budget"], budget["fixed"], budget["auto"]
     limit = "no limit beyond the free device memory" if b["gib"] is None else f"memory_budget_gib = {b['gib']:.3f}"
     lines = [f"## Budget: {b['label']}", "", f"- DOS device-lane budget: {limit}."]
-    lines.append(f"- One process: the fixed plans, then auto; {fixed['status']}"
+    lines.append(f"- One process, fixed plans and auto interleaved: {fixed['status']}"
                  + (f": {fixed['reason']}" if fixed.get("reason") else "")
                  + (f" (during plan {fixed['failed_plan']})" if fixed.get("failed_plan") else "")
                  + f"; {fixed['plans_completed']}/{len(budget['plans'])} plans completed"
@@ -98,8 +98,8 @@ def _budget_lines(budget: dict[str, Any]) -> list[str]:
     chosen_text = (f"chose {_lanes(chosen['lanes'], 64)} with {chosen['buffers']} buffer(s), device fraction "
                    f"{chosen['device_fraction']:.3f}, after the probe at update {a['probe_step']}") if chosen else \
         "no plan chosen (no update phase after the probe)"
-    lines.append(f"- auto, started cold after the fixed plans: {a['status']}"
-                 + (f": {a['reason']}" if a.get("reason") and a["status"] != "ok" else "")
+    lines.append(f"- auto, started cold, with its own calibration: {a['status']}"
+                 + (f": {a['reason']}" if a.get("reason") else "")
                  + f"; {chosen_text}; {a['excluded_steps']} leading update phases left out, "
                  f"{a['replans_measured']} re-plans among the measured ones; plan at the end: "
                  f"{a.get('final_plan') or MISSING}.")

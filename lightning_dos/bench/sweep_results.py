@@ -3,9 +3,9 @@
 Per fixed plan: the median update-phase makespan of its iterations after the first (warm-up), the median of the
 manager's predictions for those same update phases (made just before each, from the parameters calibrated so
 far), the median relative prediction error ``|predicted - measured| / measured``, the device fraction as run
-(after any demotion to fit memory) and the most subgroups demoted. For ``auto``, which runs after the fixed plans in
-the same process: the same over its update phases after the probe, the first step of the plan it chose and its
-warm-up. The four targets of the performance model's
+(after any demotion to fit memory) and the most subgroups demoted. For ``auto``, which runs interleaved with the
+fixed plans in the same process: the same over its update phases after the probe, the first step of the plan it
+chose and its warm-up. The four targets of the performance model's
 evidence are checked per budget and over the invocation. Pure Python: report and chart only format this.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from lightning_dos.bench.config import plan_argument
 from lightning_dos.bench.stats import median, spread
-from lightning_dos.bench.sweep_config import AUTO_MIN_EXCLUDED, PLAN_WARMUP, Budget, SweepConfig
+from lightning_dos.bench.sweep_config import AUTO, AUTO_MIN_EXCLUDED, PLAN_WARMUP, Budget, SweepConfig, sweep_schedule
 from lightning_dos.planning.plan import parse_plan
 
 SCHEMA_VERSION = 1
@@ -70,9 +70,6 @@ def _update_summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-AUTO = "auto"
-
-
 def failed_plan_of(result: dict[str, Any], steps_per_plan: int, plans: Sequence[str],
                    auto_steps: int = 0) -> str | None:
     """The plan in force when a sweep process stopped without completing (``auto`` for its part), or None."""
@@ -84,9 +81,8 @@ def failed_plan_of(result: dict[str, Any], steps_per_plan: int, plans: Sequence[
     if not plans:
         return None
     # only completed iterations reach progress.json: the run stopped in the next one
-    if auto_steps and len(iterations) >= len(plans) * steps_per_plan:
-        return AUTO
-    return plans[min(len(iterations) // steps_per_plan, len(plans) - 1)]
+    schedule = sweep_schedule(plans, steps_per_plan, auto_steps)
+    return schedule[min(len(iterations), len(schedule) - 1)]
 
 
 def summarize_plans(result: dict[str, Any], sweep: SweepConfig) -> list[dict[str, Any]]:
@@ -96,8 +92,6 @@ def summarize_plans(result: dict[str, Any], sweep: SweepConfig) -> list[dict[str
     resolved = {entry["plan"]: entry for entry in raw.get("resolved") or []}
     status = result.get("status", "failed")
     failed = failed_plan_of(result, sweep.steps_per_plan, sweep.plans, sweep.auto_steps)
-    failed_index = len(sweep.plans) if failed == AUTO else (sweep.plans.index(failed) if failed in sweep.plans
-                                                            else None)
     out = []
     for index, plan in enumerate(sweep.plans):
         its = [it for it in iterations if it["plan_index"] == index]
@@ -106,12 +100,10 @@ def summarize_plans(result: dict[str, Any], sweep: SweepConfig) -> list[dict[str
         every = [record for it in its for record in it["records"]]
         if status == "ok":
             plan_status = "ok"
-        elif failed_index is not None and index < failed_index:
-            plan_status = "ok"
-        elif failed_index is not None and index == failed_index:
+        elif plan == failed:
             plan_status = status
-        else:
-            plan_status = NOT_RUN
+        else:  # stopped elsewhere: this plan's completed iterations still count (rounds interleave the plans)
+            plan_status = "ok" if steps else NOT_RUN
         indices = [it["iteration"] for it in measured]
         entry = resolved.get(plan, {})
         out.append({
@@ -131,18 +123,22 @@ def summarize_plans(result: dict[str, Any], sweep: SweepConfig) -> list[dict[str
     return out
 
 
-def auto_status(result: dict[str, Any], sweep: SweepConfig) -> tuple[str, str | None]:
-    """Status and reason of ``auto``'s part of a sweep process: the process's own if it got that far."""
+def auto_status(result: dict[str, Any], sweep: SweepConfig, ran: int) -> tuple[str, str | None]:
+    """Status and reason of ``auto``'s part of a sweep process that ran ``ran`` of its iterations to the end."""
     status = result.get("status", "failed")
-    if status == "ok" or failed_plan_of(result, sweep.steps_per_plan, sweep.plans, sweep.auto_steps) == AUTO:
+    failed = failed_plan_of(result, sweep.steps_per_plan, sweep.plans, sweep.auto_steps)
+    if status == "ok" or failed == AUTO:
         return status, result.get("reason")
+    if ran:  # stopped during a fixed plan: auto's iterations so far still count, as the fixed plans' do
+        return "ok", f"{ran} of {sweep.auto_steps} iterations: the process stopped during plan {failed} ({status})"
     return NOT_RUN, f"the process stopped before auto ({status})"
 
 
 def summarize_auto(result: dict[str, Any], sweep: SweepConfig) -> dict[str, Any]:
     """``auto``'s figures over its update phases after the probe, the first step of its plan and the warm-up.
 
-    ``auto`` ran after the fixed plans in the same process (its iterations are the sweep's ``auto`` entries).
+    ``auto`` ran interleaved with the fixed plans in the same process (its iterations are the sweep's ``auto``
+    entries).
     """
     iterations = [it for it in (result.get("sweep") or {}).get("iterations") or [] if it["plan"] == AUTO]
     tagged = [(it["iteration"], record) for it in iterations for record in it["records"]]
@@ -153,7 +149,7 @@ def summarize_auto(result: dict[str, Any], sweep: SweepConfig) -> dict[str, Any]
     measured = steps[skip:]
     indices = sorted({iteration for iteration, _ in tagged[skip:]})
     chosen = steps[probe + 1] if probe is not None and probe + 1 < len(steps) else None
-    status, reason = auto_status(result, sweep)
+    status, reason = auto_status(result, sweep, len(iterations))
     final = steps[-1] if steps else None
     return {
         "status": status,
@@ -273,7 +269,7 @@ def overall_targets(budgets: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def summarize_budget(budget: Budget, result: dict[str, Any], sweep: SweepConfig) -> dict[str, Any]:
-    """Everything sweep.json records for one budget, from its process's raw result (fixed plans, then auto)."""
+    """Everything sweep.json records for one budget, from its process's raw result (fixed plans and auto)."""
     plans = summarize_plans(result, sweep)
     auto_summary = summarize_auto(result, sweep)
     best = best_plan(plans)
@@ -306,12 +302,13 @@ def document(hardware: dict[str, Any], versions: dict[str, Any], sweep: SweepCon
         "sweep": sweep.to_dict(),
         "model": model,
         "measurement": {
-            "fixed_plans": f"one process per budget runs every plan for {sweep.steps_per_plan} iterations in the "
-                           f"order given; the first {PLAN_WARMUP} of each plan is left out and the rest summarised "
-                           "by their median",
-            "auto": f"the same process then runs plan auto for {sweep.auto_steps} iterations, started cold (the "
-                    f"starting cost values, then its probe); the first {sweep.auto_excluded} (the probe steps, the "
-                    "first step of the chosen plan, warm-up) are left out",
+            "fixed_plans": f"one process per budget runs every plan for {sweep.steps_per_plan} iterations, in "
+                           f"rounds of one iteration of each plan in the order given; the first round is left out "
+                           "and the rest summarised by their median",
+            "auto": f"the same process runs plan auto for {sweep.auto_steps} iterations spread evenly over the "
+                    "rounds after the first, started cold (the starting cost values, then its probe) and keeping its "
+                    f"own calibration; the first {sweep.auto_excluded} (the probe steps, the first step of the chosen "
+                    "plan, warm-up) are left out",
             "update_ms": "the DOS update phase's makespan (both lanes), from the manager's records",
             "predicted_ms": "the manager's prediction for that update phase, made just before it with the cost "
                             "parameters calibrated on every earlier update phase of the process (earlier plans' "
