@@ -121,3 +121,70 @@ def test_missing_configurations_are_not_measured_and_render() -> None:
     assert {c["status"] for c in claims} == {"not measured"}
     text = "\n".join(report._claim_lines(claims))
     assert "## Claims checked in this run" in text and "not measured" in text
+
+
+RUN_J_SWEEPS = {  # case: (records file, its key, sweep report, budget, rounds, auto iterations)
+    "gpt-1b unlimited": ("sweep_gpt-1b_H200_2026-11-21_runJ_updates.json", "unlimited",
+                         "sweep_gpt-1b_H200_2026-11-21_runJ.json", "unlimited", 6, 16),
+    "gpt-1b quarter": ("sweep_gpt-1b_H200_2026-11-21_runJ_updates.json", "quarter",
+                       "sweep_gpt-1b_H200_2026-11-21_runJ.json", "quarter", 6, 16),
+    "gpt-2.7b unlimited, 4 rounds": ("sweep_gpt-2.7b_H200_2026-11-21_runJ_updates.json", "unlimited_4rounds",
+                                     "sweep_gpt-2.7b_H200_2026-11-21_runJ.json", "unlimited", 4, 12),
+    "gpt-2.7b quarter, 4 rounds": ("sweep_gpt-2.7b_H200_2026-11-21_runJ_updates.json", "quarter_4rounds",
+                                   "sweep_gpt-2.7b_H200_2026-11-21_runJ.json", "quarter", 4, 12),
+    "gpt-2.7b unlimited, 6 rounds": ("sweep_gpt-2.7b_H200_2026-11-21_runJ_updates.json", "unlimited_6rounds",
+                                     "sweep_gpt-2.7b_H200_2026-11-21_runJ_6rounds.json", "unlimited", 6, 16),
+}
+#: As docs/performance-model.md quotes them: best plan and its median, auto's median, auto vs best, the fastest
+#: stride, and the status of "auto within 5% of the best swept plan".
+RUN_J_QUOTED = {
+    "gpt-1b unlimited": ("0.5", 195.5, 189.8, -0.029, "stride:3", "met"),
+    "gpt-1b quarter": ("0.4", 201.8, 198.5, -0.017, "stride:2", "met"),
+    "gpt-2.7b unlimited, 4 rounds": ("0.4", 482.0, 507.3, 0.053, "stride:3", "missed"),
+    "gpt-2.7b quarter, 4 rounds": ("0.3", 513.1, 491.0, -0.043, "stride:3", "met"),
+    "gpt-2.7b unlimited, 6 rounds": ("0.4", 509.5, 534.2, 0.048, "stride:2", "met"),
+}
+
+
+@pytest.mark.parametrize("case", list(RUN_J_SWEEPS))
+def test_run_j_sweeps_follow_from_their_update_records(case: str) -> None:
+    """Run J's interleaved sweeps (commit c94f3fa): summarising the committed per-update records again gives the
+    committed sweep report's figures and targets, and the figures docs/performance-model.md quotes."""
+    from lightning_dos.bench.config import BenchConfig
+    from lightning_dos.bench.sweep_config import SweepConfig, resolve_budget, sweep_schedule
+    from lightning_dos.bench.sweep_results import AUTO_VS_BEST, AUTO_VS_STRIDES, NO_OOM, PREDICTION, summarize_budget
+
+    records, key, report, budget_name, rounds, auto_steps = RUN_J_SWEEPS[case]
+    raw = json.loads((BENCHMARKS / records).read_text())[key]
+    doc = json.loads((BENCHMARKS / report).read_text())
+    committed = next(b for b in doc["budgets"] if b["budget"]["name"] == budget_name)
+    plans = raw["plans"]
+    assert (raw["steps_per_plan"], raw["auto_steps"]) == (rounds, auto_steps)
+    # the records are in the order the sweep's schedule ran them
+    assert [it["plan"] for it in raw["iterations"]] == sweep_schedule(plans, rounds, auto_steps)
+    iterations = [{"iteration": i, "plan": it["plan"], "records": it["records"], "lanes": it["records"][0]["lanes"],
+                   "device_fraction": it["records"][0]["device_fraction"],
+                   "plan_index": None if it["plan"] == "auto" else plans.index(it["plan"])}
+                  for i, it in enumerate(raw["iterations"])]
+    result = {"status": "ok", "sweep": {"plans": plans, "resolved": [], "iterations": iterations}}
+    sweep = SweepConfig(bench=BenchConfig(model=doc["config"]["model"], steps=auto_steps, warmup=3), plans=plans,
+                        steps_per_plan=rounds, budgets=[budget_name])
+    summary = summarize_budget(resolve_budget(budget_name, doc["model"]["params"]), result, sweep)
+
+    assert summary["best"]["plan"] == committed["best"]["plan"]
+    assert summary["best"]["update_ms"] == pytest.approx(committed["best"]["update_ms"], abs=0.01)
+    assert summary["auto"]["update_ms"] == pytest.approx(committed["auto"]["update_ms"], abs=0.01)
+    assert summary["prediction_error_median"] == pytest.approx(committed["prediction_error_median"], abs=1e-4)
+    ours = {t["target"]: t for t in summary["targets"]}
+    theirs = {t["target"]: t for t in committed["targets"]}
+    for target in (AUTO_VS_BEST, PREDICTION, AUTO_VS_STRIDES):
+        assert ours[target]["status"] == theirs[target]["status"], target
+        assert ours[target]["value"] == pytest.approx(theirs[target]["value"], abs=1e-4), target
+    assert theirs[NO_OOM]["status"] == "met" and ours[PREDICTION]["status"] == "met"
+    assert ours[AUTO_VS_STRIDES]["status"] == "met"
+
+    best, best_ms, auto_ms, excess, stride, status = RUN_J_QUOTED[case]
+    assert (summary["best"]["plan"], round(summary["best"]["update_ms"], 1)) == (best, best_ms)
+    assert round(summary["auto"]["update_ms"], 1) == auto_ms
+    assert round(ours[AUTO_VS_BEST]["value"], 3) == excess and ours[AUTO_VS_BEST]["status"] == status
+    assert f"fastest {stride} " in ours[AUTO_VS_STRIDES]["detail"]

@@ -63,6 +63,7 @@ def test_sweep_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert elapsed < 120, f"the end-to-end sweep took {elapsed:.0f} s"
     printed = capsys.readouterr().out
     assert "[1/1] unlimited: ok  3/3 fixed plans" in printed and "; auto " in printed
+    assert "1/1 processes completed" in printed
 
     doc = json.loads((out / "sweep.json").read_text())
     assert {"hardware", "versions", "config", "sweep", "model", "budgets", "targets", "date"} <= set(doc)

@@ -99,7 +99,7 @@ def _sweep(invocation: Invocation) -> int:
     out_dir = Path(sweep.bench.out) if sweep.bench.out else default_out_dir(sweep.bench, now)
     sweep.bench.out = str(out_dir)
     doc = run_sweep(sweep, out_dir, now=now)
-    processes = [b[kind]["status"] for b in doc["budgets"] for kind in ("fixed", "auto")]
+    processes = [b["fixed"]["status"] for b in doc["budgets"]]  # one process per budget: fixed plans and auto
     completed = sum(status == "ok" for status in processes)
     print(f"{completed}/{len(processes)} processes completed; results in {out_dir}: sweep.json, sweep.md, sweep.png")
     for target in doc["targets"]:
