@@ -50,7 +50,8 @@ class PlanSweep(pl.Callback):
         self.plans = [str(plan).strip() for plan in plans]
         self.specs = [parse_plan(plan_argument(plan)) for plan in self.plans]
         if any(spec.kind == "auto" for spec in self.specs):
-            raise ValueError("plan sweep: 'auto' is not a fixed plan; run it on its own (it probes and re-plans)")
+            raise ValueError("plan sweep: 'auto' is not a fixed plan (it probes and re-plans); set auto_steps to "
+                             "run it between the fixed plans")
         self.steps_per_plan = steps_per_plan
         if isinstance(auto_steps, bool) or not isinstance(auto_steps, int) or auto_steps < 0:
             raise ValueError(f"plan sweep: auto_steps {auto_steps!r} must be an integer >= 0")
