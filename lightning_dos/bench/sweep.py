@@ -72,8 +72,8 @@ class PlanSweep(pl.Callback):
 
     @property
     def total_steps(self) -> int:
-        """Iterations of the whole sweep: the fixed plans' and ``auto``'s."""
-        return self.fixed_steps + self.auto_steps
+        """Iterations of the whole sweep: the fixed plans' and ``auto``'s (the length of its schedule)."""
+        return len(self.schedule)
 
     def plan_at(self, iteration: int) -> str:
         """The plan of ``iteration`` (from 0; :data:`AUTO` for ``auto``'s); the last one past the end."""

@@ -113,7 +113,7 @@ class SweepConfig:
     """What a plan sweep runs: the bench settings, the fixed plans, iterations per plan and the budgets.
 
     Each budget's process interleaves the fixed plans and ``bench.steps`` iterations of ``auto``
-    (:meth:`schedule`); of ``auto``'s, the first ``bench.warmup`` (at least the two probe steps and the first step
+    (:func:`sweep_schedule`); of ``auto``'s, the first ``bench.warmup`` (at least the two probe steps and the first step
     of the plan chosen after them) are left out.
     """
 
@@ -141,10 +141,6 @@ class SweepConfig:
         """Iterations of one budget's process: the fixed plans' and ``auto``'s."""
         return self.fixed_steps + self.auto_steps
 
-    def schedule(self) -> list[str]:
-        """The plan of each iteration of a budget's process (:func:`sweep_schedule`)."""
-        return sweep_schedule(self.plans, self.steps_per_plan, self.auto_steps)
-
     @property
     def auto_excluded(self) -> int:
         """Leading iterations of ``auto`` left out: its warm-up, at least the probe steps and one more."""
@@ -153,7 +149,7 @@ class SweepConfig:
     def to_dict(self) -> dict[str, Any]:
         """The sweep's own settings (the bench settings are recorded separately)."""
         return {"plans": list(self.plans), "steps_per_plan": self.steps_per_plan, "plan_warmup": PLAN_WARMUP,
-                "budgets": list(self.budgets), "auto_steps": self.bench.steps, "auto_excluded": self.auto_excluded}
+                "budgets": list(self.budgets), "auto_steps": self.auto_steps, "auto_excluded": self.auto_excluded}
 
     def process_config(self, budget: Budget) -> BenchConfig:
         """The bench settings of the process of ``budget`` (every fixed plan and ``auto``, interleaved)."""

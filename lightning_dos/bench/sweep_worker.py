@@ -2,8 +2,8 @@
 
 Reads the bench settings, the configuration (``deep_optimizer_states`` with the sweep's first plan) and the
 sweep (``{"plans": [...], "steps_per_plan": N, "auto_steps": A}``) from ``CONFIG``, trains ``len(plans) x N``
-iterations with a :class:`~lightning_dos.bench.sweep.PlanSweep` switching the plan, then ``A`` iterations of
-``auto`` started cold, and writes the raw measurements to ``RESULT``:
+iterations of the fixed plans in rounds and ``A`` of ``auto`` (started cold) between them, with a
+:class:`~lightning_dos.bench.sweep.PlanSweep` switching the plan, and writes the raw measurements to ``RESULT``:
 every iteration's plan and DOS update records, phase times, peak memory. The model, data, strategy and Trainer
 are built exactly as for a bench configuration (:mod:`lightning_dos.bench.worker`). A failure is written as a
 result too, with what was measured before it and the plan in force when it happened; the records so far also go
