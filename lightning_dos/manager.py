@@ -19,7 +19,8 @@ from lightning_dos.executor import LaneTimings, UpdateExecutor
 from lightning_dos.planning.calibration import Calibrator, StepMeasurement, probe_plans
 from lightning_dos.planning.perf_model import CostParams, device_memory_bytes, predicted_makespan_s
 from lightning_dos.planning.plan import Plan, PlanSpec, parse_plan, resolve_plan
-from lightning_dos.planning.planner import best_plan, demote_to_fit, grads_for
+from lightning_dos.planning.planner import best_plan, demote_to_fit, grads_for, rank_plans
+from lightning_dos.planning.trials import TRIAL_SOURCE, PlanTrials, TrialVerdict
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ AUTO_MAX_BUFFERS = 2
 @dataclass
 class PlanningState:
     """Everything that decides the manager's next plans: the plan asked for, the calibration, the plan in force, and
-    ``auto``'s progress (its probe plans, its update phases so far, when it last weighed a re-plan)."""
+    ``auto``'s progress (its probe plans, its update phases so far, when it last weighed a re-plan, its trials)."""
 
     spec: PlanSpec
     calibrator: Calibrator
@@ -51,6 +52,7 @@ class PlanningState:
     probes: tuple[Plan, ...]
     auto_steps: int
     replan_checked: int
+    trials: PlanTrials
 
 
 @dataclass
@@ -111,6 +113,7 @@ class OptimizerStateManager:
         self._pending: tuple[Plan, int | None, tuple[int, ...]] | None = None
         self._auto_steps = 0  # update phases run under auto since it started (its probe's included)
         self._replan_checked = 0  # auto's update phases done when it last (re-)planned or weighed a re-plan
+        self.trials = PlanTrials()  # auto's measured comparisons of plans the model ranks close together
         if self.active:
             optimizer.update_phase = self._update_phase
             self._plan_gradients()
@@ -151,12 +154,14 @@ class OptimizerStateManager:
         probes = probe_plans(self.sizes, buffers=self.buffers or DEFAULT_BUFFERS)
         self.restore(PlanningState(spec=parse_plan("auto"),
                                    calibrator=Calibrator(self._start_cost, overrides=self._cost_overrides),
-                                   base_plan=probes[0], probes=probes, auto_steps=0, replan_checked=0))
+                                   base_plan=probes[0], probes=probes, auto_steps=0, replan_checked=0,
+                                   trials=PlanTrials()))
 
     def planning_state(self) -> PlanningState:
         """What decides the next plans, to be put back later with :meth:`restore` (the objects, not copies)."""
         return PlanningState(spec=self.spec, calibrator=self.calibrator, base_plan=self.base_plan,
-                             probes=self._probes, auto_steps=self._auto_steps, replan_checked=self._replan_checked)
+                             probes=self._probes, auto_steps=self._auto_steps, replan_checked=self._replan_checked,
+                             trials=self.trials)
 
     def restore(self, state: PlanningState) -> None:
         """Plan from ``state`` from the next step on (call before that step's backward); the records are kept."""
@@ -165,6 +170,7 @@ class OptimizerStateManager:
         self._probes = state.probes
         self._auto_steps = state.auto_steps
         self._replan_checked = state.replan_checked
+        self.trials = state.trials
         self._pending = None
         self.set_plan(state.base_plan)
 
@@ -234,7 +240,8 @@ class OptimizerStateManager:
         self._calibrate(record)
 
     def _calibrate(self, record: StepRecord) -> None:
-        """Fold the measured step into the cost model; re-plan ``auto`` after the probe or on drift."""
+        """Fold the measured step into the cost model; ``auto``: choose after the probe, re-plan on drift, and try
+        the plans the model ranks close to the plan in force (:mod:`~lightning_dos.planning.trials`)."""
         t = record.timings
         self.calibrator.observe(
             StepMeasurement(
@@ -261,22 +268,62 @@ class OptimizerStateManager:
             self._plan_gradients()
         elif done == PROBE_STEPS:
             self._adopt(self._resolve(self.spec), record)
-        elif done - self._replan_checked >= REPLAN_PATIENCE and self.calibrator.should_replan(REPLAN_PATIENCE):
-            self._replan_checked = done  # the next check needs REPLAN_PATIENCE fresh steps
-            candidate = self._resolve(self.spec)
-            if self._predict(candidate) < self._predict(self.base_plan) * (1 - REPLAN_MIN_GAIN):
-                self._adopt(candidate, record)
+        else:
+            verdict = self.trials.observe(record.plan, record.timings.total_s)
+            if verdict is not None:
+                self._end_trial(verdict, record)
+            if self.trials.running:
+                return  # the trial's plan runs on; the drift check waits for the plan in force
+            if done - self._replan_checked >= REPLAN_PATIENCE and self.calibrator.should_replan(REPLAN_PATIENCE):
+                self._replan_checked = done  # the next check needs REPLAN_PATIENCE fresh steps
+                candidate = self._resolve(self.spec)
+                if self._predict(candidate) < self._predict(self.base_plan) * (1 - REPLAN_MIN_GAIN):
+                    self._adopt(candidate, record)
+                    return
+            if self.trials.ready():
+                self._start_trial(record)
 
     def _predict(self, plan: Plan) -> float:
         """Predicted makespan of ``plan`` with the current costs, gradients kept as ``_plan_gradients`` would."""
         return predicted_makespan_s(plan, self.sizes, self.cost, grads_on_device=self._kept_grads(plan))
 
     def _adopt(self, plan: Plan, record: StepRecord) -> None:
+        """The planner's choice is in force from the next step; trials start over from it."""
         self.base_plan = plan
         self._plan_gradients()
         self._replan_checked = self._auto_steps
+        self.trials.start(plan)
         record.replanned = True
         log.info("deep_optimizer_states: re-planned at update %d: %s", record.step, plan)
+
+    def _ranked(self) -> list[tuple[Plan, float]]:
+        """``auto``'s candidates within the budget with their predicted makespans, best first."""
+        return [(plan, prediction.makespan_s) for plan, prediction in rank_plans(
+            self.sizes, self.cost, self.memory_budget_bytes, max_buffers=self.buffers or AUTO_MAX_BUFFERS,
+            grads_on_device=self._all_grads())]
+
+    def _start_trial(self, record: StepRecord) -> None:
+        """Run the next candidate the model ranks close to the plan in force, if one is left."""
+        in_force = self.trials.incumbent
+        assert in_force is not None
+        predicted = self._predict(in_force)
+        challenger = self.trials.next_challenger(self._ranked(), predicted)
+        if challenger is None:
+            return
+        self.base_plan = challenger
+        self._plan_gradients()
+        log.info("deep_optimizer_states: trying for %d updates from update %d: %s (predicted %.1f ms, plan in "
+                 "force %.1f ms)", self.trials.steps, record.step + 1, challenger,
+                 self._predict(challenger) * 1e3, predicted * 1e3)
+
+    def _end_trial(self, verdict: TrialVerdict, record: StepRecord) -> None:
+        """After a trial the faster plan is in force: the challenger if it won, else the plan it was tried against."""
+        self.base_plan = verdict.kept
+        self._plan_gradients()
+        record.replanned = verdict.challenger_won
+        log.info("deep_optimizer_states: trial ended at update %d: %.1f ms against %.1f ms, %s in force: %s",
+                 record.step, verdict.challenger_s * 1e3, verdict.incumbent_s * 1e3,
+                 "the tried plan" if verdict.challenger_won else "the previous plan", verdict.kept)
 
     # ------------------------------------------------------------------ reporting
     def describe(self) -> str:
@@ -305,6 +352,7 @@ class OptimizerStateManager:
             "dos/update_ms": t.total_s * 1e3,
             "dos/predicted_update_ms": r.predicted_s * 1e3,
             "dos/replanned": float(r.replanned),
+            "dos/trial": float(r.plan.source == TRIAL_SOURCE),
             "dos/prefetch_busy_ms": t.prefetch_busy_s * 1e3,
             "dos/adam_busy_ms": t.adam_busy_s * 1e3,
             "dos/flush_busy_ms": t.flush_busy_s * 1e3,

@@ -130,3 +130,44 @@ def test_start_auto_begins_cold_after_fixed_plans() -> None:
     assert [r.replanned for r in probe] == [False, True]  # counted under auto, not from the run's first step
     assert manager.base_plan.source not in ("probe", "0.5") and len(manager.records) == 6
     assert len(manager.calibrator.history) == 2
+
+
+def test_auto_tries_the_plans_its_model_ranks_close_and_keeps_the_faster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the probe and three update phases of its choice, ``auto`` runs the next candidate within 5% of it for
+    three update phases and keeps it if it measured faster; then the next one; a slower one gives the plan back."""
+    from lightning_dos.planning.trials import TRIAL_SOURCE
+
+    manager = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("auto"))
+    predicted = {"DHDHDH": 1.00, "HDHDHD": 0.99, "DDHHDD": 1.03, "HHDDHH": 1.20}
+    measured = {"HHHHHH": 0.9, "HDHDHD": 0.40, "DHDHDH": 0.50, "DDHHDD": 0.45}  # the probe's mixed plan is HDHDHD
+    monkeypatch.setattr(manager, "_resolve", lambda spec: _plan("DHDHDH"))
+    monkeypatch.setattr(manager, "_ranked", lambda: [(_plan(x), s) for x, s in sorted(predicted.items(),
+                                                                                      key=lambda kv: kv[1])])
+    monkeypatch.setattr(manager, "_predict", lambda plan: predicted[_letters(plan)])
+    monkeypatch.setattr(manager.calibrator, "observe", lambda measurement: None)
+    monkeypatch.setattr(manager.calibrator, "should_replan", lambda patience: False)
+
+    def step() -> StepRecord:
+        record = StepRecord(step=len(manager.records), plan=manager.base_plan,
+                            timings=LaneTimings(total_s=measured[_letters(manager.base_plan)]), free_bytes=None,
+                            demoted=(), device_fraction=0.5, predicted_s=1.0)
+        manager.records.append(record)
+        manager._calibrate(record)
+        return record
+
+    records = [step() for _ in range(17)]
+    ran = [_letters(r.plan) for r in records]
+    assert ran == ["HHHHHH", "HDHDHD"] + ["DHDHDH"] * 3 + ["HDHDHD"] * 3 + ["DDHHDD"] * 3 + ["HDHDHD"] * 6
+    # the probe's choice, then the first trial's win; the second trial (0.45 s against 0.40) lost: no change
+    assert [r.step for r in records if r.replanned] == [1, 7]
+    assert [r.plan.source == TRIAL_SOURCE for r in records] == [False] * 5 + [True] * 6 + [False] * 6
+    assert manager.metrics()["dos/trial"] == 0.0
+    # HHDDHH is predicted 20% slower: never tried; the winner is the plan in force, its gradients planned
+    assert [v.challenger_won for v in manager.trials.verdicts] == [True, False]
+    assert _letters(manager.base_plan) == "HDHDHD" and manager.base_plan.source == "auto"
+    assert manager.optimizer.device_grad_subgroups == {1, 3, 5}
+    # the plan sweep swaps auto's state out and back: the trials go with it, and a cold start begins afresh
+    state = manager.planning_state()
+    assert state.trials is manager.trials
+    manager.start_auto()
+    assert manager.trials is not state.trials and manager.trials.incumbent is None

@@ -155,3 +155,14 @@ def test_predictions_know_which_gradients_stay_on_the_device() -> None:
     assert manager.device_gradients
     accumulating = train("device", steps=1, accumulate=2).strategy.manager
     assert not accumulating.device_gradients and accumulating.optimizer.device_grad_subgroups == frozenset()
+
+
+def test_backward_may_queue_more_reduce_buckets_than_vanilla() -> None:
+    """Host-lane gradient copies run on the reduce stream; the DOS optimizer lets the backward queue
+    ``REDUCE_EVENTS`` buckets before the host waits for the oldest, vanilla keeps DeepSpeed's 2."""
+    from lightning_dos.zero.optimizer import REDUCE_EVENTS
+
+    dos = train("stride:2", steps=1).strategy.model.optimizer
+    vanilla = train(None, steps=1).strategy.model.optimizer
+    assert dos.max_param_reduce_events == REDUCE_EVENTS > 2
+    assert vanilla.max_param_reduce_events == 2

@@ -53,7 +53,7 @@ def test_auto_run_logs_metrics_plan_tables_and_timelines() -> None:
     trainer.fit(TinyLM(), train_dataloaders=token_loader(4))
     manager = trainer.strategy.manager
     keys = set().union(*logger.metrics)
-    for key in ("dos/device_fraction", "dos/update_ms", "dos/predicted_update_ms", "dos/replanned",
+    for key in ("dos/device_fraction", "dos/update_ms", "dos/predicted_update_ms", "dos/replanned", "dos/trial",
                 "dos/host_busy_ms", "dos/host_wait_ms", "dos/device_busy_ms", "dos/h2d_gb", "dos/d2h_gb"):
         assert key in keys, key
     # a table for the first update phase and for every re-plan (auto re-plans right after its probe steps)

@@ -77,7 +77,7 @@ def _plan_rows(budget: dict[str, Any]) -> list[tuple[str, ...]]:
     update = _num(a["update_ms"])
     if spread and spread["n"] > 1:
         update += f" ({_num(spread['min'])}-{_num(spread['max'])})"
-    ran = a["lanes_run"][-1] if a["lanes_run"] else chosen.get("lanes")
+    ran = a.get("final_lanes") or chosen.get("lanes")
     rows.append(("auto", a["status"], _lanes(ran), _num(a["device_fraction"], 3), update, _num(a["predicted_ms"]),
                  _pct(a["median_rel_error"]), MISSING if a["demoted_max"] is None else str(a["demoted_max"]),
                  str(a["measured_steps"]), _num(a["iteration_ms"])))
@@ -101,7 +101,8 @@ def _budget_lines(budget: dict[str, Any]) -> list[str]:
     lines.append(f"- auto, started cold, with its own calibration: {a['status']}"
                  + (f": {a['reason']}" if a.get("reason") else "")
                  + f"; {chosen_text}; {a['excluded_steps']} leading update phases left out, "
-                 f"{a['replans_measured']} re-plans among the measured ones; plan at the end: "
+                 f"{a['replans_measured']} re-plans and {a.get('trial_phases', 0)} update phases of plans on "
+                 "trial among the measured ones; plan at the end: "
                  f"{a.get('final_plan') or MISSING}.")
     best = budget.get("best")
     if best:

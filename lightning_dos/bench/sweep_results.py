@@ -18,6 +18,7 @@ from lightning_dos.bench.config import plan_argument
 from lightning_dos.bench.stats import median, spread
 from lightning_dos.bench.sweep_config import AUTO, AUTO_MIN_EXCLUDED, PLAN_WARMUP, Budget, SweepConfig, sweep_schedule
 from lightning_dos.planning.plan import parse_plan
+from lightning_dos.planning.trials import TRIAL_SOURCE
 
 SCHEMA_VERSION = 1
 #: auto's median update time may exceed the best swept plan's by at most this share.
@@ -162,6 +163,8 @@ def summarize_auto(result: dict[str, Any], sweep: SweepConfig) -> dict[str, Any]
         "final_plan": None if final is None else f"{final.get('source')}: {final.get('lanes')}",
         **_update_summary(measured),
         "replans_measured": sum(bool(step.get("replanned")) for step in measured),
+        "trial_phases": sum(step.get("source") == TRIAL_SOURCE for step in measured),
+        "final_lanes": None if final is None else final.get("lanes"),
         "lanes_run": sorted({step["lanes"] for step in measured}),
         "demoted_max": max((step["demoted_subgroups"] for step in measured), default=None),
         "iteration_ms": _phase(result, "iteration_ms", indices),

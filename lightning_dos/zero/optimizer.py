@@ -36,6 +36,12 @@ _GradPartition = tuple[int, int, int, torch.Tensor]
 _NORM_CHUNK = 250_000_000
 #: Elements of one fp32 staging tensor for host-lane gradients (256 MB on the device).
 _HOST_STAGING_NUMEL = 1 << 26
+#: Reduce buckets the backward may queue before the host waits for the oldest (DeepSpeed's ``max_param_reduce_events``,
+#: 2 in vanilla). Host-lane gradients are copied to the host on the reduce stream; with 2 buckets queued the host
+#: thread, which launches the backward's kernels, waited for those copies. Measured on a GPU host (gpt-2.7b, plan
+#: 0.5, docs/optimizer-state-manager.md): backward 500-852 ms with 2, 499-515 ms with 64. A deeper queue holds more
+#: not-yet-reduced 16-bit gradients on the device during backward, never more than the model's gradients.
+REDUCE_EVENTS = 64
 #: ``torch._foreach_norm`` with ``dtype=`` and without the wrong-norm bug of torch 2.5 (pytorch#140066).
 _FUSED_NORM = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 6)
 
@@ -46,6 +52,11 @@ class InterleavedZeroOptimizer(_VanillaStage3):
     update_phase: UpdatePhase | None = None
     #: subgroups whose gradients stay on the device through the next backward (set by the manager)
     device_grad_subgroups: frozenset[int] = frozenset()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self._dos_supported():  # host-lane gradient copies ride the reduce stream: let backward run ahead of them
+            self.max_param_reduce_events = max(self.max_param_reduce_events, REDUCE_EVENTS)
 
     # ------------------------------------------------------------------ pinned, single-home state
     def _create_fp32_partitions(self) -> None:
