@@ -146,15 +146,13 @@ RUN_J_QUOTED = {
 }
 
 
-@pytest.mark.parametrize("case", list(RUN_J_SWEEPS))
-def test_run_j_sweeps_follow_from_their_update_records(case: str) -> None:
-    """Run J's interleaved sweeps (commit c94f3fa): summarising the committed per-update records again gives the
-    committed sweep report's figures and targets, and the figures docs/performance-model.md quotes."""
+def _resummarize(records: str, key: str, report: str, budget_name: str, rounds: int,
+                 auto_steps: int) -> tuple[dict, dict]:
+    """A committed sweep's per-update records summarised again, and the committed report's summary of that budget."""
     from lightning_dos.bench.config import BenchConfig
     from lightning_dos.bench.sweep_config import SweepConfig, resolve_budget, sweep_schedule
-    from lightning_dos.bench.sweep_results import AUTO_VS_BEST, AUTO_VS_STRIDES, NO_OOM, PREDICTION, summarize_budget
+    from lightning_dos.bench.sweep_results import summarize_budget
 
-    records, key, report, budget_name, rounds, auto_steps = RUN_J_SWEEPS[case]
     raw = json.loads((BENCHMARKS / records).read_text())[key]
     doc = json.loads((BENCHMARKS / report).read_text())
     committed = next(b for b in doc["budgets"] if b["budget"]["name"] == budget_name)
@@ -169,7 +167,11 @@ def test_run_j_sweeps_follow_from_their_update_records(case: str) -> None:
     result = {"status": "ok", "sweep": {"plans": plans, "resolved": [], "iterations": iterations}}
     sweep = SweepConfig(bench=BenchConfig(model=doc["config"]["model"], steps=auto_steps, warmup=3), plans=plans,
                         steps_per_plan=rounds, budgets=[budget_name])
-    summary = summarize_budget(resolve_budget(budget_name, doc["model"]["params"]), result, sweep)
+    return summarize_budget(resolve_budget(budget_name, doc["model"]["params"]), result, sweep), committed
+
+
+def _check_resummary(summary: dict, committed: dict, quoted: tuple) -> None:
+    from lightning_dos.bench.sweep_results import AUTO_VS_BEST, AUTO_VS_STRIDES, NO_OOM, PREDICTION
 
     assert summary["best"]["plan"] == committed["best"]["plan"]
     assert summary["best"]["update_ms"] == pytest.approx(committed["best"]["update_ms"], abs=0.01)
@@ -183,8 +185,42 @@ def test_run_j_sweeps_follow_from_their_update_records(case: str) -> None:
     assert theirs[NO_OOM]["status"] == "met" and ours[PREDICTION]["status"] == "met"
     assert ours[AUTO_VS_STRIDES]["status"] == "met"
 
-    best, best_ms, auto_ms, excess, stride, status = RUN_J_QUOTED[case]
+    best, best_ms, auto_ms, excess, stride, status = quoted
     assert (summary["best"]["plan"], round(summary["best"]["update_ms"], 1)) == (best, best_ms)
     assert round(summary["auto"]["update_ms"], 1) == auto_ms
     assert round(ours[AUTO_VS_BEST]["value"], 3) == excess and ours[AUTO_VS_BEST]["status"] == status
     assert f"fastest {stride} " in ours[AUTO_VS_STRIDES]["detail"]
+
+
+@pytest.mark.parametrize("case", list(RUN_J_SWEEPS))
+def test_run_j_sweeps_follow_from_their_update_records(case: str) -> None:
+    """Run J's interleaved sweeps (commit c94f3fa): summarising the committed per-update records again gives the
+    committed sweep report's figures and targets, and the figures docs/performance-model.md quotes."""
+    summary, committed = _resummarize(*RUN_J_SWEEPS[case])
+    _check_resummary(summary, committed, RUN_J_QUOTED[case])
+
+
+RUN_K_SWEEPS = {  # case: (records file, its key, sweep report, budget, rounds, auto iterations)
+    f"{model} {budget}": (f"sweep_{model}_H200_2026-11-21_runK_updates.json", budget,
+                          f"sweep_{model}_H200_2026-11-21_runK{'' if budget == 'unlimited' else '_quarter'}.json",
+                          budget, 6, 24)
+    for model in ("gpt-1b", "gpt-2.7b") for budget in ("unlimited", "quarter")
+}
+#: As docs/performance-model.md quotes them (see RUN_J_QUOTED), and auto's update phases on trial among its measured.
+RUN_K_QUOTED = {
+    "gpt-1b unlimited": (("0.5", 197.3, 199.1, 0.009, "stride:3", "met"), 9),
+    "gpt-1b quarter": (("0.4", 203.7, 211.7, 0.04, "stride:2", "met"), 3),
+    "gpt-2.7b unlimited": (("0.4", 492.7, 505.9, 0.027, "stride:2", "met"), 9),
+    "gpt-2.7b quarter": (("stride:6", 518.8, 500.2, -0.036, "stride:6", "met"), 3),
+}
+
+
+@pytest.mark.parametrize("case", list(RUN_K_SWEEPS))
+def test_run_k_sweeps_follow_from_their_update_records(case: str) -> None:
+    """Run K's sweeps (commit f4d9e54, auto with its trials): the same check as run J's, and the count of auto's
+    measured update phases that ran a plan on trial (they count in auto's median like any other)."""
+    summary, committed = _resummarize(*RUN_K_SWEEPS[case])
+    quoted, trial_phases = RUN_K_QUOTED[case]
+    _check_resummary(summary, committed, quoted)
+    assert summary["auto"]["trial_phases"] == committed["auto"]["trial_phases"] == trial_phases
+    assert summary["auto"]["measured_steps"] == 21

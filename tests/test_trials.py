@@ -143,3 +143,60 @@ def test_run_j_the_first_trial_would_have_moved_auto_to_the_plan_that_measured_f
     assert verdict.challenger_won and _letters(trials.incumbent) == plan_04[0]["lanes"]
     assert round(verdict.challenger_s * 1e3, 1) == round(statistics.median(r["update_ms"] for r in plan_04[:3]), 1)
     assert (round(verdict.challenger_s * 1e3, 1), round(verdict.incumbent_s * 1e3, 1)) == (482.0, 506.4)
+
+
+GIB = 2**30
+#: Run K (commit f4d9e54): each trial's (challenger median ms, kept?) as the sweep ran them.
+RUN_K_VERDICTS = {
+    ("gpt-1b", "unlimited"): [(205.1, False), (190.8, True), (214.5, False)],
+    ("gpt-1b", "quarter"): [(237.7, False)],
+    ("gpt-2.7b", "unlimited"): [(513.3, False), (613.8, False), (504.8, False)],
+    ("gpt-2.7b", "quarter"): [(475.6, True)],
+}
+
+
+@pytest.mark.parametrize(("model", "budget"), list(RUN_K_VERDICTS))
+def test_run_k_every_choice_and_trial_of_auto_follows_from_its_measurements(model: str, budget: str) -> None:
+    """Run K's sweeps on a GPU host, replayed: feeding auto's recorded update phases to a fresh calibrator and
+    :class:`PlanTrials`, as the manager does, gives the plan it chose after the probe, every plan it then tried (each
+    the lanes that ran next in the records) and every verdict. On gpt-2.7b at the quarter budget the trial decided the
+    case: the chosen plan measured 604.7 ms, the tried one 475.6 ms."""
+    from test_calibration_replay import _plan as record_plan
+    from test_calibration_replay import _sized_measurement
+
+    from lightning_dos.planning import grads_for, predict
+
+    data = json.loads((BENCHMARKS / f"sweep_{model}_H200_2026-11-21_runK_updates.json").read_text())
+    report = json.loads((BENCHMARKS / f"sweep_{model}_H200_2026-11-21_runK"
+                                      f"{'' if budget == 'unlimited' else '_quarter'}.json").read_text())
+    (gib,) = [b["budget"]["gib"] for b in report["budgets"] if b["budget"]["name"] == budget]
+    limit = None if gib is None else gib * GIB
+    sizes = data["subgroup_sizes"]
+    every = frozenset(range(len(sizes)))
+    auto = [record for it in data[budget]["iterations"] if it["plan"] == "auto" for record in it["records"]]
+    calibrator, trials, tried = Calibrator(CostParams()), PlanTrials(), []
+    for k, record in enumerate(auto):
+        calibrator.observe(_sized_measurement(record, sizes))
+        if k == 1:  # the probe's last update phase: the planner chooses
+            chosen = rank_plans(sizes, calibrator.params, limit, 2, every)[0][0]
+            assert _letters(chosen) == auto[2]["lanes"]
+            trials.start(chosen)
+        if k < 2:
+            continue
+        trials.observe(record_plan(record), record["update_ms"] / 1e3)
+        if trials.ready():
+            in_force = trials.incumbent
+            predicted = predict(in_force, sizes, calibrator.params,
+                                grads_for(in_force, sizes, calibrator.params, limit, every) or frozenset()).makespan_s
+            ranked = [(plan, p.makespan_s) for plan, p in rank_plans(sizes, calibrator.params, limit, 2, every)]
+            challenger = trials.next_challenger(ranked, predicted)
+            if challenger is not None:
+                tried.append(_letters(challenger))
+                assert [r["lanes"] for r in auto[k + 1:k + 4]] == [tried[-1]] * 3
+                assert [r["source"] for r in auto[k + 1:k + 4]] == [TRIAL_SOURCE] * 3
+    verdicts = [(round(v.challenger_s * 1e3, 1), v.challenger_won) for v in trials.verdicts]
+    assert verdicts == RUN_K_VERDICTS[model, budget]
+    assert len(tried) == len(trials.verdicts) and _letters(trials.incumbent) == auto[-1]["lanes"]
+    assert sum(r["source"] == TRIAL_SOURCE for r in auto) == 3 * len(tried)
+    if (model, budget) == ("gpt-2.7b", "quarter"):
+        assert round(trials.verdicts[0].incumbent_s * 1e3, 1) == 604.7
