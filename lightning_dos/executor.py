@@ -23,6 +23,12 @@ streams a copy engine was seen to serve the uploads only when the prefetch strea
 asynchronous on a GPU and is issued from the same thread a few subgroups ahead, between host-lane subgroups,
 so that an upload never queues behind more than that many prefetches.
 
+The first prefetches of the device lane may be issued before the update phase (``prefetch_ahead``, called when the
+manager dispatches the step's plan): they read only the optimizer state, which nothing changes between the end of
+backward and the update phase, and the link is otherwise idle while DeepSpeed checks for overflow and computes the
+gradient norm. ``run`` uses them if the plan and every tensor they read are still the same, and waits for them and
+starts afresh otherwise.
+
 On a machine without an accelerator the device lane runs with the host standing in for the device: the
 same buffers, copies, ordering and write-back, with streams and events that complete immediately.
 No DeepSpeed import here.
@@ -78,6 +84,8 @@ class LaneTimings:
     upload_bytes: int = 0
     device_buffer_bytes: int = 0
     """Device memory the executor held: the device lane's buffer slots plus the upload ring (once allocated)."""
+    prefetched_ahead: int = 0
+    """Device-lane prefetches issued before the update phase began (``UpdateExecutor.prefetch_ahead``)."""
     events: list[dict[str, Any]] = field(default_factory=list)  # per-subgroup stage spans (s since start)
 
 
@@ -142,6 +150,31 @@ class UpdateExecutor:
         self.device = torch.device(device)
         self.streams = _Streams(self.device)
         self._upload: list[torch.Tensor] = []
+        self._ahead: _DeviceLane | None = None
+
+    @torch.no_grad()
+    def prefetch_ahead(
+        self, lanes: Sequence[Lane], order: Sequence[int], buffers: int, subgroups: Sequence[Subgroup]
+    ) -> int:
+        """Issue the device lane's first prefetches now, for the next ``run`` of this plan; returns how many.
+
+        At most one per buffer slot and ``PREFETCH_WINDOW`` in all. Any earlier early prefetches are waited for and
+        dropped first.
+        """
+        self.discard_ahead()
+        ids = _device_ids(lanes, order)
+        if not ids:
+            return 0
+        lane = _DeviceLane(self.streams, ids, buffers, subgroups)
+        lane.prefetch_ahead()
+        self._ahead = lane
+        return len(lane.prefetched)
+
+    def discard_ahead(self) -> None:
+        """Wait for and drop early prefetches that no update phase will use (their slots are released)."""
+        lane, self._ahead = self._ahead, None
+        if lane is not None:
+            lane.settle()
 
     def reserve_upload_buffers(self, numel: int) -> None:
         """Allocate the upload ring for subgroups of up to ``numel`` parameters now, before any update phase.
@@ -173,10 +206,12 @@ class UpdateExecutor:
             raise ValueError(f"plan has {len(lanes)} lanes but the optimizer has {len(subgroups)} subgroups")
         t0 = time.perf_counter()
         timings = LaneTimings()
-        device_ids = [i for i in order if lanes[i] == Lane.DEVICE]
-        missing = {i for i, lane in enumerate(lanes) if lane == Lane.DEVICE} - set(device_ids)
-        device_ids += sorted(missing)
+        device_ids = _device_ids(lanes, order)
         host_ids = [i for i, lane in enumerate(lanes) if lane == Lane.HOST]
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and not ahead.serves(device_ids, buffers, subgroups):
+            ahead.settle()  # another plan, or other tensors: its slots are released, its copies unused
+            ahead = None
 
         s = self.streams
         start = s.record(s.current(), timing=True)
@@ -184,7 +219,9 @@ class UpdateExecutor:
             s.wait(stream, start)
 
         spans: list[Span] = []
-        device_lane = _DeviceLane(s, device_ids, buffers, subgroups, inv_scale, timings, spans)
+        device_lane = ahead or _DeviceLane(s, device_ids, buffers, subgroups)
+        timings.prefetched_ahead = len(device_lane.prefetched)
+        device_lane.bind(subgroups, inv_scale, timings, spans)
         host_done = self._run_host_lane(host_ids, subgroups, host_step, timings, spans, device_lane)
         device_done = device_lane.issue_all()
 
@@ -292,28 +329,43 @@ class _DeviceLane:
         ids: Sequence[int],
         buffers: int,
         subgroups: Sequence[Subgroup],
-        inv_scale: torch.Tensor | float,
-        timings: LaneTimings,
-        spans: list[Span],
         window: int | None = None,
     ) -> None:
         self.s = streams
         self.ids = list(ids)
         self.subgroups = subgroups
-        self.timings = timings
-        self.spans = spans
+        self.spans: list[Span] = []
         self.next = 0  # position in ids of the next subgroup to issue
-        self.prefetched: list[Any] = []  # per issued subgroup: its prefetch's end event
+        self.prefetched: list[Any] = []  # per prefetched subgroup: its prefetch's end event
+        self.staged: list[tuple[torch.Tensor, ...]] = []  # per prefetched subgroup: its slot's 4 views
+        self.sources: list[tuple[Any, ...]] = []  # per prefetched subgroup: the tensors it read, and the grad's place
         self.completed = 0  # issued prefetches known to be complete (they complete in issue order)
         self.done: list[Any] = []
+        self.n_slots = max(1, min(buffers, len(self.ids)))
+        self.window = max(1, window if window is not None else PREFETCH_WINDOW)
         if not self.ids:
             return
         s = streams
-        device = s.device
         numel = max(subgroups[i].numel for i in self.ids)
-        self.n_slots = max(1, min(buffers, len(self.ids)))
-        self.window = max(1, window if window is not None else PREFETCH_WINDOW)
-        self.slots = [torch.empty((4, numel), dtype=torch.float32, device=device) for _ in range(self.n_slots)]
+        self.slots = [torch.empty((4, numel), dtype=torch.float32, device=s.device) for _ in range(self.n_slots)]
+        self.ready = s.record(s.current())
+        self.flushed: list[Any] = [None] * self.n_slots
+
+    def bind(
+        self,
+        subgroups: Sequence[Subgroup],
+        inv_scale: torch.Tensor | float,
+        timings: LaneTimings,
+        spans: list[Span],
+    ) -> None:
+        """Attach the update phase: its subgroups (current hyperparameters), unscale factor, step counts, records."""
+        self.subgroups = subgroups
+        self.timings = timings
+        spans.extend(self.spans)  # early prefetches, if any, belong to this phase
+        self.spans = spans
+        if not self.ids:
+            return
+        device = self.s.device
         timings.device_buffer_bytes += sum(t.numel() * t.element_size() for t in self.slots)
         self.unit_scale = float(inv_scale) == 1.0  # x * 1.0 == x: no unscale kernel needed
         if torch.is_tensor(inv_scale):
@@ -323,8 +375,23 @@ class _DeviceLane:
         self.step_count = torch.empty(len(self.ids), dtype=torch.float32, device=device)
         step_host = torch.tensor([float(subgroups[i].state["step"] + 1) for i in self.ids], dtype=torch.float32)
         self.step_count.copy_(step_host)
-        self.ready = s.record(s.current())
-        self.flushed: list[Any] = [None] * self.n_slots
+
+    def prefetch_ahead(self) -> None:
+        """Issue the first subgroups' prefetches before the update phase: at most one per slot, and ``window``."""
+        while len(self.prefetched) < min(self.window, self.n_slots, len(self.ids)):
+            self._prefetch(len(self.prefetched))
+
+    def serves(self, ids: Sequence[int], buffers: int, subgroups: Sequence[Subgroup]) -> bool:
+        """Whether this lane's early prefetches hold what an update phase of ``ids`` with ``subgroups`` reads:
+        the same device lane and slots, and for every prefetched subgroup the same tensors and gradient place."""
+        if self.ids != list(ids) or self.n_slots != max(1, min(buffers, len(self.ids))):
+            return False
+        return all(_same(_sources(subgroups[i]), read) for i, read in zip(self.ids, self.sources))
+
+    def settle(self) -> None:
+        """Wait for the issued prefetches (before slots that a copy may still write are released)."""
+        for event in self.prefetched:
+            event.synchronize()
 
     @property
     def remaining(self) -> int:
@@ -337,7 +404,9 @@ class _DeviceLane:
         return len(self.prefetched) - self.completed
 
     def feed(self) -> None:
-        """Issue subgroups while fewer than ``window`` issued prefetches are outstanding."""
+        """Issue the subgroups already prefetched, then more while fewer than ``window`` prefetches are outstanding."""
+        while self.next < len(self.prefetched):  # early prefetches: their Adam and flush add nothing to the link
+            self.issue_next()
         while self.remaining and self.outstanding() < self.window:
             self.issue_next()
 
@@ -347,15 +416,14 @@ class _DeviceLane:
             self.issue_next()
         return self.done
 
-    def issue_next(self) -> None:
+    def _prefetch(self, k: int) -> None:
+        """Issue the prefetch of the ``k``-th device-lane subgroup into its slot (``h2d``)."""
         s = self.s
-        k = self.next
-        self.next += 1
         i = self.ids[k]
         sg = self.subgroups[i]
-        n = sg.numel
         slot = self.slots[k % self.n_slots]
-        master, exp_avg, exp_avg_sq, grad = (slot[j, :n] for j in range(4))
+        views = tuple(slot[j, :sg.numel] for j in range(4))
+        master, exp_avg, exp_avg_sq, grad = views
         with s.use(s.h2d):
             s.wait(s.h2d, self.flushed[k % self.n_slots])  # slot free only once its last flush is done
             s.wait(s.h2d, self.ready)
@@ -363,13 +431,27 @@ class _DeviceLane:
             _chunked_copy(master, sg.master)
             _chunked_copy(exp_avg, sg.exp_avg)
             _chunked_copy(exp_avg_sq, sg.exp_avg_sq)
-            if sg.grad_on_device:
-                grad = sg.grad  # kept on the device through backward: nothing to prefetch
-            else:
+            if not sg.grad_on_device:  # a gradient kept on the device through backward needs no prefetch
                 _chunked_copy(grad, sg.grad)
             prefetched = s.record(s.h2d, timing=True)
-            self.spans.append((i, "device", "prefetch", begin, prefetched))
-            self.prefetched.append(prefetched)
+        self.spans.append((i, "device", "prefetch", begin, prefetched))
+        self.prefetched.append(prefetched)
+        self.staged.append(views)
+        self.sources.append(_sources(sg))
+
+    def issue_next(self) -> None:
+        s = self.s
+        k = self.next
+        self.next += 1
+        if k == len(self.prefetched):
+            self._prefetch(k)
+        i = self.ids[k]
+        sg = self.subgroups[i]
+        n = sg.numel
+        master, exp_avg, exp_avg_sq, grad = self.staged[k]
+        if sg.grad_on_device:
+            grad = sg.grad
+        prefetched = self.prefetched[k]
         with s.use(s.adam):
             s.wait(s.adam, prefetched)
             begin = s.record(s.adam, timing=True)
@@ -395,6 +477,24 @@ class _DeviceLane:
         t.device_subgroups += 1
         t.h2d_bytes += (12 if sg.grad_on_device else 16) * n
         t.d2h_bytes += 12 * n
+
+
+def _sources(sg: Subgroup) -> tuple[Any, ...]:
+    """What a prefetch of ``sg`` reads: its tensors (held, so none is freed and replaced at the same address) and
+    whether the gradient stayed on the device (then it is not read)."""
+    return sg.master, sg.exp_avg, sg.exp_avg_sq, None if sg.grad_on_device else sg.grad, sg.grad_on_device
+
+
+def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """Whether two ``_sources`` name the same tensors (identity, not values) and the same gradient place."""
+    return all(x is y for x, y in zip(a[:4], b[:4])) and a[4] == b[4]
+
+
+def _device_ids(lanes: Sequence[Lane], order: Sequence[int]) -> list[int]:
+    """The device lane's subgroups in processing order (``order``, then any device subgroup it left out)."""
+    ids = [i for i in order if lanes[i] == Lane.DEVICE]
+    missing = {i for i, lane in enumerate(lanes) if lane == Lane.DEVICE} - set(ids)
+    return ids + sorted(missing)
 
 
 def _chunked_copy(dst: torch.Tensor, src: torch.Tensor) -> None:

@@ -200,7 +200,9 @@ class OptimizerStateManager:
         return int(free + cached)
 
     def dispatch(self) -> Plan:
-        """Finalise this step's plan: fit the device lane into the memory free now and within the budget."""
+        """Finalise this step's plan: fit the device lane into the memory free now and within the budget, and issue
+        the device lane's first prefetches, so they overlap what runs before the update phase (overflow check,
+        gradient norm)."""
         plan = self.base_plan
         free = self.free_device_bytes()
         limit = self.memory_budget_bytes
@@ -214,6 +216,8 @@ class OptimizerStateManager:
             log.info("deep_optimizer_states: %d subgroups demoted to the host lane (limit %.2f GiB)",
                      len(demoted), limit / GIB)
         self._pending = (plan, free, demoted)
+        if self.active and self.optimizer.state_homes_ready():  # not before the first update phase made them
+            self.executor.prefetch_ahead(plan.lanes, plan.order, plan.buffers, self.optimizer.subgroups())
         return plan
 
     # ------------------------------------------------------------------ the update phase
@@ -363,6 +367,7 @@ class OptimizerStateManager:
             "dos/d2h_gb": t.d2h_bytes / 1e9,
             "dos/demoted_subgroups": float(len(r.demoted)),
             "dos/device_buffer_gib": t.device_buffer_bytes / GIB,
+            "dos/prefetched_ahead": float(t.prefetched_ahead),
         }
         if t.host_compute_s > 0:
             out["dos/cpu_adam_gparam_s"] = t.host_params / t.host_compute_s / 1e9

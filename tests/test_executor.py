@@ -269,3 +269,59 @@ def test_upload_ring_reuses_a_buffer_only_after_its_last_conversion() -> None:
     # and each conversion waits for its own copy, recorded on h2d just before
     copies = [e for kind, stream, e in log if kind == "record" and stream == "h2d" and e != begin]
     assert [e for kind, stream, e in log if kind == "wait" and stream == "convert"] == copies
+
+
+def test_prefetches_issued_before_the_update_phase_are_used_and_give_the_same_result() -> None:
+    """``prefetch_ahead`` (the manager calls it at dispatch) issues the device lane's first prefetches, one per slot
+    and at most PREFETCH_WINDOW; the next ``run`` of that plan uses them, and the result is torch's AdamW."""
+    from lightning_dos.executor import PREFETCH_WINDOW
+
+    inv = 0.5
+    subgroups = _subgroups()
+    expected = [_reference(sg, inv) for sg in subgroups]
+    lanes = [Lane.DEVICE if c == "D" else Lane.HOST for c in "DHDDD"]
+    executor = UpdateExecutor(torch.device("cpu"))
+    assert executor.prefetch_ahead(lanes, [3, 0, 2, 4], 3, subgroups) == min(PREFETCH_WINDOW, 3) == 2
+    timings = executor.run(lanes, [3, 0, 2, 4], 3, subgroups, torch.tensor(inv), _host_step_with_torch(subgroups, inv))
+    assert timings.prefetched_ahead == 2
+    for sg, (m, a, v) in zip(subgroups, expected):
+        torch.testing.assert_close(sg.master, m, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(sg.exp_avg, a, rtol=1e-6, atol=1e-9)
+        torch.testing.assert_close(sg.exp_avg_sq, v, rtol=1e-6, atol=1e-10)
+    spans = {e["subgroup"]: e for e in timings.events if e["lane"] == "device"}
+    assert spans[3]["prefetch"][0] < 0 and spans[0]["prefetch"][0] < 0  # issued before the phase began
+    assert spans[2]["prefetch"][0] >= 0 and spans[3]["prefetch"][1] <= spans[3]["adam"][0]
+    assert timings.h2d_bytes == 16 * sum(SIZES[i] for i in (0, 2, 3, 4))  # every prefetch counted once
+
+
+@pytest.mark.parametrize("change", ["plan", "buffers", "tensor"])
+def test_early_prefetches_of_another_plan_or_other_tensors_are_dropped(change: str) -> None:
+    """A run whose plan, slots or tensors differ from what was prefetched ahead does not use those copies."""
+    inv = 1.0
+    subgroups = _subgroups()
+    lanes = [Lane.DEVICE if c == "D" else Lane.HOST for c in "DHDDD"]
+    executor = UpdateExecutor(torch.device("cpu"))
+    executor.prefetch_ahead(lanes, [0, 2, 3, 4], 2, subgroups)
+    buffers = 2
+    if change == "plan":
+        lanes = [Lane.DEVICE if c == "D" else Lane.HOST for c in "HDDDD"]
+    elif change == "buffers":
+        buffers = 3
+    else:  # e.g. a checkpoint loaded since: the moments live in new tensors, with other values
+        subgroups[0].exp_avg = subgroups[0].exp_avg.clone().mul_(2.0)
+    expected = [_reference(sg, inv) for sg in subgroups]
+    timings = executor.run(lanes, [0, 1, 2, 3, 4], buffers, subgroups, inv, _host_step_with_torch(subgroups, inv))
+    assert timings.prefetched_ahead == 0
+    for sg, (m, a, _v) in zip(subgroups, expected):
+        torch.testing.assert_close(sg.master, m, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(sg.exp_avg, a, rtol=1e-6, atol=1e-9)
+
+
+def test_discarded_early_prefetches_leave_the_state_alone() -> None:
+    subgroups = _subgroups()
+    before = [sg.master.clone() for sg in subgroups]
+    executor = UpdateExecutor(torch.device("cpu"))
+    executor.prefetch_ahead([Lane.DEVICE] * len(SIZES), list(range(len(SIZES))), 2, subgroups)
+    executor.discard_ahead()
+    assert executor.prefetch_ahead([Lane.HOST] * len(SIZES), [], 2, subgroups) == 0
+    assert all(torch.equal(a, sg.master) for a, sg in zip(before, subgroups))

@@ -8,7 +8,7 @@ import lightning.pytorch as pl
 import pytest
 from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
-from parity import train
+from parity import rel, train
 
 import lightning_dos
 from lightning_dos import DeepOptimizerStatesStrategy, ZeRO3OffloadStrategy
@@ -166,3 +166,19 @@ def test_backward_may_queue_more_reduce_buckets_than_vanilla() -> None:
     vanilla = train(None, steps=1).strategy.model.optimizer
     assert dos.max_param_reduce_events == REDUCE_EVENTS > 2
     assert vanilla.max_param_reduce_events == 2
+
+
+def test_dispatch_starts_the_device_lane_prefetches_before_the_update_phase() -> None:
+    """From the second step on (the moments' homes exist after the first update phase) dispatch issues the device
+    lane's first prefetches, and the update phase uses them; parity with vanilla holds (tests/test_parity.py)."""
+    from lightning_dos.executor import PREFETCH_WINDOW
+
+    run = train(0.5, steps=3)
+    records = run.strategy.manager.records
+    ahead = [r.timings.prefetched_ahead for r in records]
+    slots = [min(r.plan.buffers, len(r.plan.device_subgroups()), PREFETCH_WINDOW) for r in records]
+    assert ahead[0] == 0 and ahead[1:] == slots[1:] and min(slots[1:]) >= 1
+    assert run.strategy.manager.metrics()["dos/prefetched_ahead"] == ahead[-1]
+    assert run.strategy.manager.executor._ahead is None  # nothing left waiting
+    reference = train(None, steps=3)
+    assert rel(run.masters, reference.masters) <= 1e-5

@@ -92,6 +92,18 @@ class InterleavedZeroOptimizer(_VanillaStage3):
                 state[key] = home
             state.setdefault("step", 0)
 
+    def state_homes_ready(self) -> bool:
+        """Whether every subgroup's moments are in their homes (then ``subgroups()`` names the tensors the next
+        update phase will use, and its first prefetches may be issued before it)."""
+        registry = self._pinned_registry()
+        for master in self.fp32_partitioned_groups_flat:
+            state = self.optimizer.state.get(master, {})
+            for key in ("exp_avg", "exp_avg_sq"):
+                current = state.get(key)
+                if current is None or (registry is not None and not registry.holds(current)):
+                    return False
+        return True
+
     def _pinned_registry(self) -> PinnedRegistry | None:
         """Where the state is page-locked in place (None when not pinning, or with no CUDA device)."""
         if not (self.offload_optimizer_pin_memory and torch.cuda.is_available()):

@@ -45,6 +45,10 @@ def test_cuda_fp32_parity(plan: object, vanilla: dict[str, object]) -> None:
         assert abs(a - b) <= 1e-5 * abs(b)
     assert rel(run.masters, ref.masters) <= 1e-5
     _assert_state_pinned_in_place(run.strategy.model.optimizer)
+    # from the second step on, the device lane's first prefetches were issued at dispatch and used
+    records = run.strategy.manager.records
+    assert all((r.timings.prefetched_ahead > 0) == (k > 0 and bool(r.plan.device_subgroups()))
+               for k, r in enumerate(records))
 
 
 def _assert_state_pinned_in_place(opt: object) -> None:
@@ -96,6 +100,7 @@ def test_200_steps_random_plan_every_step_bf16() -> None:
     cb = RandomPlanEveryStep()
     run = train("host", steps=200, precision="bf16-mixed", clip=CLIP, accelerator="cuda", every_step=cb)
     assert len(cb.plans) > 20
+    assert sum(r.timings.prefetched_ahead > 0 for r in run.strategy.manager.records) > 100  # issued at dispatch
     diffs = [abs(a - b) for a, b in zip(run.losses, ref.losses)]
     assert len(diffs) == 200
     assert max(diffs) <= 1e-2, f"max loss difference {max(diffs)} at step {diffs.index(max(diffs))}"
