@@ -231,7 +231,7 @@ class UpdateExecutor:
             event.synchronize()
         timings.total_s = time.perf_counter() - t0
         timings.device_buffer_bytes += sum(b.numel() * b.element_size() for b in self._upload)
-        _resolve_spans(start, t0, spans, timings)
+        _resolve_spans(start, t0, spans, timings, origin=device_lane.origin if timings.prefetched_ahead else None)
         return timings
 
     # ------------------------------------------------------------------ host lane
@@ -349,6 +349,7 @@ class _DeviceLane:
         numel = max(subgroups[i].numel for i in self.ids)
         self.slots = [torch.empty((4, numel), dtype=torch.float32, device=s.device) for _ in range(self.n_slots)]
         self.ready = s.record(s.current())
+        self.origin = s.record(s.current(), timing=True)  # before any of this lane's prefetches (spans are timed)
         self.flushed: list[Any] = [None] * self.n_slots
 
     def bind(
@@ -509,9 +510,22 @@ def _chunked_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 
 def _resolve_spans(
-    start: Any, host_origin: float, spans: list[Span], timings: LaneTimings
+    start: Any, host_origin: float, spans: list[Span], timings: LaneTimings, origin: Any = None
 ) -> None:
-    """Turn recorded events into per-stage spans (seconds since the phase began) and busy times."""
+    """Turn recorded events into per-stage spans (seconds since the phase began) and busy times.
+
+    ``origin``: a timing event recorded before every span (the device lane's, when its first prefetches were issued
+    before the phase); device times are then measured from it, forward only, and shifted to ``start``.
+    """
+    if origin is None or isinstance(origin, _HostEvent):
+        def since_start(event: Any) -> float:
+            return start.elapsed_time(event) / 1e3
+    else:
+        shift = origin.elapsed_time(start)
+
+        def since_start(event: Any) -> float:
+            return (origin.elapsed_time(event) - shift) / 1e3
+
     by_key: dict[tuple[int, str], dict[str, Any]] = {}
     busy = {"prefetch": 0.0, "adam": 0.0, "flush": 0.0, "upload": 0.0}
     device_end = 0.0
@@ -519,9 +533,9 @@ def _resolve_spans(
         if isinstance(begin, _HostEvent) and isinstance(end, _HostEvent):
             b, e = begin.time - host_origin, end.time - host_origin  # host clock (the host lane on a GPU too)
         elif isinstance(begin, _HostEvent):
-            b, e = begin.time - host_origin, start.elapsed_time(end) / 1e3
+            b, e = begin.time - host_origin, since_start(end)
         else:
-            b, e = start.elapsed_time(begin) / 1e3, start.elapsed_time(end) / 1e3
+            b, e = since_start(begin), since_start(end)
         entry = by_key.setdefault((subgroup, lane), {"subgroup": subgroup, "lane": lane})
         entry[stage] = (b, e)
         if lane == "device" or stage == "upload":

@@ -325,3 +325,32 @@ def test_discarded_early_prefetches_leave_the_state_alone() -> None:
     executor.discard_ahead()
     assert executor.prefetch_ahead([Lane.HOST] * len(SIZES), [], 2, subgroups) == 0
     assert all(torch.equal(a, sg.master) for a, sg in zip(before, subgroups))
+
+
+class _ForwardOnlyEvent:
+    """A device event whose ``elapsed_time`` refuses to measure backwards in time."""
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def elapsed_time(self, other: _ForwardOnlyEvent) -> float:
+        assert other.t >= self.t, "measured backwards"
+        return (other.t - self.t) * 1e3
+
+
+def test_spans_of_early_prefetches_are_timed_forward_from_the_lane_origin() -> None:
+    """On a GPU a prefetch issued at dispatch begins before the phase's start event: its span is measured from the
+    lane's origin event (recorded before it) and shifted, never as an elapsed time that runs backwards."""
+    from lightning_dos.executor import LaneTimings, _resolve_spans
+
+    origin, start = _ForwardOnlyEvent(0.0), _ForwardOnlyEvent(0.020)
+    spans = [(0, "device", "prefetch", _ForwardOnlyEvent(0.001), _ForwardOnlyEvent(0.011)),
+             (0, "device", "adam", _ForwardOnlyEvent(0.021), _ForwardOnlyEvent(0.030)),
+             (0, "device", "flush", _ForwardOnlyEvent(0.030), _ForwardOnlyEvent(0.040))]
+    timings = LaneTimings()
+    _resolve_spans(start, 0.0, spans, timings, origin=origin)
+    (entry,) = timings.events
+    assert entry["prefetch"] == pytest.approx((-0.019, -0.009)) and entry["adam"] == pytest.approx((0.001, 0.010))
+    assert timings.prefetch_busy_s == pytest.approx(0.010) and timings.device_busy_s == pytest.approx(0.020)
+    with pytest.raises(AssertionError, match="backwards"):  # without the origin the early span would run backwards
+        _resolve_spans(start, 0.0, spans, LaneTimings())
