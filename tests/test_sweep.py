@@ -41,6 +41,7 @@ from lightning_dos.bench.sweep_results import (
     summarize_budget,
 )
 from lightning_dos.bench.sweep_worker import PROGRESS_FILE
+from lightning_dos.executor import LaneTimings
 from lightning_dos.manager import PROBE_STEPS
 from lightning_dos.planning.plan import resolve_plan
 
@@ -93,6 +94,9 @@ def test_sweep_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
         assert record["lanes"] == lanes[it["plan"]], it
         assert record["demoted_subgroups"] == 0 and record["update_ms"] > 0 and record["predicted_ms"] > 0
     assert [s["lanes"] for s in dos["steps"]] == [it["records"][0]["lanes"] for it in every]
+    # from the second update phase on, a plan with a device lane had its first prefetches issued at dispatch
+    assert [it["records"][0]["prefetched_ahead"] > 0 for it in every] == [
+        k > 0 and "D" in it["records"][0]["lanes"] for k, it in enumerate(every)]
     assert (out / "runs" / "unlimited" / PROGRESS_FILE).is_file()
 
     plans = {p["plan"]: p for p in budget["plans"]}
@@ -185,9 +189,7 @@ class _Manager:
         self._record(ms)
 
     def _record(self, ms: float) -> None:
-        timings = SimpleNamespace(total_s=ms / 1e3, host_busy_s=0.0, host_compute_s=0.0, device_busy_s=0.0, h2d_bytes=0,
-                                  upload_bytes=0, d2h_bytes=0, prefetch_busy_s=0.0, adam_busy_s=0.0, flush_busy_s=0.0,
-                                  upload_busy_s=0.0)
+        timings = LaneTimings(total_s=ms / 1e3)
         self.records.append(SimpleNamespace(plan=self.base_plan, timings=timings, device_fraction=0.25, demoted=(),
                                             free_bytes=None, predicted_s=ms / 2e3, replanned=False))
 

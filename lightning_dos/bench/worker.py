@@ -86,6 +86,7 @@ def record_dict(record: Any) -> dict[str, Any]:
         "adam_busy_ms": t.adam_busy_s * 1e3,
         "flush_busy_ms": t.flush_busy_s * 1e3,
         "upload_busy_ms": t.upload_busy_s * 1e3,
+        "prefetched_ahead": t.prefetched_ahead,
     }
 
 
