@@ -341,7 +341,7 @@ class _DeviceLane:
         self.sources: list[tuple[Any, ...]] = []  # per prefetched subgroup: the tensors it read, and the grad's place
         self.completed = 0  # issued prefetches known to be complete (they complete in issue order)
         self.done: list[Any] = []
-        self.n_slots = max(1, min(buffers, len(self.ids)))
+        self.n_slots = _slot_count(buffers, len(self.ids))
         self.window = max(1, window if window is not None else PREFETCH_WINDOW)
         if not self.ids:
             return
@@ -385,7 +385,7 @@ class _DeviceLane:
     def serves(self, ids: Sequence[int], buffers: int, subgroups: Sequence[Subgroup]) -> bool:
         """Whether this lane's early prefetches hold what an update phase of ``ids`` with ``subgroups`` reads:
         the same device lane and slots, and for every prefetched subgroup the same tensors and gradient place."""
-        if self.ids != list(ids) or self.n_slots != max(1, min(buffers, len(self.ids))):
+        if self.ids != list(ids) or self.n_slots != _slot_count(buffers, len(self.ids)):
             return False
         return all(_same(_sources(subgroups[i]), read) for i, read in zip(self.ids, self.sources))
 
@@ -478,6 +478,11 @@ class _DeviceLane:
         t.device_subgroups += 1
         t.h2d_bytes += (12 if sg.grad_on_device else 16) * n
         t.d2h_bytes += 12 * n
+
+
+def _slot_count(buffers: int, device_subgroups: int) -> int:
+    """Buffer slots of a device lane of ``device_subgroups`` subgroups: ``buffers``, at most one each, at least 1."""
+    return max(1, min(buffers, device_subgroups))
 
 
 def _sources(sg: Subgroup) -> tuple[Any, ...]:

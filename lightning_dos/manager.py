@@ -268,8 +268,7 @@ class OptimizerStateManager:
         self._auto_steps += 1
         done = self._auto_steps
         if done < PROBE_STEPS:  # the next probe step (part of the start-up measurement, not a re-plan)
-            self.base_plan = self._probes[done]
-            self._plan_gradients()
+            self.set_plan(self._probes[done])
         elif done == PROBE_STEPS:
             self._adopt(self._resolve(self.spec), record)
         else:
@@ -293,8 +292,7 @@ class OptimizerStateManager:
 
     def _adopt(self, plan: Plan, record: StepRecord) -> None:
         """The planner's choice is in force from the next step; trials start over from it."""
-        self.base_plan = plan
-        self._plan_gradients()
+        self.set_plan(plan)
         self._replan_checked = self._auto_steps
         self.trials.start(plan)
         record.replanned = True
@@ -314,16 +312,14 @@ class OptimizerStateManager:
         challenger = self.trials.next_challenger(self._ranked(), predicted)
         if challenger is None:
             return
-        self.base_plan = challenger
-        self._plan_gradients()
+        self.set_plan(challenger)
         log.info("deep_optimizer_states: trying for %d updates from update %d: %s (predicted %.1f ms, plan in "
                  "force %.1f ms)", self.trials.steps, record.step + 1, challenger,
                  self._predict(challenger) * 1e3, predicted * 1e3)
 
     def _end_trial(self, verdict: TrialVerdict, record: StepRecord) -> None:
         """After a trial the faster plan is in force: the challenger if it won, else the plan it was tried against."""
-        self.base_plan = verdict.kept
-        self._plan_gradients()
+        self.set_plan(verdict.kept)
         record.replanned = verdict.challenger_won
         log.info("deep_optimizer_states: trial ended at update %d: %.1f ms against %.1f ms, %s in force: %s",
                  record.step, verdict.challenger_s * 1e3, verdict.incumbent_s * 1e3,

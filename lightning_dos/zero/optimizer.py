@@ -82,7 +82,7 @@ class InterleavedZeroOptimizer(_VanillaStage3):
             state = self.optimizer.state.setdefault(master, {})
             for key in ("exp_avg", "exp_avg_sq"):
                 current = state.get(key)
-                if current is not None and (registry is None or registry.holds(current)):
+                if _is_home(current, registry):
                     continue
                 home = torch.zeros(master.numel(), dtype=torch.float32)
                 if current is not None:
@@ -96,13 +96,8 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         """Whether every subgroup's moments are in their homes (then ``subgroups()`` names the tensors the next
         update phase will use, and its first prefetches may be issued before it)."""
         registry = self._pinned_registry()
-        for master in self.fp32_partitioned_groups_flat:
-            state = self.optimizer.state.get(master, {})
-            for key in ("exp_avg", "exp_avg_sq"):
-                current = state.get(key)
-                if current is None or (registry is not None and not registry.holds(current)):
-                    return False
-        return True
+        return all(_is_home(self.optimizer.state.get(master, {}).get(key), registry)
+                   for master in self.fp32_partitioned_groups_flat for key in ("exp_avg", "exp_avg_sq"))
 
     def _pinned_registry(self) -> PinnedRegistry | None:
         """Where the state is page-locked in place (None when not pinning, or with no CUDA device)."""
@@ -344,6 +339,11 @@ class InterleavedZeroOptimizer(_VanillaStage3):
                 if state[key] is not home:
                     home.copy_(state[key].reshape(home.shape))
                     state[key] = home
+
+
+def _is_home(moment: torch.Tensor | None, registry: PinnedRegistry | None) -> bool:
+    """Whether ``moment`` exists and is a home of this optimizer (page-locked by it, when it pins)."""
+    return moment is not None and (registry is None or registry.holds(moment))
 
 
 def _batches(kept: list[_GradPartition], limit: int) -> Iterator[list[_GradPartition]]:
