@@ -44,15 +44,16 @@ from typing import Any
 
 import torch
 
+from lightning_dos.planning.perf_model import PREFETCH_WINDOW, buffer_slots
 from lightning_dos.planning.plan import Lane
 from lightning_dos.subgroup import Subgroup
 
 #: Prefetches and flushes are issued in chunks of this many fp32 elements (64 MB), so no single copy command
 #: holds a copy engine for long.
 COPY_CHUNK = 16 * 1024 * 1024
-#: The device lane is issued while fewer than this many of its prefetches are outstanding (see ``_DeviceLane``):
-#: enough to keep the link busy, few enough that a host-lane upload never queues behind the whole lane.
-PREFETCH_WINDOW = 2
+# PREFETCH_WINDOW: the device lane is issued while fewer than this many of its prefetches are outstanding (see
+# ``_DeviceLane``): enough to keep the link busy, few enough that a host-lane upload never queues behind the whole
+# lane. The performance model owns the constant, since it predicts the prefetches issued at dispatch from it.
 #: fp32 buffers (of ``COPY_CHUNK`` elements each) on the device through which host-lane uploads pass on their way
 #: into the 16-bit params. Allocated once (the manager reserves them at start-up) and kept: 3 x 64 MB on a real run.
 UPLOAD_BUFFERS = 3
@@ -86,6 +87,8 @@ class LaneTimings:
     """Device memory the executor held: the device lane's buffer slots plus the upload ring (once allocated)."""
     prefetched_ahead: int = 0
     """Device-lane prefetches issued before the update phase began (``UpdateExecutor.prefetch_ahead``)."""
+    lead_s: float = 0.0
+    """Host time from the issue of those prefetches (the dispatch) to the start of the update phase (0 without)."""
     events: list[dict[str, Any]] = field(default_factory=list)  # per-subgroup stage spans (s since start)
 
 
@@ -221,6 +224,8 @@ class UpdateExecutor:
         spans: list[Span] = []
         device_lane = ahead or _DeviceLane(s, device_ids, buffers, subgroups)
         timings.prefetched_ahead = len(device_lane.prefetched)
+        if timings.prefetched_ahead:
+            timings.lead_s = max(0.0, t0 - device_lane.issued_at)
         device_lane.bind(subgroups, inv_scale, timings, spans)
         host_done = self._run_host_lane(host_ids, subgroups, host_step, timings, spans, device_lane)
         device_done = device_lane.issue_all()
@@ -341,7 +346,8 @@ class _DeviceLane:
         self.sources: list[tuple[Any, ...]] = []  # per prefetched subgroup: the tensors it read, and the grad's place
         self.completed = 0  # issued prefetches known to be complete (they complete in issue order)
         self.done: list[Any] = []
-        self.n_slots = _slot_count(buffers, len(self.ids))
+        self.issued_at = 0.0  # host clock when prefetch_ahead issued the early prefetches
+        self.n_slots = buffer_slots(buffers, len(self.ids))
         self.window = max(1, window if window is not None else PREFETCH_WINDOW)
         if not self.ids:
             return
@@ -379,13 +385,14 @@ class _DeviceLane:
 
     def prefetch_ahead(self) -> None:
         """Issue the first subgroups' prefetches before the update phase: at most one per slot, and ``window``."""
+        self.issued_at = time.perf_counter()
         while len(self.prefetched) < min(self.window, self.n_slots, len(self.ids)):
             self._prefetch(len(self.prefetched))
 
     def serves(self, ids: Sequence[int], buffers: int, subgroups: Sequence[Subgroup]) -> bool:
         """Whether this lane's early prefetches hold what an update phase of ``ids`` with ``subgroups`` reads:
         the same device lane and slots, and for every prefetched subgroup the same tensors and gradient place."""
-        if self.ids != list(ids) or self.n_slots != _slot_count(buffers, len(self.ids)):
+        if self.ids != list(ids) or self.n_slots != buffer_slots(buffers, len(self.ids)):
             return False
         return all(_same(_sources(subgroups[i]), read) for i, read in zip(self.ids, self.sources))
 
@@ -478,11 +485,6 @@ class _DeviceLane:
         t.device_subgroups += 1
         t.h2d_bytes += (12 if sg.grad_on_device else 16) * n
         t.d2h_bytes += 12 * n
-
-
-def _slot_count(buffers: int, device_subgroups: int) -> int:
-    """Buffer slots of a device lane of ``device_subgroups`` subgroups: ``buffers``, at most one each, at least 1."""
-    return max(1, min(buffers, device_subgroups))
 
 
 def _sources(sg: Subgroup) -> tuple[Any, ...]:

@@ -10,7 +10,7 @@ step (plan, timings, bytes) for telemetry. No DeepSpeed import: the optimizer is
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -110,7 +110,7 @@ class OptimizerStateManager:
         if self.active:  # a fixed device footprint (the host lane's upload ring), allocated before any plan runs
             self.executor.reserve_upload_buffers(max(self.sizes, default=1))
         self.records: list[StepRecord] = []
-        self._pending: tuple[Plan, int | None, tuple[int, ...]] | None = None
+        self._pending: tuple[Plan, int | None, tuple[int, ...], int] | None = None  # plan, free, demoted, ahead
         self._auto_steps = 0  # update phases run under auto since it started (its probe's included)
         self._replan_checked = 0  # auto's update phases done when it last (re-)planned or weighed a re-plan
         self.trials = PlanTrials()  # auto's measured comparisons of plans the model ranks close together
@@ -215,9 +215,10 @@ class OptimizerStateManager:
             demoted = tuple(demoted_ids)
             log.info("deep_optimizer_states: %d subgroups demoted to the host lane (limit %.2f GiB)",
                      len(demoted), limit / GIB)
-        self._pending = (plan, free, demoted)
+        ahead = 0
         if self.active and self.optimizer.state_homes_ready():  # not before the first update phase made them
-            self.executor.prefetch_ahead(plan.lanes, plan.order, plan.buffers, self.optimizer.subgroups())
+            ahead = self.executor.prefetch_ahead(plan.lanes, plan.order, plan.buffers, self.optimizer.subgroups())
+        self._pending = (plan, free, demoted, ahead)
         return plan
 
     # ------------------------------------------------------------------ the update phase
@@ -225,11 +226,12 @@ class OptimizerStateManager:
         if self._pending is None:
             self.dispatch()
         assert self._pending is not None
-        plan, free, demoted = self._pending
+        plan, free, demoted, ahead = self._pending
         self._pending = None
         subgroups = optimizer.subgroups()
         kept = frozenset(sg.index for sg in subgroups if sg.grad_on_device)  # these gradients need no prefetch
-        predicted = predicted_makespan_s(plan, self.sizes, self.cost, grads_on_device=kept)
+        cost = self.cost if ahead else replace(self.cost, dispatch_lead_s=0.0)  # no head start without early ones
+        predicted = predicted_makespan_s(plan, self.sizes, cost, grads_on_device=kept)
         timings = self.executor.run(plan.lanes, plan.order, plan.buffers, subgroups, inv_scale, host_step)
         record = StepRecord(
             step=len(self.records),
@@ -261,6 +263,7 @@ class OptimizerStateManager:
                 predicted_s=record.predicted_s,
                 measured_s=t.total_s,
                 device_subgroups=t.device_subgroups,
+                lead_s=t.lead_s,
             )
         )
         if self.spec.kind != "auto":
@@ -364,6 +367,7 @@ class OptimizerStateManager:
             "dos/demoted_subgroups": float(len(r.demoted)),
             "dos/device_buffer_gib": t.device_buffer_bytes / GIB,
             "dos/prefetched_ahead": float(t.prefetched_ahead),
+            "dos/dispatch_lead_ms": t.lead_s * 1e3,
         }
         if t.host_compute_s > 0:
             out["dos/cpu_adam_gparam_s"] = t.host_params / t.host_compute_s / 1e9

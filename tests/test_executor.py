@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -282,8 +284,10 @@ def test_prefetches_issued_before_the_update_phase_are_used_and_give_the_same_re
     lanes = [Lane.DEVICE if c == "D" else Lane.HOST for c in "DHDDD"]
     executor = UpdateExecutor(torch.device("cpu"))
     assert executor.prefetch_ahead(lanes, [3, 0, 2, 4], 3, subgroups) == min(PREFETCH_WINDOW, 3) == 2
+    time.sleep(0.02)  # what runs between dispatch and the update phase (overflow check, gradient norm)
     timings = executor.run(lanes, [3, 0, 2, 4], 3, subgroups, torch.tensor(inv), _host_step_with_torch(subgroups, inv))
     assert timings.prefetched_ahead == 2
+    assert 0.02 <= timings.lead_s < 5.0  # the head start the model's dispatch_lead_s learns
     for sg, (m, a, v) in zip(subgroups, expected):
         torch.testing.assert_close(sg.master, m, rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(sg.exp_avg, a, rtol=1e-6, atol=1e-9)
@@ -311,7 +315,7 @@ def test_early_prefetches_of_another_plan_or_other_tensors_are_dropped(change: s
         subgroups[0].exp_avg = subgroups[0].exp_avg.clone().mul_(2.0)
     expected = [_reference(sg, inv) for sg in subgroups]
     timings = executor.run(lanes, [0, 1, 2, 3, 4], buffers, subgroups, inv, _host_step_with_torch(subgroups, inv))
-    assert timings.prefetched_ahead == 0
+    assert timings.prefetched_ahead == 0 and timings.lead_s == 0.0
     for sg, (m, a, _v) in zip(subgroups, expected):
         torch.testing.assert_close(sg.master, m, rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(sg.exp_avg, a, rtol=1e-6, atol=1e-9)

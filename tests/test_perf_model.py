@@ -27,6 +27,7 @@ from lightning_dos.planning import (
     rank_plans,
     resolve_plan,
 )
+from lightning_dos.planning.perf_model import PREFETCH_WINDOW, buffer_slots, early_prefetches, predicted_makespan_s
 
 H, D = Lane.HOST, Lane.DEVICE
 
@@ -73,6 +74,8 @@ def test_cost_params_defaults_are_the_reference_starting_values():
         ({"h2d_bytes_per_s": -1.0}, r"^h2d_bytes_per_s: -1.0 is not a rate; set h2d_bytes_per_s to a positive"),
         ({"gpu_adam_params_per_s": float("nan")}, r"^gpu_adam_params_per_s: nan is not a rate"),
         ({"launch_overhead_s": -1e-6}, r"^launch_overhead_s: -1e-06 must be"),
+        ({"dispatch_lead_s": -0.5}, r"^dispatch_lead_s: -0.5 must be a finite number of seconds >= 0"),
+        ({"dispatch_lead_s": float("inf")}, r"^dispatch_lead_s: inf must be"),
         ({"ranks_per_host": 0}, r"^ranks_per_host: 0; set ranks_per_host to an integer >= 1"),
         ({"ranks_per_host": True}, r"^ranks_per_host: True; set ranks_per_host to an integer >= 1"),
         ({"state_bytes_per_param": 0}, r"^state_bytes_per_param: must be > 0"),
@@ -106,6 +109,53 @@ def test_device_pipeline_depth(buffers, makespan):
     prediction = predict(plan, [1, 1, 1], toy())
     assert prediction.makespan_s == makespan == prediction.device_lane_s
     assert prediction.host_lane_s == 0.0
+
+
+def test_early_prefetches_one_per_slot_at_most_the_window():
+    assert PREFETCH_WINDOW == 2
+    assert [early_prefetches(b, n) for b, n in [(2, 0), (1, 5), (2, 5), (3, 5), (4, 1)]] == [0, 1, 2, 2, 1]
+    assert [buffer_slots(b, n) for b, n in [(2, 0), (1, 5), (3, 5), (4, 1)]] == [1, 1, 3, 1]
+
+
+@pytest.mark.parametrize(
+    ("buffers", "lead", "makespan"),
+    [
+        # 2 slots, lead 2: both early prefetches end by 0: k0 -2..-1|0-1|1-2, k1 -1..0|1-2|2-3,
+        # k2 waits for flush(k0): 2-3|3-4|4-5 -> 5 (6 without a head start)
+        (2, 2.0, 5.0),
+        # lead 0.5: k0 -0.5..0.5|0.5-1.5|1.5-2.5, k1 0.5-1.5|1.5-2.5|2.5-3.5, k2 2.5-3.5|3.5-4.5|4.5-5.5
+        (2, 0.5, 5.5),
+        # 1 slot, lead 2: one early prefetch, -2..-1|0-1|1-2, then serial: 2-5, 5-8
+        (1, 2.0, 8.0),
+        # 3 slots, lead 5: two early prefetches (the window), -5..-4 and -4..-3; k2 is issued in the phase: 0-1,
+        # its Adam waits for k1's (1-2): 2-3, flush 3-4 -> 4 (5 without)
+        (3, 5.0, 4.0),
+        # no lead: as without early prefetches
+        (2, 0.0, 6.0),
+    ],
+)
+def test_prefetches_issued_at_dispatch_get_a_head_start(buffers, lead, makespan):
+    plan = resolve_plan("device", [1, 1, 1], buffers=buffers)
+    prediction = predict(plan, [1, 1, 1], toy(dispatch_lead_s=lead))
+    assert prediction.makespan_s == makespan
+    assert prediction.events[0].h2d_start_s == -lead
+    assert prediction.events[0].adam_start_s == max(0.0, 1.0 - lead)  # no Adam before the phase
+    assert predicted_makespan_s(plan, [1, 1, 1], toy(dispatch_lead_s=lead)) == makespan
+
+
+def test_a_head_start_moves_uploads_behind_no_early_prefetch():
+    # H D D, 2 slots, CPU Adam 1 s, upload 2 B / 16 B/s = 0.125 s.
+    # no lead: prefetches 0-1 and 1-2 (the upload, ready at 1, waits for the second: 2-2.125), flushes end at 3, 4.
+    # lead 2: prefetches -2..-1 and -1..0, Adams 0-1 and 1-2, flushes 1-2 and 2-3; the link is free for the upload at 1
+    plan = Plan(lanes=(H, D, D), buffers=2)
+    slow = predict(plan, [1, 1, 1], toy(cpu_contention=1.0))
+    fast = predict(plan, [1, 1, 1], toy(cpu_contention=1.0, dispatch_lead_s=2.0))
+    assert (slow.makespan_s, slow.events[0].h2d_start_s, slow.events[0].h2d_end_s) == (4.0, 2.0, 2.125)
+    assert (fast.makespan_s, fast.events[0].h2d_start_s, fast.events[0].h2d_end_s) == (3.0, 1.0, 1.125)
+    assert fast.host_lane_s == 1.125
+    # the host lane alone has no device lane to start early
+    host = resolve_plan("host", [1, 1])
+    assert predict(host, [1, 1], toy(dispatch_lead_s=2.0)).makespan_s == predict(host, [1, 1], toy()).makespan_s
 
 
 def test_device_pipeline_unequal_sizes_and_launch_overhead():
@@ -461,6 +511,19 @@ def test_calibrator_pcie_and_gpu_rates():
                           d2h_busy_s=1.0))
     assert (uncapped.params.h2d_bytes_per_s, uncapped.params.d2h_bytes_per_s) == (40e9, 30e9)
     assert uncapped.params.duplex_bytes_per_s == 100e9
+
+
+def test_calibrator_learns_the_dispatch_lead_from_steps_with_early_prefetches():
+    calibrator = Calibrator(CostParams(), alpha=0.5)
+    calibrator.observe(step(lead_s=0.0))  # no early prefetches: nothing measured
+    assert calibrator.params.dispatch_lead_s == 0.0
+    calibrator.observe(step(lead_s=0.08))  # the first measurement replaces the start value
+    assert calibrator.params.dispatch_lead_s == 0.08
+    calibrator.observe(step(lead_s=0.04))
+    assert calibrator.params.dispatch_lead_s == pytest.approx(0.06, rel=1e-15)
+    pinned = Calibrator(CostParams(), overrides={"dispatch_lead_s": 0.0})
+    pinned.observe(step(lead_s=0.08))
+    assert pinned.params.dispatch_lead_s == 0.0
 
 
 def test_calibrator_drift_history_and_replan():

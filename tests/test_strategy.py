@@ -8,7 +8,7 @@ import lightning.pytorch as pl
 import pytest
 from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
-from parity import rel, train
+from parity import make_strategy, rel, train
 
 import lightning_dos
 from lightning_dos import DeepOptimizerStatesStrategy, ZeRO3OffloadStrategy
@@ -178,7 +178,29 @@ def test_dispatch_starts_the_device_lane_prefetches_before_the_update_phase() ->
     ahead = [r.timings.prefetched_ahead for r in records]
     slots = [min(r.plan.buffers, len(r.plan.device_subgroups()), PREFETCH_WINDOW) for r in records]
     assert ahead[0] == 0 and ahead[1:] == slots[1:] and min(slots[1:]) >= 1
-    assert run.strategy.manager.metrics()["dos/prefetched_ahead"] == ahead[-1]
-    assert run.strategy.manager.executor._ahead is None  # nothing left waiting
+    manager = run.strategy.manager
+    assert manager.metrics()["dos/prefetched_ahead"] == ahead[-1]
+    assert manager.executor._ahead is None  # nothing left waiting
+    # the head start: measured from dispatch to the phase, learnt by the model, left out where nothing went early
+    leads = [r.timings.lead_s for r in records]
+    assert leads[0] == 0.0 and min(leads[1:]) > 0.0
+    assert manager.metrics()["dos/dispatch_lead_ms"] == pytest.approx(leads[-1] * 1e3)
+    assert manager.cost.dispatch_lead_s > 0.0
+    # every cost parameter pinned, a head start of 1 s among them: it applies only to the steps whose device lane
+    # started at dispatch
+    from lightning_dos.planning.perf_model import CostParams, predicted_makespan_s
+
+    pinned_cost = CostParams(dispatch_lead_s=1.0)
+    strategy = make_strategy(0.5, cost_overrides=pinned_cost.to_json())
+    pinned = train(0.5, steps=2, strategy=strategy).strategy.manager
+    first, second = pinned.records
+    assert (first.timings.prefetched_ahead, second.timings.prefetched_ahead > 0) == (0, True)
+    assert pinned.cost == pinned_cost
+    kept = pinned._kept_grads(first.plan)  # the device lane's gradients stayed on the device through backward
+    assert kept == frozenset(first.plan.device_subgroups())
+    without = predicted_makespan_s(first.plan, pinned.sizes, CostParams(), kept)
+    with_lead = predicted_makespan_s(first.plan, pinned.sizes, pinned_cost, kept)
+    assert (first.predicted_s, second.predicted_s) == (pytest.approx(without), pytest.approx(with_lead))
+    assert with_lead < without
     reference = train(None, steps=3)
     assert rel(run.masters, reference.masters) <= 1e-5

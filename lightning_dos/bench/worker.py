@@ -87,6 +87,7 @@ def record_dict(record: Any) -> dict[str, Any]:
         "flush_busy_ms": t.flush_busy_s * 1e3,
         "upload_busy_ms": t.upload_busy_s * 1e3,
         "prefetched_ahead": t.prefetched_ahead,
+        "dispatch_lead_ms": t.lead_s * 1e3,
     }
 
 
@@ -182,7 +183,7 @@ def fit_and_measure(
         "reason": None,
         **spec.to_dict(),
         "device": device_info(device),
-        "iterations": {**timer.samples, "loss": timer.losses},
+        "iterations": {**timer.samples, "loss": timer.losses, **timer.host},
         **gpu_peaks(device),
         **sampler.summary(),
         "fit_s": fit_s,

@@ -49,6 +49,9 @@ class StepMeasurement:
     """Step time measured."""
     device_subgroups: int = 0
     """Device-lane subgroups in the step (their launch overhead is taken out of the GPU Adam rate)."""
+    lead_s: float = 0.0
+    """Time from the dispatch, where the device lane's first prefetches were issued, to the start of the step
+    (0 when none was issued before the step)."""
 
 
 def _positive(value: float) -> bool:
@@ -77,7 +80,8 @@ class Calibrator:
       d2h_bytes_per_s`` between them toward the observed split (their sum kept; not when either is overridden),
       else ``h2d_bytes_per_s`` and ``d2h_bytes_per_s`` move toward their own observation; in a host-only step
       ``h2d_bytes_per_s`` moves toward the upload rate;
-    * GPU, ``obs = device_params / (adam_busy_s - device_subgroups * launch_overhead_s)``: ``gpu_adam_params_per_s``.
+    * GPU, ``obs = device_params / (adam_busy_s - device_subgroups * launch_overhead_s)``: ``gpu_adam_params_per_s``;
+    * head start, ``obs = lead_s`` of a step whose first prefetches were issued at dispatch: ``dispatch_lead_s``.
     """
 
     def __init__(
@@ -160,6 +164,7 @@ class Calibrator:
                     self._ema("gpu_adam_params_per_s", m.device_params / compute_s)
         elif h2d is not None:
             self._ema("h2d_bytes_per_s", h2d)
+        self._ema("dispatch_lead_s", m.lead_s)  # only steps with early prefetches measure it (0 is skipped)
         if _positive(m.predicted_s) and _positive(m.measured_s):
             self._history.append((float(m.predicted_s), float(m.measured_s)))
         return self._params

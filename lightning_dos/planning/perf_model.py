@@ -9,7 +9,9 @@ The model is a small deterministic event schedule (see docs/performance-model.md
   first-come first-served with the device-lane prefetches; the host never waits for an upload;
 * CPU Adam runs at ``cpu_adam_params_per_s / ranks_per_host``, times ``cpu_contention`` whenever the device
   lane is non-empty; the two PCIe directions are scaled down together to respect the duplex cap whenever the
-  device lane is non-empty.
+  device lane is non-empty;
+* the device lane's first :func:`early_prefetches` prefetches are issued at dispatch, ``dispatch_lead_s`` before
+  the phase starts: the link carries them from ``-dispatch_lead_s`` on, and their Adams start at 0 at the earliest.
 
 Pure Python: no torch.
 """
@@ -22,6 +24,10 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .plan import Lane, Plan, _check_length, _check_sizes
+
+#: The device lane's prefetch window: while its subgroups are issued between host-lane subgroups, at most this many
+#: prefetches are outstanding; at dispatch, this many (at most one per buffer slot) are issued before the phase.
+PREFETCH_WINDOW = 2
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,9 @@ class CostParams:
     """Bytes of gradient per parameter prefetched when the grad sits on the host (fp32)."""
     ranks_per_host: int = 1
     """Ranks sharing this host's CPU cores (the CPU rate is divided among them; PCIe is per GPU)."""
+    dispatch_lead_s: float = 0.0
+    """Time from the dispatch of a step's plan, when the device lane's first prefetches are issued, to the start of
+    the update phase, seconds (0: no head start)."""
 
     def __post_init__(self) -> None:
         for name in ("cpu_adam_params_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s", "duplex_bytes_per_s",
@@ -62,8 +71,10 @@ class CostParams:
                 f"cpu_contention: {self.cpu_contention!r} is outside (0, 1]; set cpu_contention to the factor "
                 "by which CPU Adam slows while PCIe transfers run (1 = no slowdown)"
             )
-        if not _finite(self.launch_overhead_s) or self.launch_overhead_s < 0:
-            raise ValueError(f"launch_overhead_s: {self.launch_overhead_s!r} must be a finite number of seconds >= 0")
+        for name in ("launch_overhead_s", "dispatch_lead_s"):
+            value = getattr(self, name)
+            if not _finite(value) or value < 0:
+                raise ValueError(f"{name}: {value!r} must be a finite number of seconds >= 0")
         for name in ("host_upload_bytes_per_param", "state_bytes_per_param", "grad_bytes_per_param"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -174,6 +185,19 @@ class Prediction:
         }
 
 
+def buffer_slots(buffers: int, device_subgroups: int) -> int:
+    """Buffer slots of a device lane of ``device_subgroups`` subgroups: ``buffers``, at most one each, at least 1."""
+    return max(1, min(buffers, device_subgroups))
+
+
+def early_prefetches(buffers: int, device_subgroups: int) -> int:
+    """Device-lane prefetches issued at dispatch: one per buffer slot, ``PREFETCH_WINDOW`` at most (0 without a
+    device lane)."""
+    if device_subgroups <= 0:
+        return 0
+    return min(PREFETCH_WINDOW, buffer_slots(buffers, device_subgroups))
+
+
 def _check_grads(grads_on_device: frozenset[int] | set[int], n: int) -> frozenset[int]:
     bad = sorted(i for i in grads_on_device if not isinstance(i, int) or not 0 <= i < n)
     if bad:
@@ -226,12 +250,19 @@ def _timeline(plan: Plan, sizes: Sequence[int], params: CostParams, grads_on_dev
         adam_host.append((clock, clock + sizes[g] / cpu_rate))
         clock = adam_host[-1][1]
 
-    link_free = 0.0  # H2D link: prefetches and uploads, one at a time, first ready first served
-    adam_free = flush_free = 0.0
     n_host, n_dev = len(host), len(order)
+    ahead = early_prefetches(buffers, n_dev)
+    # H2D link: prefetches and uploads, one at a time, first ready first served; from -lead for the early prefetches
+    link_free = -params.dispatch_lead_s if ahead else 0.0
+    adam_free = flush_free = 0.0  # the phase issues the Adams and flushes: none starts before 0
     for k in range(n_dev + 1):
         # a prefetch is ready once the flush of the subgroup that used its buffer slot has ended
-        ready = (flush[k - buffers][1] if k >= buffers else 0.0) if k < n_dev else math.inf
+        if k >= n_dev:
+            ready = math.inf
+        elif k < ahead:
+            ready = -params.dispatch_lead_s  # issued at dispatch
+        else:
+            ready = flush[k - buffers][1] if k >= buffers else 0.0
         # uploads ready before this prefetch go first (a tie goes to the prefetch: it gates the GPU)
         while len(upload) < n_host and (done := adam_host[len(upload)][1]) < ready:
             start = link_free if link_free > done else done
