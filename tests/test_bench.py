@@ -88,6 +88,9 @@ def test_bench_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
         assert 0.05 < result["peak_host_gib"] < 24
         assert len(result["losses"]) == 4 and math.isfinite(result["final_loss"])
         assert result["speedup_vs_zero3_offload"]["iteration"] > 0
+        threads = result["host_threads"]
+        assert set(threads) == {f"{p}_{k}" for p in ("fwd", "bwd", "step") for k in ("other_cpu_ms", "preempted")}
+        assert all(v is not None and v >= 0 for v in threads.values()), threads
     for plan in ("auto", "host", "device"):
         dos = by_label[f"dos({plan})"]
         assert dos["strategy"] == "deep_optimizer_states" and dos["plan"] == plan
@@ -103,7 +106,8 @@ def test_bench_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
     report = (out / "report.md").read_text()
     for text in ("## Hardware", "## Versions", "## Configuration", "Averaged: iterations 2-4", "## Results",
-                 "## Speedup vs zero3_offload", "## Loss agreement", "dos(auto)", "failed", "chart.png"):
+                 "## Speedup vs zero3_offload", "## Loss agreement", "dos(auto)", "failed", "chart.png",
+                 "## Host threads"):
         assert text in report, text
     assert (out / f"debug_cpu_{doc['date'][:10]}.md").read_text() == report
 
@@ -111,6 +115,35 @@ def test_bench_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert png.read_bytes()[:8] == PNG_SIGNATURE
     image = matplotlib.image.imread(png)
     assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 400
+
+
+def test_phase_timer_charges_other_threads_cpu_to_the_phase_they_ran_in() -> None:
+    """A thread that burns CPU during the forward shows up as that phase's other-thread CPU time, not the backward's."""
+    import threading
+
+    import torch
+
+    from lightning_dos.bench.timing import PhaseTimer
+
+    def spin(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    timer = PhaseTimer(synchronize=lambda: None)
+    for _ in range(2):
+        timer.on_train_batch_start(None, None, None, 0)
+        worker = threading.Thread(target=spin, args=(0.15,))
+        worker.start()
+        worker.join()  # the training thread waits: the CPU time is the worker's
+        timer.on_before_backward(None, None, torch.tensor(0.0))
+        timer.on_after_backward(None, None)
+        timer.on_before_optimizer_step(None, None, None)
+        timer.on_train_batch_end(None, None, {"loss": torch.tensor(1.0)}, None, 0)
+    assert all(v >= 100 for v in timer.host["fwd_other_cpu_ms"]), timer.host
+    assert all(v < 50 for v in timer.host["bwd_other_cpu_ms"] + timer.host["step_other_cpu_ms"]), timer.host
+    assert all(v >= 0 for v in timer.host["fwd_preempted"])
+    assert len(timer.samples["fwd_ms"]) == 2 and min(timer.samples["fwd_ms"]) >= 100
 
 
 # --- command line and configurations ------------------------------------------------------------------------------

@@ -187,6 +187,24 @@ def _dos_lines(results: Sequence[dict[str, Any]]) -> list[str]:
                            "device busy ms", "H2D GB", "D2H GB", "demoted (max)"), rows) + [""]
 
 
+def _host_thread_lines(results: Sequence[dict[str, Any]]) -> list[str]:
+    rows = []
+    for r in results:
+        h = r.get("host_threads") or {}
+        if not any(v is not None for v in h.values()):
+            continue
+        rows.append((r["label"], *(_num(h.get(f"{p}_{k}"), 0 if k == "preempted" else 1)
+                                   for p in ("fwd", "bwd", "step") for k in ("other_cpu_ms", "preempted"))))
+    if not rows:
+        return []
+    lines = ["## Host threads", "",
+             "Medians over the measured iterations, per phase: CPU ms of the process's threads other than the training "
+             "thread, and how often the training thread was switched out involuntarily. The forward and backward are "
+             "bound by the training thread; other threads taking its core slow them.", ""]
+    header = ("configuration", *(f"{p} {k}" for p in ("fwd", "bwd", "step") for k in ("other CPU ms", "preempted")))
+    return lines + _table(header, rows) + [""]
+
+
 def _failure_lines(results: Sequence[dict[str, Any]]) -> list[str]:
     failed = [r for r in results if r["status"] != "ok"]
     if not failed:
@@ -237,6 +255,7 @@ def render(doc: dict[str, Any], base: dict[str, Any] | None, chart: str | None =
     lines += [""]
     lines += _claim_lines(doc.get("claims") or [])
     lines += _dos_lines(results)
+    lines += _host_thread_lines(results)
     lines += _failure_lines(results)
     lines += ["Raw per-iteration samples, spreads and per-repeat details are in `results.json`; each worker's log is "
               "under `runs/`.", ""]

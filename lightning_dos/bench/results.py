@@ -56,6 +56,21 @@ def summarize_dos(runs: Sequence[dict[str, Any]], warmup: int) -> dict[str, Any]
     return summary
 
 
+def summarize_host_threads(ok: Sequence[dict[str, Any]], warmup: int) -> dict[str, float | None]:
+    """Medians over the measured iterations of :class:`~lightning_dos.bench.timing.PhaseTimer`'s host accounting:
+    per phase, the other threads' CPU ms and the training thread's involuntary switches (None where not recorded)."""
+    from lightning_dos.bench.timing import HOST_PHASES
+
+    out: dict[str, float | None] = {}
+    for phase in HOST_PHASES:
+        for kind in ("other_cpu_ms", "preempted"):
+            key = f"{phase}_{kind}"
+            values = [v for r in ok for v in (r["iterations"].get(key) or [])[warmup:]
+                      if v is not None and math.isfinite(v)]
+            out[key] = median(values) if values else None
+    return out
+
+
 def aggregate(spec: RunSpec, runs: Sequence[dict[str, Any]], config: BenchConfig,
               model: dict[str, Any]) -> dict[str, Any]:
     """The result of one configuration from its repeats' raw results (any status)."""
@@ -89,6 +104,7 @@ def aggregate(spec: RunSpec, runs: Sequence[dict[str, Any]], config: BenchConfig
     result["final_loss"] = losses[-1] if losses else None
     result["losses"] = losses
     result["dos"] = summarize_dos(ok, config.warmup)
+    result["host_threads"] = summarize_host_threads(ok, config.warmup)
     result["device"] = ok[0].get("device") if ok else None
     result["runs"] = [
         {

@@ -13,11 +13,18 @@ after the closure, right before ``engine.step``, so:
 
 On a GPU every boundary calls ``torch.cuda.synchronize()`` first, so each phase's kernels are charged to it.
 That costs a little and removes any overlap across a boundary; bench mode accepts both.
+
+Where the host's time went, per phase (fwd, bwd, step), from the kernel's accounting: ``<phase>_other_cpu_ms``,
+the CPU time of the process's *other* threads (process CPU time minus the training thread's: e.g. an OpenMP pool
+still spinning, copy or logging threads), and ``<phase>_preempted``, how often the training thread was switched
+out involuntarily (``ru_nivcsw`` of ``RUSAGE_THREAD``; Linux only, elsewhere NaN). A forward or backward that is
+bound by the training thread slows down when other threads take its core.
 """
 
 from __future__ import annotations
 
 import math
+import resource
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +42,17 @@ def device_synchronizer(device: torch.device) -> Callable[[], None]:
     return lambda: None
 
 
+#: Phases whose host accounting :class:`PhaseTimer` records.
+HOST_PHASES = ("fwd", "bwd", "step")
+
+
+def host_counters() -> tuple[float, float, float]:
+    """(process CPU s, this thread's CPU s, this thread's involuntary context switches; NaN where not known)."""
+    thread_usage = getattr(resource, "RUSAGE_THREAD", None)
+    switches = float(resource.getrusage(thread_usage).ru_nivcsw) if thread_usage is not None else math.nan
+    return time.process_time(), time.thread_time(), switches
+
+
 class PhaseTimer(pl.Callback):
     """Records fwd / bwd / step / iteration milliseconds and the loss of every training iteration.
 
@@ -46,12 +64,16 @@ class PhaseTimer(pl.Callback):
         self._synchronize = synchronize
         self._marks: dict[str, float] = {}
         self.samples: dict[str, list[float]] = {phase: [] for phase in PHASES}
+        self.host: dict[str, list[float]] = {f"{p}_{k}": [] for p in HOST_PHASES for k in ("other_cpu_ms", "preempted")}
+        """Per iteration: the other threads' CPU ms and the training thread's involuntary switches, per phase."""
         self.losses: list[float] = []
+        self._cpu: dict[str, tuple[float, float, float]] = {}
 
     def _mark(self, name: str) -> None:
         if self._synchronize is not None:
             self._synchronize()
         self._marks[name] = time.perf_counter()
+        self._cpu[name] = host_counters()
 
     def _span_ms(self, start: str, end: str) -> float:
         if start not in self._marks or end not in self._marks:
@@ -84,5 +106,14 @@ class PhaseTimer(pl.Callback):
         self.samples["bwd_ms"].append(self._span_ms("backward_start", "backward_end"))
         self.samples["step_ms"].append(self._span_ms("step_start", "end"))
         self.samples["iteration_ms"].append(self._span_ms("start", "end"))
+        for phase, (start, end) in zip(HOST_PHASES, (("start", "backward_start"), ("backward_start", "backward_end"),
+                                                     ("step_start", "end"))):
+            a, b = self._cpu.get(start), self._cpu.get(end)
+            other = preempted = math.nan
+            if a is not None and b is not None:
+                other = max(0.0, (b[0] - a[0]) - (b[1] - a[1])) * 1e3
+                preempted = b[2] - a[2]
+            self.host[f"{phase}_other_cpu_ms"].append(other)
+            self.host[f"{phase}_preempted"].append(preempted)
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         self.losses.append(float(loss) if loss is not None else math.nan)
