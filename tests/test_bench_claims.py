@@ -200,12 +200,18 @@ def test_run_j_sweeps_follow_from_their_update_records(case: str) -> None:
     _check_resummary(summary, committed, RUN_J_QUOTED[case])
 
 
-RUN_K_SWEEPS = {  # case: (records file, its key, sweep report, budget, rounds, auto iterations)
-    f"{model} {budget}": (f"sweep_{model}_H200_2026-11-21_runK_updates.json", budget,
-                          f"sweep_{model}_H200_2026-11-21_runK{'' if budget == 'unlimited' else '_quarter'}.json",
-                          budget, 6, 24)
-    for model in ("gpt-1b", "gpt-2.7b") for budget in ("unlimited", "quarter")
-}
+def _four_sweeps(run: str) -> dict[str, tuple]:
+    """A run's four sweep cases: case -> (records file, its key, sweep report, budget, rounds, auto iterations)."""
+    cases = {}
+    for model in ("gpt-1b", "gpt-2.7b"):
+        for budget in ("unlimited", "quarter"):
+            stem = f"sweep_{model}_H200_2026-11-21_run{run}"
+            report = f"{stem}{'' if budget == 'unlimited' else '_quarter'}.json"
+            cases[f"{model} {budget}"] = (f"{stem}_updates.json", budget, report, budget, 6, 24)
+    return cases
+
+
+RUN_K_SWEEPS = _four_sweeps("K")
 #: As docs/performance-model.md quotes them (see RUN_J_QUOTED), and auto's update phases on trial among its measured.
 RUN_K_QUOTED = {
     "gpt-1b unlimited": (("0.5", 197.3, 199.1, 0.009, "stride:3", "met"), 9),
@@ -224,3 +230,75 @@ def test_run_k_sweeps_follow_from_their_update_records(case: str) -> None:
     _check_resummary(summary, committed, quoted)
     assert summary["auto"]["trial_phases"] == committed["auto"]["trial_phases"] == trial_phases
     assert summary["auto"]["measured_steps"] == 21
+
+
+RUN_L_SWEEPS = _four_sweeps("L")
+#: As docs/performance-model.md quotes them (see RUN_J_QUOTED), and auto's update phases on trial among its measured.
+RUN_L_QUOTED = {
+    "gpt-1b unlimited": (("0.5", 190.9, 187.2, -0.02, "stride:3", "met"), 3),
+    "gpt-1b quarter": (("0.4", 197.7, 216.4, 0.095, "stride:2", "missed"), 6),
+    "gpt-2.7b unlimited": (("0.5", 543.0, 538.3, -0.009, "stride:2", "met"), 9),
+    "gpt-2.7b quarter": (("stride:3", 529.0, 519.0, -0.019, "stride:3", "met"), 0),
+}
+
+
+@pytest.mark.parametrize("case", list(RUN_L_SWEEPS))
+def test_run_l_sweeps_follow_from_their_update_records(case: str) -> None:
+    """Run L's sweeps (the tree of commit cd9db43: prefetches at dispatch and the model's head start): the same check
+    as run K's; every update phase after the process's first that ran a device lane used its early
+    prefetches, and the head start the model learns was measured on each."""
+    records, key, *_ = RUN_L_SWEEPS[case]
+    summary, committed = _resummarize(*RUN_L_SWEEPS[case])
+    quoted, trial_phases = RUN_L_QUOTED[case]
+    _check_resummary(summary, committed, quoted)
+    assert summary["auto"]["trial_phases"] == committed["auto"]["trial_phases"] == trial_phases
+    assert summary["auto"]["measured_steps"] == 21
+    updates = [r for it in json.loads((BENCHMARKS / records).read_text())[key]["iterations"] for r in it["records"]]
+    with_device = [r for r in updates[1:] if "D" in "".join(r["lanes"])]
+    assert with_device and all(r["prefetched_ahead"] > 0 for r in with_device)  # every device lane started early
+    assert all(r["dispatch_lead_ms"] > 0 for r in with_device)
+    assert all(r["dispatch_lead_ms"] == 0 for r in updates if r["prefetched_ahead"] == 0)
+
+
+def _iterations(name: str) -> dict:
+    return json.loads((BENCHMARKS / f"gpt-2.7b_H200_2026-11-21_runL_{name}_iterations.json").read_text())["workers"]
+
+
+def test_run_l_backward_figures_follow_from_the_committed_iterations() -> None:
+    """Run L's backward figures in docs/optimizer-state-manager.md: the reports' medians are those of the committed
+    iterations (6-30 of every worker), and the fast-mode and slow-spell figures follow from them."""
+    from statistics import median
+
+    warmup = 5
+    table = {r["label"]: r for r in json.loads((BENCHMARKS / "gpt-2.7b_H200_2026-11-21_runL_table.json").read_text())
+             ["results"]}
+    workers = _iterations("table")
+    label_of = {"no_offload_r0": "no_offload", "dos_auto_r0": "dos(auto)", "dos_host_r0": "dos(host)",
+                "dos_device_r0": "dos(device)", "dos_0.25_r0": "dos(0.25)", "dos_0.5_r0": "dos(0.5)",
+                "dos_0.75_r0": "dos(0.75)"}
+    assert set(workers) == set(label_of)
+    for worker, label in label_of.items():
+        assert median(workers[worker]["bwd_ms"][warmup:]) == pytest.approx(table[label]["bwd_ms"])
+    assert round(table["dos(auto)"]["bwd_ms"] / table["no_offload"]["bwd_ms"], 3) == 1.105
+
+    fast, slow = {}, {}
+    for worker, it in workers.items():
+        bwd = it["bwd_ms"][warmup:]
+        fast[worker] = round(median([b for b in bwd if b < 450]))
+        slow[worker] = sum(b >= 450 for b in bwd)
+        # the backward is one busy thread (autograd's): the other threads' CPU time is its wall time within 6%
+        assert median(it["bwd_other_cpu_ms"][warmup:]) >= 0.94 * median(bwd), worker
+        assert max(it["bwd_preempted"][warmup:]) <= 2, worker
+        assert median(it["fwd_other_cpu_ms"][warmup:]) < 5, worker  # CPU Adam's pool idles outside the update
+    assert [fast[w] for w in ("no_offload_r0", "dos_auto_r0", "dos_device_r0", "dos_host_r0", "dos_0.25_r0",
+                              "dos_0.5_r0")] == [349, 371, 386, 396, 388, 391]
+    assert [slow[w] for w in ("no_offload_r0", "dos_auto_r0", "dos_0.5_r0", "dos_0.25_r0")] == [6, 7, 17, 20]
+
+    interleaved = {r["label"]: r for r in json.loads(
+        (BENCHMARKS / "gpt-2.7b_H200_2026-11-21_runL_backward.json").read_text())["results"]}
+    pooled = _iterations("backward")
+    for label, prefix in (("no_offload", "no_offload_r"), ("dos(auto)", "dos_auto_r")):
+        values = [v for w, it in pooled.items() if w.startswith(prefix) for v in it["bwd_ms"][warmup:]]
+        assert len(values) == 75 and median(values) == pytest.approx(interleaved[label]["bwd_ms"])
+    assert (round(interleaved["no_offload"]["bwd_ms"]), round(interleaved["dos(auto)"]["bwd_ms"])) == (300, 324)
+    assert interleaved["dos(auto)"]["bwd_ms"] / interleaved["no_offload"]["bwd_ms"] <= 1.1
