@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from lightning_dos.planning.perf_model import PREFETCH_WINDOW, buffer_slots
+from lightning_dos.planning.perf_model import PREFETCH_WINDOW, buffer_slots, early_prefetches
 from lightning_dos.planning.plan import Lane
 from lightning_dos.subgroup import Subgroup
 
@@ -334,7 +334,6 @@ class _DeviceLane:
         ids: Sequence[int],
         buffers: int,
         subgroups: Sequence[Subgroup],
-        window: int | None = None,
     ) -> None:
         self.s = streams
         self.ids = list(ids)
@@ -348,7 +347,8 @@ class _DeviceLane:
         self.done: list[Any] = []
         self.issued_at = 0.0  # host clock when prefetch_ahead issued the early prefetches
         self.n_slots = buffer_slots(buffers, len(self.ids))
-        self.window = max(1, window if window is not None else PREFETCH_WINDOW)
+        self.window = PREFETCH_WINDOW
+        self.early = early_prefetches(buffers, len(self.ids))  # the count the performance model predicts with
         if not self.ids:
             return
         s = streams
@@ -384,9 +384,9 @@ class _DeviceLane:
         self.step_count.copy_(step_host)
 
     def prefetch_ahead(self) -> None:
-        """Issue the first subgroups' prefetches before the update phase: at most one per slot, and ``window``."""
+        """Issue the first subgroups' prefetches before the update phase: one per slot, ``window`` at most."""
         self.issued_at = time.perf_counter()
-        while len(self.prefetched) < min(self.window, self.n_slots, len(self.ids)):
+        while len(self.prefetched) < self.early:
             self._prefetch(len(self.prefetched))
 
     def serves(self, ids: Sequence[int], buffers: int, subgroups: Sequence[Subgroup]) -> bool:

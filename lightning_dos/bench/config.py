@@ -22,6 +22,9 @@ DEFAULT_PLANS = ("auto",)
 DEFAULT_RATIOS = (0.25, 0.5, 0.75)
 #: Phases timed in every iteration, in milliseconds.
 PHASES = ("fwd_ms", "bwd_ms", "step_ms", "iteration_ms")
+#: Per-iteration host accounting of the fwd, bwd and step phases (``lightning_dos.bench.timing``): the CPU ms of the
+#: threads other than the training thread, and the training thread's involuntary context switches.
+HOST_KEYS = tuple(f"{phase}_{kind}" for phase in ("fwd", "bwd", "step") for kind in ("other_cpu_ms", "preempted"))
 #: Data sources a bench can feed the model.
 DATA_SOURCES = ("synthetic", "text")
 

@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_dos.bench.config import BASELINE
+from lightning_dos.bench.config import BASELINE, HOST_KEYS
 
 MISSING = "–"
 
@@ -193,15 +193,14 @@ def _host_thread_lines(results: Sequence[dict[str, Any]]) -> list[str]:
         h = r.get("host_threads") or {}
         if not any(v is not None for v in h.values()):
             continue
-        rows.append((r["label"], *(_num(h.get(f"{p}_{k}"), 0 if k == "preempted" else 1)
-                                   for p in ("fwd", "bwd", "step") for k in ("other_cpu_ms", "preempted"))))
+        rows.append((r["label"], *(_num(h.get(key), 0 if key.endswith("preempted") else 1) for key in HOST_KEYS)))
     if not rows:
         return []
     lines = ["## Host threads", "",
              "Medians over the measured iterations, per phase: CPU ms of the process's threads other than the training "
              "thread, and how often the training thread was switched out involuntarily. The forward and backward are "
              "bound by the training thread; other threads taking its core slow them.", ""]
-    header = ("configuration", *(f"{p} {k}" for p in ("fwd", "bwd", "step") for k in ("other CPU ms", "preempted")))
+    header = ("configuration", *(key.replace("_other_cpu_ms", " other CPU ms").replace("_", " ") for key in HOST_KEYS))
     return lines + _table(header, rows) + [""]
 
 

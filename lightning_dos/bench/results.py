@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_dos.bench.config import BASELINE, PHASES, BenchConfig, RunSpec
+from lightning_dos.bench.config import BASELINE, HOST_KEYS, PHASES, BenchConfig, RunSpec
 from lightning_dos.bench.stats import median, spread
 
 SCHEMA_VERSION = 1
@@ -59,15 +59,11 @@ def summarize_dos(runs: Sequence[dict[str, Any]], warmup: int) -> dict[str, Any]
 def summarize_host_threads(ok: Sequence[dict[str, Any]], warmup: int) -> dict[str, float | None]:
     """Medians over the measured iterations of :class:`~lightning_dos.bench.timing.PhaseTimer`'s host accounting:
     per phase, the other threads' CPU ms and the training thread's involuntary switches (None where not recorded)."""
-    from lightning_dos.bench.timing import HOST_PHASES
-
     out: dict[str, float | None] = {}
-    for phase in HOST_PHASES:
-        for kind in ("other_cpu_ms", "preempted"):
-            key = f"{phase}_{kind}"
-            values = [v for r in ok for v in (r["iterations"].get(key) or [])[warmup:]
-                      if v is not None and math.isfinite(v)]
-            out[key] = median(values) if values else None
+    for key in HOST_KEYS:
+        values = [v for r in ok for v in (r["iterations"].get(key) or [])[warmup:]
+                  if v is not None and math.isfinite(v)]
+        out[key] = median(values) if values else None
     return out
 
 

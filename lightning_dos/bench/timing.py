@@ -32,7 +32,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from lightning_dos.bench.config import PHASES
+from lightning_dos.bench.config import HOST_KEYS, PHASES
 
 
 def device_synchronizer(device: torch.device) -> Callable[[], None]:
@@ -42,8 +42,9 @@ def device_synchronizer(device: torch.device) -> Callable[[], None]:
     return lambda: None
 
 
-#: Phases whose host accounting :class:`PhaseTimer` records.
-HOST_PHASES = ("fwd", "bwd", "step")
+#: The phases :class:`PhaseTimer` splits an iteration into, and the marks that bound each.
+PHASE_MARKS = {"fwd": ("start", "backward_start"), "bwd": ("backward_start", "backward_end"),
+               "step": ("step_start", "end")}
 
 
 def host_counters() -> tuple[float, float, float]:
@@ -64,7 +65,7 @@ class PhaseTimer(pl.Callback):
         self._synchronize = synchronize
         self._marks: dict[str, float] = {}
         self.samples: dict[str, list[float]] = {phase: [] for phase in PHASES}
-        self.host: dict[str, list[float]] = {f"{p}_{k}": [] for p in HOST_PHASES for k in ("other_cpu_ms", "preempted")}
+        self.host: dict[str, list[float]] = {key: [] for key in HOST_KEYS}
         """Per iteration: the other threads' CPU ms and the training thread's involuntary switches, per phase."""
         self.losses: list[float] = []
         self._cpu: dict[str, tuple[float, float, float]] = {}
@@ -102,12 +103,9 @@ class PhaseTimer(pl.Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         self._mark("end")
-        self.samples["fwd_ms"].append(self._span_ms("start", "backward_start"))
-        self.samples["bwd_ms"].append(self._span_ms("backward_start", "backward_end"))
-        self.samples["step_ms"].append(self._span_ms("step_start", "end"))
         self.samples["iteration_ms"].append(self._span_ms("start", "end"))
-        for phase, (start, end) in zip(HOST_PHASES, (("start", "backward_start"), ("backward_start", "backward_end"),
-                                                     ("step_start", "end"))):
+        for phase, (start, end) in PHASE_MARKS.items():
+            self.samples[f"{phase}_ms"].append(self._span_ms(start, end))
             a, b = self._cpu.get(start), self._cpu.get(end)
             other = preempted = math.nan
             if a is not None and b is not None:
