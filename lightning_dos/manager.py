@@ -113,7 +113,7 @@ class OptimizerStateManager:
         self._pending: tuple[Plan, int | None, tuple[int, ...], int] | None = None  # plan, free, demoted, ahead
         self._auto_steps = 0  # update phases run under auto since it started (its probe's included)
         self._replan_checked = 0  # auto's update phases done when it last (re-)planned or weighed a re-plan
-        self.trials = PlanTrials()  # auto's measured comparisons of plans the model ranks close together
+        self.trials = self._new_trials()  # auto's measured comparisons of plans the model ranks close together
         if self.active:
             optimizer.update_phase = self._update_phase
             self._plan_gradients()
@@ -155,7 +155,7 @@ class OptimizerStateManager:
         self.restore(PlanningState(spec=parse_plan("auto"),
                                    calibrator=Calibrator(self._start_cost, overrides=self._cost_overrides),
                                    base_plan=probes[0], probes=probes, auto_steps=0, replan_checked=0,
-                                   trials=PlanTrials()))
+                                   trials=self._new_trials()))
 
     def planning_state(self) -> PlanningState:
         """What decides the next plans, to be put back later with :meth:`restore` (the objects, not copies)."""
@@ -181,6 +181,11 @@ class OptimizerStateManager:
         beside the buffer slots; when a budget is set and both do not fit, gradients go to the host as in vanilla.
         """
         self.optimizer.device_grad_subgroups = self._kept_grads(self.base_plan)
+
+    def _new_trials(self) -> PlanTrials:
+        """``auto``'s trials; two plans are told apart by their lanes and by whether the device lane keeps its
+        gradients on the device (under a budget the same lanes may run either way, at different buffering depths)."""
+        return PlanTrials(key=lambda plan: (plan.lanes, plan.order, bool(self._kept_grads(plan))))
 
     def _kept_grads(self, plan: Plan) -> frozenset[int]:
         """The subgroups of ``plan`` whose gradients stay on the device (the planner's rule, ``grads_for``).
@@ -278,8 +283,11 @@ class OptimizerStateManager:
             verdict = self.trials.observe(record.plan, record.timings.total_s)
             if verdict is not None:
                 self._end_trial(verdict, record)
-            if self.trials.running:
-                return  # the trial's plan runs on; the drift check waits for the plan in force
+            if self.trials.running:  # the tried plan and the plan in force take turns; the drift check waits
+                turn = self.trials.next_plan()
+                if turn is not None and turn is not self.base_plan:
+                    self.set_plan(turn)
+                return
             if done - self._replan_checked >= REPLAN_PATIENCE and self.calibrator.should_replan(REPLAN_PATIENCE):
                 self._replan_checked = done  # the next check needs REPLAN_PATIENCE fresh steps
                 candidate = self._resolve(self.spec)
@@ -324,8 +332,8 @@ class OptimizerStateManager:
         """After a trial the faster plan is in force: the challenger if it won, else the plan it was tried against."""
         self.set_plan(verdict.kept)
         record.replanned = verdict.challenger_won
-        log.info("deep_optimizer_states: trial ended at update %d: %.1f ms against %.1f ms, %s in force: %s",
-                 record.step, verdict.challenger_s * 1e3, verdict.incumbent_s * 1e3,
+        log.info("deep_optimizer_states: trial ended at update %d: %.1f ms against %.1f ms (paired ratio %.3f), %s in "
+                 "force: %s", record.step, verdict.challenger_s * 1e3, verdict.incumbent_s * 1e3, verdict.ratio,
                  "the tried plan" if verdict.challenger_won else "the previous plan", verdict.kept)
 
     # ------------------------------------------------------------------ reporting

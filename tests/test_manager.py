@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -133,8 +134,9 @@ def test_start_auto_begins_cold_after_fixed_plans() -> None:
 
 
 def test_auto_tries_the_plans_its_model_ranks_close_and_keeps_the_faster(monkeypatch: pytest.MonkeyPatch) -> None:
-    """After the probe and three update phases of its choice, ``auto`` runs the next candidate within 5% of it for
-    three update phases and keeps it if it measured faster; then the next one; a slower one gives the plan back."""
+    """After the probe and three update phases of its choice, ``auto`` tries the next candidate within 5% of it: the
+    two take turns for three update phases each, and the candidate is kept if it measured faster; then the next one
+    at once; a slower one gives the plan back."""
     from lightning_dos.planning.trials import TRIAL_SOURCE
 
     manager = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("auto"))
@@ -155,12 +157,13 @@ def test_auto_tries_the_plans_its_model_ranks_close_and_keeps_the_faster(monkeyp
         manager._calibrate(record)
         return record
 
-    records = [step() for _ in range(17)]
+    records = [step() for _ in range(19)]
     ran = [_letters(r.plan) for r in records]
-    assert ran == ["HHHHHH", "HDHDHD"] + ["DHDHDH"] * 3 + ["HDHDHD"] * 3 + ["DDHHDD"] * 3 + ["HDHDHD"] * 6
+    assert ran == (["HHHHHH", "HDHDHD"] + ["DHDHDH"] * 3 + ["HDHDHD", "DHDHDH"] * 3 + ["DDHHDD", "HDHDHD"] * 3
+                   + ["HDHDHD"] * 2)
     # the probe's choice, then the first trial's win; the second trial (0.45 s against 0.40) lost: no change
-    assert [r.step for r in records if r.replanned] == [1, 7]
-    assert [r.plan.source == TRIAL_SOURCE for r in records] == [False] * 5 + [True] * 6 + [False] * 6
+    assert [r.step for r in records if r.replanned] == [1, 10]
+    assert [r.plan.source == TRIAL_SOURCE for r in records] == [False] * 5 + [True, False] * 6 + [False] * 2
     assert manager.metrics()["dos/trial"] == 0.0
     # HHDDHH is predicted 20% slower: never tried; the winner is the plan in force, its gradients planned
     assert [v.challenger_won for v in manager.trials.verdicts] == [True, False]
@@ -168,6 +171,12 @@ def test_auto_tries_the_plans_its_model_ranks_close_and_keeps_the_faster(monkeyp
     assert manager.optimizer.device_grad_subgroups == {1, 3, 5}
     # the plan sweep swaps auto's state out and back: the trials go with it, and a cold start begins afresh
     state = manager.planning_state()
+    # the trials tell plans apart by their lanes and by where the device lane's gradients live
+    kept = {1: frozenset({1, 3, 5}), 2: frozenset()}
+    monkeypatch.setattr(manager, "_kept_grads", lambda plan: kept[plan.buffers])
+    one, two = _plan("HDHDHD", buffers=1), _plan("HDHDHD", buffers=2)
+    assert manager.trials.key(one) != manager.trials.key(two) and manager.trials.key(two) == manager.trials.key(
+        replace(two, source="trial"))
     assert state.trials is manager.trials
     manager.start_auto()
     assert manager.trials is not state.trials and manager.trials.incumbent is None

@@ -30,8 +30,8 @@ def _run(trials: PlanTrials, plan: Plan, *seconds: float) -> list:
     return [trials.observe(plan, s) for s in seconds]
 
 
-def test_a_faster_challenger_replaces_the_plan_in_force_and_the_next_one_is_tried_at_once() -> None:
-    trials = PlanTrials(window=0.05, steps=3, min_gain=0.02, max_trials=3)
+def test_in_a_row_a_faster_challenger_replaces_the_plan_in_force_and_the_next_one_is_tried_at_once() -> None:
+    trials = PlanTrials(window=0.05, steps=3, min_gain=0.02, max_trials=3, interleave=False)
     trials.start(A)
     assert not trials.ready()
     _run(trials, A, 0.50, 0.60, 0.52)  # median 0.52
@@ -50,8 +50,8 @@ def test_a_faster_challenger_replaces_the_plan_in_force_and_the_next_one_is_trie
     assert _letters(trials.next_challenger(RANKED, 1.00)) == "DDHH"
 
 
-def test_a_challenger_within_the_noise_loses_and_the_plan_in_force_is_measured_afresh() -> None:
-    trials = PlanTrials(window=0.05, steps=3, min_gain=0.02, max_trials=3)
+def test_in_a_row_a_challenger_within_the_noise_loses_and_the_plan_in_force_is_measured_afresh() -> None:
+    trials = PlanTrials(window=0.05, steps=3, min_gain=0.02, max_trials=3, interleave=False)
     trials.start(A)
     _run(trials, A, 0.50, 0.50, 0.50)
     trials.next_challenger(RANKED, 1.00)
@@ -69,7 +69,7 @@ def test_a_challenger_within_the_noise_loses_and_the_plan_in_force_is_measured_a
 
 
 def test_trials_end_when_no_candidate_is_left_or_the_limit_is_reached_and_start_over_with_the_planner() -> None:
-    trials = PlanTrials(window=0.0, steps=1, min_gain=0.0, max_trials=1)
+    trials = PlanTrials(window=0.0, steps=1, min_gain=0.0, max_trials=1, interleave=False)
     trials.start(A)
     _run(trials, A, 0.5)
     assert trials.next_challenger(RANKED, 0.97) is None  # nothing within 0 % of 0.97 s: no trial until a new choice
@@ -82,8 +82,8 @@ def test_trials_end_when_no_candidate_is_left_or_the_limit_is_reached_and_start_
     assert not trials.ready()  # max_trials = 1 after this choice of the planner
 
 
-def test_update_phases_of_other_plans_count_for_neither_side_and_a_starved_trial_is_given_up() -> None:
-    trials = PlanTrials(window=0.05, steps=2, min_gain=0.02, max_trials=3)
+def test_in_a_row_update_phases_of_other_plans_count_for_neither_side_and_a_starved_trial_is_given_up() -> None:
+    trials = PlanTrials(window=0.05, steps=2, min_gain=0.02, max_trials=3, interleave=False)
     trials.start(A)
     _run(trials, D, 0.1, 0.1)  # e.g. A demoted to fit the free memory: not A's figures
     assert not trials.ready()
@@ -95,9 +95,107 @@ def test_update_phases_of_other_plans_count_for_neither_side_and_a_starved_trial
     assert trials.incumbent is A
 
 
+def _turns(trials: PlanTrials, times: dict[str, list[float]]) -> list[str]:
+    """Run a trial with turns to its end: each update phase runs ``trials.next_plan()`` and takes the next of that
+    plan's times (by letters); returns the letters in the order they ran."""
+    ran: list[str] = []
+    left = {letters: list(seconds) for letters, seconds in times.items()}
+    while trials.running:
+        plan = trials.next_plan()
+        ran.append(_letters(plan))
+        trials.observe(plan, left[ran[-1]].pop(0))
+    return ran
+
+
+def test_with_turns_the_tried_plan_and_the_plan_in_force_alternate_and_their_turns_are_compared() -> None:
+    trials = PlanTrials(window=0.05, steps=3, min_gain=0.02, max_trials=3)
+    assert trials.interleave
+    trials.start(A)
+    assert trials.next_plan() is A and not trials.ready()
+    _run(trials, A, 0.40, 0.40, 0.40)  # the choice's own update phases: fast, but not part of any trial
+    assert trials.ready()
+    assert _letters(trials.next_challenger(RANKED, 1.00)) == "HDHD"
+    ran = _turns(trials, {"HDHD": [0.49, 0.70, 0.50], "DHDH": [0.52, 0.60, 0.53]})
+    assert ran == ["HDHD", "DHDH"] * 3  # the candidate first, then turns
+    (verdict,) = trials.verdicts
+    assert (verdict.challenger_s, verdict.incumbent_s) == (0.50, 0.53)  # the trial's own turns, not the 0.40s
+    # each turn over the plan in force's turn next to it: 0.49/0.52, 0.70/0.60, 0.50/0.53 -> median 0.50/0.53
+    assert verdict.ratio == pytest.approx(0.50 / 0.53) and verdict.ratio < 0.98
+    assert verdict.challenger_won and _letters(trials.incumbent) == "HDHD"
+    # the next trial starts at once: the plan in force was measured in the trial; C (1.04) is within 5% of 1.00
+    assert trials.ready() and _letters(trials.next_challenger(RANKED, 1.00)) == "DDHH"
+    _turns(trials, {"DDHH": [0.60, 0.61, 0.62], "HDHD": [0.50, 0.50, 0.50]})
+    assert not trials.verdicts[-1].challenger_won and _letters(trials.incumbent) == "HDHD"
+    assert trials.next_plan() is trials.incumbent
+    assert trials.ready()  # a lost trial needs no fresh update phases either: the next may start at once
+    assert trials.next_challenger(RANKED, 1.00) is None  # D (1.06) is outside the window: no candidate left
+    assert not trials.ready()
+
+
+def test_with_turns_a_slow_spell_does_not_decide_the_trial() -> None:
+    """The host's slow spells last a few iterations and slow every plan alike (run L). The plan in force takes
+    1.00 s, the candidate 0.95 s, and a spell makes three update phases in a row 20% slower: in a row, the candidate
+    runs in the spell and loses; with turns, two of its three phases fall in the spell and its median is slower
+    than the plan in force's too (1.14 against 1.00), but each phase compared with the one next to it wins."""
+    def spell(k: int, seconds: float) -> float:
+        return seconds * (1.2 if 3 <= k < 6 else 1.0)
+
+    in_a_row = PlanTrials(interleave=False)
+    in_a_row.start(A)
+    for k in range(3):
+        in_a_row.observe(A, spell(k, 1.00))  # not in the spell
+    in_a_row.next_challenger(RANKED, 1.00)
+    for k in range(3, 6):
+        in_a_row.observe(B, spell(k, 0.95))
+    assert not in_a_row.verdicts[-1].challenger_won
+
+    turns = PlanTrials()
+    turns.start(A)
+    _run(turns, A, 1.00, 1.00, 1.00)
+    turns.next_challenger(RANKED, 1.00)
+    for k in range(3, 9):
+        plan = turns.next_plan()
+        turns.observe(plan, spell(k, 0.95 if plan is turns.challenger else 1.00))
+    (verdict,) = turns.verdicts
+    assert verdict.challenger_s > verdict.incumbent_s  # the medians of the two sides would have kept the old plan
+    assert verdict.ratio == pytest.approx(0.95) and verdict.challenger_won
+
+
+def test_with_turns_other_plans_count_for_neither_side_and_a_starved_trial_is_given_up() -> None:
+    trials = PlanTrials(steps=2)
+    trials.start(A)
+    _run(trials, A, 0.5, 0.5)
+    trials.next_challenger(RANKED, 1.00)
+    assert trials.next_plan() is trials.challenger
+    assert trials.observe(D, 0.1) is None  # the candidate demoted to fit the free memory: counts for no side
+    assert trials.next_plan() is trials.challenger  # so it is still the candidate's turn
+    trials.observe(trials.challenger, 0.4)
+    assert trials.next_plan() is A
+    assert _run(trials, D, *[0.1] * 5) == [None] * 5
+    verdict = trials.observe(D, 0.1)  # 4 * steps update phases without two turns of each side: given up
+    assert verdict is not None and verdict.challenger_s == math.inf and not verdict.challenger_won
+    assert trials.incumbent is A
+
+
+def test_a_key_tells_apart_plans_with_the_same_lanes() -> None:
+    """The manager's key adds whether the device lane keeps its gradients on the device: under a budget the same
+    lanes run with gradients kept (1 buffer) or on the host (2 buffers), and both may be tried."""
+    by_lanes = PlanTrials(steps=1)
+    by_buffers = PlanTrials(steps=1, key=lambda plan: (plan.lanes, plan.buffers))
+    for trials in (by_lanes, by_buffers):
+        trials.start(B)
+        trials.observe(B, 0.5)
+    assert _letters(by_lanes.next_challenger(RANKED, 1.00)) == "DHDH"  # B's lanes were tried: A is next
+    tried = by_buffers.next_challenger(RANKED, 1.00)
+    assert _letters(tried) == "DHDH"
+    _turns(by_buffers, {"DHDH": [0.6], "HDHD": [0.5]})
+    tried = by_buffers.next_challenger(RANKED, 1.00)
+    assert (_letters(tried), tried.buffers) == ("HDHD", 1)  # B's lanes with 1 buffer: another key
+
+
 @pytest.mark.parametrize(("kwargs", "key"), [({"window": -0.1}, "window"), ({"steps": 0}, "steps"),
                                              ({"min_gain": 1.0}, "min_gain"), ({"max_trials": -1}, "max_trials"),
-                                             ({"steps": True}, "steps")])
+                                             ({"steps": True}, "steps"), ({"interleave": 1}, "interleave")])
 def test_bad_settings_name_their_key(kwargs: dict, key: str) -> None:
     with pytest.raises(ValueError, match=f"^{key}:"):
         PlanTrials(**kwargs)
@@ -126,7 +224,7 @@ def test_run_j_the_first_trial_would_have_moved_auto_to_the_plan_that_measured_f
     every = frozenset(range(len(sizes)))
     chosen = rank_plans(sizes, calibrator.params, None, 2, every)[0][0]
     assert _letters(chosen) == auto[2]["lanes"] and chosen.lanes[0] is Lane.DEVICE
-    trials = PlanTrials()
+    trials = PlanTrials(interleave=False)  # run J ran before the turns
     trials.start(chosen)
     for record in auto[2:5]:  # three update phases of the choice
         calibrator.observe(_sized_measurement(record, sizes))
@@ -174,7 +272,7 @@ def test_run_k_every_choice_and_trial_of_auto_follows_from_its_measurements(mode
     sizes = data["subgroup_sizes"]
     every = frozenset(range(len(sizes)))
     auto = [record for it in data[budget]["iterations"] if it["plan"] == "auto" for record in it["records"]]
-    calibrator, trials, tried = Calibrator(CostParams()), PlanTrials(), []
+    calibrator, trials, tried = Calibrator(CostParams()), PlanTrials(interleave=False), []  # before the turns
     for k, record in enumerate(auto):
         calibrator.observe(_sized_measurement(record, sizes))
         if k == 1:  # the probe's last update phase: the planner chooses

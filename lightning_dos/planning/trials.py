@@ -7,16 +7,25 @@ which its own fitted model ranked 6% ahead; and the same model predicted plan 0.
 trusting the model's small gains nor ignoring them is right, so ``auto`` measures them:
 
 * after the planner chooses a plan (:meth:`PlanTrials.start`), that plan runs for :data:`TRIAL_STEPS` update phases;
-* then the best-predicted candidate whose lanes differ from every plan tried so far, and whose prediction is at most
-  :data:`TRIAL_WINDOW` above the prediction of the plan in force, runs for :data:`TRIAL_STEPS` update phases;
-* it replaces the plan in force if the median of its update phases beats the median of the plan in force's last
-  :data:`TRIAL_STEPS` by :data:`TRIAL_MIN_GAIN`; otherwise the plan in force comes back, and runs :data:`TRIAL_STEPS`
-  fresh update phases before the next trial (each comparison is between neighbouring update phases: the host's
-  speed drifts by 10-20% over tens of seconds);
+* then the best-predicted candidate whose key (:func:`lanes_key` by default: its lanes) differs from every plan tried
+  so far, and whose prediction is at most :data:`TRIAL_WINDOW` above the prediction of the plan in force, is tried:
+  it and the plan in force take turns (:meth:`PlanTrials.next_plan`: the candidate first) until each has run
+  :data:`TRIAL_STEPS` update phases of the trial;
+* it replaces the plan in force if it is faster by :data:`TRIAL_MIN_GAIN` in the median of its turns paired with the
+  plan in force's (its k-th update phase of the trial over the plan in force's k-th, the phase next to it); the next
+  trial may start at once;
 * at most :data:`MAX_TRIALS` trials follow one choice of the planner; a new choice starts over.
 
-Update phases of any other plan (demoted to fit the free memory, for instance) count for neither side. A challenger
-that has not run :data:`TRIAL_STEPS` times in ``2 * TRIAL_STEPS`` update phases is given up.
+The turns are what make the comparison fair: the host's speed drifts by 10-20% over tens of seconds, in spells of a
+few iterations (run L, docs/performance-model.md), so medians of neighbouring blocks of update phases compare spells
+as much as plans; taking turns and comparing each update phase with the one next to it puts both in the same spell.
+``interleave=False`` gives the rule of runs J-L instead: the candidate runs :data:`TRIAL_STEPS` update phases in a
+row against the plan in force's last :data:`TRIAL_STEPS` (their medians compared), and after a trial the plan in
+force runs :data:`TRIAL_STEPS` fresh update phases before the next.
+
+Update phases of any other plan (demoted to fit the free memory, for instance) count for neither side. A trial that
+has not measured both sides :data:`TRIAL_STEPS` times in ``4 * TRIAL_STEPS`` update phases (``2 * TRIAL_STEPS`` in a
+row without turns) is given up.
 
 Pure Python: no torch.
 """
@@ -26,7 +35,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 
 from .plan import Lane, Plan
@@ -46,7 +55,7 @@ LanesKey = tuple[tuple[Lane, ...], tuple[int, ...]]
 
 
 def lanes_key(plan: Plan) -> LanesKey:
-    """What a trial tells apart: the lanes and the device lane's order (not the buffering depth)."""
+    """What a trial tells apart by default: the lanes and the device lane's order (not the buffering depth)."""
     return plan.lanes, plan.order
 
 
@@ -59,9 +68,12 @@ class TrialVerdict:
     """Median measured update phase of the challenger (inf: it did not run often enough to be measured)."""
     incumbent: Plan
     incumbent_s: float
-    """Median of the plan in force over its last update phases before the trial."""
+    """Median of the plan in force over the trial's turns (without turns: its last update phases before the trial)."""
     kept: Plan
     """The plan in force after the trial (``challenger`` relabelled ``auto`` when it won)."""
+    ratio: float = math.nan
+    """What decided: the median of the paired turns' ratios, challenger over plan in force (without turns:
+    ``challenger_s / incumbent_s``)."""
 
     @property
     def challenger_won(self) -> bool:
@@ -89,19 +101,28 @@ class PlanTrials:
         steps: int = TRIAL_STEPS,
         min_gain: float = TRIAL_MIN_GAIN,
         max_trials: int = MAX_TRIALS,
+        interleave: bool = True,
+        key: Callable[[Plan], Hashable] = lanes_key,
     ) -> None:
         self.window = _check_share("window", window, math.inf)
         self.steps = _check_count("steps", steps, 1)
         self.min_gain = _check_share("min_gain", min_gain, 1.0)
         self.max_trials = _check_count("max_trials", max_trials, 0)
+        if not isinstance(interleave, bool):
+            raise ValueError(f"interleave: {interleave!r}; set interleave to True (turns) or False (in a row)")
+        self.interleave = interleave
+        """Whether the candidate and the plan in force take turns during a trial."""
+        self.key = key
+        """What tells two plans apart (a plan whose key was tried is not tried again until the next choice)."""
         self.incumbent: Plan | None = None
         """The plan in force (None before the planner's first choice)."""
         self.challenger: Plan | None = None
         """The plan being tried, if a trial runs."""
         self.verdicts: list[TrialVerdict] = []
         """Every trial's outcome, oldest first (kept across :meth:`start`)."""
-        self._recent: dict[LanesKey, deque[float]] = {}
-        self._tried: set[LanesKey] = set()
+        self._recent: dict[Hashable, deque[float]] = {}
+        self._turns: dict[Hashable, list[float]] = {}  # the running trial's update phases of each side
+        self._tried: set[Hashable] = set()
         self._trials = 0
         self._fresh = 0  # update phases of the plan in force since it came into force or came back
         self._trial_phases = 0
@@ -117,50 +138,75 @@ class PlanTrials:
         self.incumbent = plan
         self.challenger = None
         self._recent.clear()
-        self._tried = {lanes_key(plan)}
+        self._turns.clear()
+        self._tried = {self.key(plan)}
         self._trials = 0
         self._fresh = 0
         self._trial_phases = 0
         self._exhausted = False
 
+    def next_plan(self) -> Plan | None:
+        """The plan for the next update phase: during a trial with turns, the side that has run fewer of the trial's
+        update phases (the candidate on a tie); otherwise the candidate during a trial, else the plan in force."""
+        if self.challenger is None or not self.interleave:
+            return self.challenger or self.incumbent
+        assert self.incumbent is not None
+        ran = self._turns.get(self.key(self.challenger), [])
+        return self.challenger if len(ran) <= len(self._turns.get(self.key(self.incumbent), [])) else self.incumbent
+
     def observe(self, plan: Plan, measured_s: float) -> TrialVerdict | None:
         """An update phase of ``plan`` took ``measured_s`` seconds; returns the verdict when it ends a trial."""
         if self.incumbent is None or not (math.isfinite(measured_s) and measured_s > 0):
             return None
-        key = lanes_key(plan)
+        key = self.key(plan)
         self._recent.setdefault(key, deque(maxlen=self.steps)).append(float(measured_s))
         if self.challenger is None:
-            if key == lanes_key(self.incumbent):
+            if key == self.key(self.incumbent):
                 self._fresh += 1
             return None
         self._trial_phases += 1
-        measured = self._recent.get(lanes_key(self.challenger), ())
-        if len(measured) < self.steps and self._trial_phases < 2 * self.steps:
-            return None
-        return self._verdict(statistics.median(measured) if len(measured) >= self.steps else math.inf)
+        if not self.interleave:
+            measured = self._recent.get(self.key(self.challenger), ())
+            if len(measured) < self.steps and self._trial_phases < 2 * self.steps:
+                return None
+            incumbent_s = statistics.median(self._recent[self.key(self.incumbent)])
+            challenger_s = statistics.median(measured) if len(measured) >= self.steps else math.inf
+            return self._verdict(challenger_s, incumbent_s, challenger_s / incumbent_s)
+        sides = (self.key(self.challenger), self.key(self.incumbent))
+        if key in sides:
+            self._turns.setdefault(key, []).append(float(measured_s))
+        challenger, incumbent = (self._turns.get(side, []) for side in sides)
+        if min(len(challenger), len(incumbent)) < self.steps:
+            if self._trial_phases < 4 * self.steps:
+                return None
+            # starved (demoted most of the time): the trial is given up; the plan in force keeps its figures
+            return self._verdict(math.inf, statistics.median(incumbent) if incumbent else math.inf, math.inf)
+        ratio = statistics.median(c / i for c, i in zip(challenger, incumbent))
+        return self._verdict(statistics.median(challenger), statistics.median(incumbent), ratio)
 
-    def _verdict(self, challenger_s: float) -> TrialVerdict:
+    def _verdict(self, challenger_s: float, incumbent_s: float, ratio: float) -> TrialVerdict:
         assert self.incumbent is not None and self.challenger is not None
-        incumbent_s = statistics.median(self._recent[lanes_key(self.incumbent)])
-        won = challenger_s < incumbent_s * (1 - self.min_gain)
+        won = ratio < 1 - self.min_gain
         kept = replace(self.challenger, source="auto") if won else self.incumbent
-        verdict = TrialVerdict(self.challenger, challenger_s, self.incumbent, incumbent_s, kept)
+        verdict = TrialVerdict(self.challenger, challenger_s, self.incumbent, incumbent_s, kept, ratio)
         self.verdicts.append(verdict)
         self.incumbent = kept
         self.challenger = None
-        self._fresh = self.steps if won else 0  # a winner's trial phases are its fresh measurements
+        self._turns.clear()
+        # a winner's trial phases are its fresh measurements; with turns the plan in force was measured in the trial
+        self._fresh = self.steps if won or self.interleave else 0
         return verdict
 
     def ready(self) -> bool:
         """Whether the next trial may start now: none runs, trials are left, the plan in force has fresh figures."""
         return (self.incumbent is not None and self.challenger is None and not self._exhausted
                 and self._trials < self.max_trials and self._fresh >= self.steps
-                and len(self._recent.get(lanes_key(self.incumbent), ())) >= self.steps)
+                and (self.interleave or len(self._recent.get(self.key(self.incumbent), ())) >= self.steps))
 
     def next_challenger(self, ranked: Sequence[tuple[Plan, float]], incumbent_predicted_s: float) -> Plan | None:
         """Start a trial of the best candidate of ``ranked`` ((plan, predicted s), best first) within the window.
 
-        Candidates whose lanes were tried since :meth:`start` (the plan in force's included) are skipped. Returns the
+        Candidates whose key was tried since :meth:`start` (the plan in force's included) are skipped. Returns the
         plan to run from the next update phase (``source`` :data:`TRIAL_SOURCE`), or None when no candidate is left:
         then no trial starts until the planner's next choice.
         """
@@ -168,11 +214,12 @@ class PlanTrials:
             return None
         limit = incumbent_predicted_s * (1 + self.window)
         for plan, predicted_s in ranked:
-            key = lanes_key(plan)
+            key = self.key(plan)
             if key in self._tried or not predicted_s <= limit:
                 continue
             self._tried.add(key)
             self._recent.pop(key, None)  # only the trial's own update phases count
+            self._turns.clear()
             self._trials += 1
             self._trial_phases = 0
             self.challenger = replace(plan, source=TRIAL_SOURCE)
