@@ -380,6 +380,22 @@ def test_best_plan_never_exceeds_the_budget():
     assert best_plan(sizes, params, 0).device_subgroups() == ()
 
 
+def test_candidates_that_do_not_fit_the_budget_are_weighed_as_dispatch_would_demote_them():
+    """stride:2 of [4, 1, 1, 1] puts subgroups 0 and 2 on the device: 2 slots of 4 params (128 B) do not fit 40 B, so
+    dispatch would run it demoted (subgroup 0, the largest, to the host): HHDH, 2 slots of 1 param (32 B). The
+    planner weighs that plan (and no second all-host plan); with ``demote=False`` it left such candidates out."""
+    sizes, params = [4, 1, 1, 1], CostParams(**PLANNER)
+    ranked = [plan for plan, _ in rank_plans(sizes, params, 40)]
+    stride = Plan(lanes=tuple(Lane.DEVICE if c == "D" else Lane.HOST for c in "DHDH"), buffers=2, source="stride:2")
+    demoted, _ = demote_to_fit(stride, sizes, 40, params)
+    assert letters(demoted) == "HHDH" and device_memory_bytes(demoted, sizes, params) == 32
+    assert any(p.lanes == demoted.lanes and p.buffers == 2 and p.source == "auto" for p in ranked)
+    assert sum(not p.order for p in ranked) == 1
+    assert all(device_memory_bytes(p, sizes, params) <= 40 for p in ranked)
+    before = [plan for plan, _ in rank_plans(sizes, params, 40, demote=False)]
+    assert len(before) < len(ranked) and set(map(letters, before)) <= set(map(letters, ranked))
+
+
 def test_best_plan_rejects_a_negative_budget():
     with pytest.raises(ValueError, match=r"^memory_budget_gib: -1 GiB is not a budget; set memory_budget_gib"):
         best_plan([1], CostParams(), -(2**30))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -272,11 +273,12 @@ def test_run_k_every_choice_and_trial_of_auto_follows_from_its_measurements(mode
     sizes = data["subgroup_sizes"]
     every = frozenset(range(len(sizes)))
     auto = [record for it in data[budget]["iterations"] if it["plan"] == "auto" for record in it["records"]]
-    calibrator, trials, tried = Calibrator(CostParams()), PlanTrials(interleave=False), []  # before the turns
+    # the rules of run K: trials in a row, candidates that do not fit the budget left out
+    calibrator, trials, tried = Calibrator(CostParams()), PlanTrials(interleave=False), []
     for k, record in enumerate(auto):
         calibrator.observe(_sized_measurement(record, sizes))
         if k == 1:  # the probe's last update phase: the planner chooses
-            chosen = rank_plans(sizes, calibrator.params, limit, 2, every)[0][0]
+            chosen = rank_plans(sizes, calibrator.params, limit, 2, every, demote=False)[0][0]
             assert _letters(chosen) == auto[2]["lanes"]
             trials.start(chosen)
         if k < 2:
@@ -286,7 +288,8 @@ def test_run_k_every_choice_and_trial_of_auto_follows_from_its_measurements(mode
             in_force = trials.incumbent
             predicted = predict(in_force, sizes, calibrator.params,
                                 grads_for(in_force, sizes, calibrator.params, limit, every) or frozenset()).makespan_s
-            ranked = [(plan, p.makespan_s) for plan, p in rank_plans(sizes, calibrator.params, limit, 2, every)]
+            ranked = [(plan, p.makespan_s)
+                      for plan, p in rank_plans(sizes, calibrator.params, limit, 2, every, demote=False)]
             challenger = trials.next_challenger(ranked, predicted)
             if challenger is not None:
                 tried.append(_letters(challenger))
@@ -298,3 +301,42 @@ def test_run_k_every_choice_and_trial_of_auto_follows_from_its_measurements(mode
     assert sum(r["source"] == TRIAL_SOURCE for r in auto) == 3 * len(tried)
     if (model, budget) == ("gpt-2.7b", "quarter"):
         assert round(trials.verdicts[0].incumbent_s * 1e3, 1) == 604.7
+
+
+def test_run_m_auto_would_weigh_the_demoted_stride_2_that_measured_fastest_at_the_quarter_budget() -> None:
+    """Run M (commit ac2c256), gpt-1b at the quarter budget (2.84 GiB), replayed: after the probe ``auto`` chose the
+    lanes it then ran (205.6 ms median); the sweep's fastest plan was stride:2, which does not fit the budget and ran
+    demoted to fit (HDHDHDHDHDHDHDHDHHH, 202.9 ms), and which the planner of that commit never weighed. Weighed as
+    dispatch runs it, it is predicted ahead of that choice (and so within reach of the trials)."""
+    from test_calibration_replay import _sized_measurement
+
+    from lightning_dos.planning.plan import stride_lanes
+
+    data = json.loads((BENCHMARKS / "sweep_gpt-1b_H200_2026-11-21_runM_updates.json").read_text())
+    report = json.loads((BENCHMARKS / "sweep_gpt-1b_H200_2026-11-21_runM_quarter.json").read_text())
+    ((gib, rows),) = [(b["budget"]["gib"], b["plans"]) for b in report["budgets"]]
+    sizes, limit = data["subgroup_sizes"], gib * GIB
+    every = frozenset(range(len(sizes)))
+    iterations = data["quarter"]["iterations"]
+    auto = [record for it in iterations if it["plan"] == "auto" for record in it["records"]]
+    stride_2 = [record for it in iterations if it["plan"] == "stride:2" for record in it["records"]]
+    demoted = {r["lanes"] for r in stride_2}
+    assert demoted == {"HDHDHDHDHDHDHDHDHHH"}
+    assert "".join(lane.letter for lane in stride_lanes(len(sizes), 2)) == "HDHDHDHDHDHDHDHDHDH"  # 17 does not fit
+    measured = {row["plan"]: row["update_ms"] for row in rows if row.get("update_ms") is not None}
+    assert min(measured, key=measured.get) == "stride:2" and round(measured["stride:2"], 1) == 202.9
+
+    calibrator = Calibrator(CostParams())
+    for record in auto[:2]:  # the probe (its mixed update had its first prefetches issued at dispatch)
+        calibrator.observe(replace(_sized_measurement(record, sizes), lead_s=record["dispatch_lead_ms"] / 1e3))
+    before = rank_plans(sizes, calibrator.params, limit, 2, every, demote=False)
+    assert _letters(before[0][0]) == auto[2]["lanes"]  # what ran
+    assert "HDHDHDHDHDHDHDHDHHH" not in {_letters(plan) for plan, _ in before}
+    now = {(_letters(plan), plan.buffers): prediction.makespan_s
+           for plan, prediction in rank_plans(sizes, calibrator.params, limit, 2, every)}
+    # predicted 199.6 ms against the 199.7 of what ran: weighed now, and within the trials' window of the choice
+    assert round(now["HDHDHDHDHDHDHDHDHHH", 2] * 1e3, 1) == 199.6 and round(before[0][1].makespan_s * 1e3, 1) == 199.7
+    assert now["HDHDHDHDHDHDHDHDHHH", 2] < before[0][1].makespan_s
+    # the planner's first choice is now another demoted plan, predicted 198.4 ms (not measured in run M)
+    first = min(now, key=now.get)
+    assert first[0] not in {_letters(plan) for plan, _ in before} and round(now[first] * 1e3, 1) == 198.4

@@ -2,8 +2,9 @@
 
 :func:`best_plan` tries every number of device subgroups k = 0..n (spread evenly by size, see
 :func:`~.plan.even_device_lanes`) and the lanes of every ``stride:K`` and of fractions 0.05..0.95 (see
-:func:`candidate_lanes`), each with every buffering depth 1..max_buffers, drops those that do not fit the
-memory budget, and keeps the smallest predicted makespan. :func:`demote_to_fit` shrinks an existing plan
+:func:`candidate_lanes`), each with every buffering depth 1..max_buffers; a candidate that does not fit the memory
+budget is weighed as it would run, demoted to fit (:func:`demote_to_fit`, as dispatch would demote a named plan); it
+keeps the smallest predicted makespan. :func:`demote_to_fit` shrinks an existing plan
 when the GPU turns out to have less free memory than planned for.
 
 Pure Python: no torch.
@@ -12,6 +13,7 @@ Pure Python: no torch.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 from .perf_model import CostParams, Prediction, _check_grads, _timeline, device_memory_bytes, predict
 from .plan import (
@@ -83,15 +85,24 @@ def _ranked(
     memory_budget_bytes: float | None,
     max_buffers: int,
     grads_on_device: frozenset[int],
+    demote: bool = True,
 ) -> list[tuple[Plan, frozenset[int]]]:
     _check_budget(memory_budget_bytes)
     sizes = _check_sizes(sizes)
     grads_on_device = _check_grads(grads_on_device, len(sizes))
     scored: list[tuple[Plan, frozenset[int], float]] = []
+    seen: set[tuple[tuple[Lane, ...], tuple[int, ...], int]] = set()
     for plan in candidate_plans(sizes, max_buffers):
         grads = grads_for(plan, sizes, params, memory_budget_bytes, grads_on_device)
-        if grads is None:
+        if grads is None and memory_budget_bytes is not None and demote:
+            # what this plan would run as under the budget: a named plan is demoted to fit at dispatch, and on a GPU
+            # host the demoted stride:2 measured fastest of all at the quarter budget (gpt-1b, run M)
+            plan = replace(demote_to_fit(plan, sizes, memory_budget_bytes, params)[0], source=plan.source)
+            grads = grads_for(plan, sizes, params, memory_budget_bytes, grads_on_device)
+        key = (plan.lanes, plan.order, plan.buffers)
+        if grads is None or key in seen or (not plan.order and plan.buffers != 1):  # the all-host plan is there
             continue
+        seen.add(key)
         scored.append((plan, grads, _timeline(plan, sizes, params, grads).makespan_s()))
     cutoff = min(makespan for *_, makespan in scored) * (1 + TIE_TOLERANCE)  # the all-host plan always fits
 
@@ -131,12 +142,14 @@ def rank_plans(
     memory_budget_bytes: float | None,
     max_buffers: int = 4,
     grads_on_device: frozenset[int] = frozenset(),
+    demote: bool = True,
 ) -> list[tuple[Plan, Prediction]]:
-    """The candidates that fit ``memory_budget_bytes`` (None = unlimited) with their predictions, best first.
+    """The candidates, each as it fits ``memory_budget_bytes`` (None = unlimited; demoted to fit where it does not,
+    or left out with ``demote=False``, the rule before run M), with their predictions, best first.
 
     Order: smallest makespan (ties within :data:`TIE_TOLERANCE`), then fewer device subgroups, then fewer buffers.
     """
-    ranked = _ranked(sizes, params, memory_budget_bytes, max_buffers, grads_on_device)
+    ranked = _ranked(sizes, params, memory_budget_bytes, max_buffers, grads_on_device, demote)
     return [(plan, predict(plan, sizes, params, grads)) for plan, grads in ranked]
 
 
