@@ -44,7 +44,8 @@ from .plan import Lane, Plan
 TRIAL_WINDOW = 0.05
 #: Update phases of a trial, and of the plan in force it is compared with.
 TRIAL_STEPS = 3
-#: A challenger is kept only if its median update phase is at least this much shorter than the plan in force's.
+#: A challenger is kept only if it is at least this much faster than the plan in force: the median of its turns' ratios
+#: to the plan in force's (without turns: its median update phase to the plan in force's) below ``1 - TRIAL_MIN_GAIN``.
 TRIAL_MIN_GAIN = 0.02
 #: Trials after one choice of the planner.
 MAX_TRIALS = 3
@@ -71,7 +72,7 @@ class TrialVerdict:
     """Median of the plan in force over the trial's turns (without turns: its last update phases before the trial)."""
     kept: Plan
     """The plan in force after the trial (``challenger`` relabelled ``auto`` when it won)."""
-    ratio: float = math.nan
+    ratio: float
     """What decided: the median of the paired turns' ratios, challenger over plan in force (without turns:
     ``challenger_s / incumbent_s``)."""
 
@@ -120,7 +121,7 @@ class PlanTrials:
         """The plan being tried, if a trial runs."""
         self.verdicts: list[TrialVerdict] = []
         """Every trial's outcome, oldest first (kept across :meth:`start`)."""
-        self._recent: dict[Hashable, deque[float]] = {}
+        self._recent: dict[Hashable, deque[float]] = {}  # in a row only: each plan's last update phases
         self._turns: dict[Hashable, list[float]] = {}  # the running trial's update phases of each side
         self._tried: set[Hashable] = set()
         self._trials = 0
@@ -159,7 +160,8 @@ class PlanTrials:
         if self.incumbent is None or not (math.isfinite(measured_s) and measured_s > 0):
             return None
         key = self.key(plan)
-        self._recent.setdefault(key, deque(maxlen=self.steps)).append(float(measured_s))
+        if not self.interleave:  # in a row, a trial compares with the plan in force's last phases (turns: the trial's)
+            self._recent.setdefault(key, deque(maxlen=self.steps)).append(float(measured_s))
         if self.challenger is None:
             if key == self.key(self.incumbent):
                 self._fresh += 1
