@@ -10,7 +10,9 @@ model weighs.
 
 Device lane, per subgroup, through a ring of buffer slots on the device:
 ``prefetch`` (host->device: master, exp_avg, exp_avg_sq, grad) -> ``adam`` (unscale + fused AdamW on the
-device, then write the 16-bit params) -> ``flush`` (device->host: master, exp_avg, exp_avg_sq).
+device, then write the 16-bit params) -> ``flush`` (device->host: master, exp_avg, exp_avg_sq). A gradient kept on
+the device through backward is not prefetched; kept in its 16-bit dtype, ``adam`` first widens it into the slot's
+gradient row (exact), so the slot is the same size either way.
 Each stage has its own stream (``h2d`` for prefetches and uploads, ``adam``, ``flush``, and a high-priority
 ``convert`` for the uploads' 16-bit writes); every cross-stream dependency is an event: prefetch waits for the
 flush that last used its slot, adam waits for its prefetch, flush waits for its adam, an upload chunk waits for
@@ -457,12 +459,14 @@ class _DeviceLane:
         sg = self.subgroups[i]
         n = sg.numel
         master, exp_avg, exp_avg_sq, grad = self.staged[k]
-        if sg.grad_on_device:
-            grad = sg.grad
         prefetched = self.prefetched[k]
         with s.use(s.adam):
             s.wait(s.adam, prefetched)
             begin = s.record(s.adam, timing=True)
+            if sg.grad_on_device and sg.grad.dtype == grad.dtype:
+                grad = sg.grad  # kept in fp32 (gradients accumulate in fp32): used in place
+            elif sg.grad_on_device:
+                grad.copy_(sg.grad)  # kept in 16 bits: widened exactly into the slot's gradient row
             if not self.unit_scale:
                 grad.mul_(self.inv)  # same unscale/clip factor as the host lane, in fp32
             _adam(sg, master, grad, exp_avg, exp_avg_sq, self.step_count[k])

@@ -91,7 +91,9 @@ class OptimizerStateManager:
         self.buffers = buffers
         # device-lane gradients stay on the device unless gradients accumulate (then vanilla's host path runs)
         self.device_gradients = device_gradients
-        base = cost or CostParams(ranks_per_host=max(1, ranks_per_host))
+        # kept gradients are stored in the optimizer's gradient dtype: the memory they take is a fact, not a rate
+        base = cost or CostParams(ranks_per_host=max(1, ranks_per_host),
+                                  device_grad_bytes_per_param=optimizer.device_grad_bytes_per_param())
         if cost_overrides:
             base = base.with_values(cost_overrides, key="cost_overrides")
         self._start_cost = base
@@ -177,8 +179,9 @@ class OptimizerStateManager:
     def _plan_gradients(self) -> None:
         """Before the next backward: the device lane's subgroups keep their gradients on the device, if they fit.
 
-        Their fp32 gradients (4 bytes/param) then live on the device from backward to the end of the update,
-        beside the buffer slots; when a budget is set and both do not fit, gradients go to the host as in vanilla.
+        Their gradients (in the optimizer's gradient dtype, ``device_grad_bytes_per_param``) then live on the device
+        from backward to the end of the update, beside the buffer slots; when a budget is set and both do not fit,
+        gradients go to the host as in vanilla.
         """
         self.optimizer.device_grad_subgroups = self._kept_grads(self.base_plan)
 

@@ -22,6 +22,9 @@ class FakeOptimizer:
     def subgroup_sizes(self) -> list[int]:
         return [1000] * 6
 
+    def device_grad_bytes_per_param(self) -> int:
+        return 2
+
     def _dos_supported(self) -> bool:
         return True
 
@@ -59,6 +62,20 @@ def test_auto_replans_after_fresh_drift_only_and_for_a_real_gain(monkeypatch: py
     # 4-5: too few fresh steps since that check; 6: weighed again, 10% better, adopted; 7: too few fresh steps
     assert replanned == [False, False, False, False, False, True, False]
     assert "".join(lane.letter for lane in manager.base_plan.lanes) == "DDHHDD"
+
+
+def test_kept_gradients_are_budgeted_in_the_optimizers_gradient_dtype() -> None:
+    """The bytes a kept gradient takes come from the optimizer (2: bf16); an override still wins. With 6 subgroups
+    of 1000 and a 40,000-byte budget, HDHDHD at 2 slots needs 32,000 B of slots plus 3,000 kept parameters:
+    6,000 B in 16 bits fits (gradients kept), 12,000 B in fp32 does not (gradients to the host)."""
+    manager = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("0.5"))
+    fp32 = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("0.5"),
+                                 cost_overrides={"device_grad_bytes_per_param": 4})
+    assert (manager.cost.device_grad_bytes_per_param, fp32.cost.device_grad_bytes_per_param) == (2, 4)
+    plan = _plan("HDHDHD")
+    # the rule the manager applies on a GPU (on the host standing in, no budget applies)
+    kept = [planner.grads_for(plan, m.sizes, m.cost, 40_000, m._all_grads()) for m in (manager, fp32)]
+    assert kept == [frozenset({1, 3, 5}), frozenset()]
 
 
 def test_auto_considers_two_buffers_at_most_unless_buffers_is_set() -> None:

@@ -135,3 +135,44 @@ def test_parity_without_clipping_skips_the_unit_unscale() -> None:
     for a, b in zip(run.losses, ref.losses):
         assert abs(a - b) <= FP32_TOL * abs(b)
     assert rel(run.masters, ref.masters) <= FP32_TOL
+
+
+class _KeptGradDtypes(pl.Callback):
+    """Records the dtypes of the gradients kept on the device when the update phase is about to run; with
+    ``to_host`` it sends every gradient to the host instead (decided before each backward, as the manager does)."""
+
+    def __init__(self, to_host: bool = False) -> None:
+        self.to_host = to_host
+        self.dtypes: list[set[torch.dtype]] = []
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: object, batch: object, idx: int) -> None:
+        if self.to_host:
+            trainer.strategy.model.optimizer.device_grad_subgroups = frozenset()
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: object, optimizer: object) -> None:
+        self.dtypes.append({g.dtype for g in trainer.strategy.model.optimizer._device_grads().values()})
+
+
+def test_bf16_gradients_kept_on_the_device_in_16_bits_give_the_same_update_as_via_the_host() -> None:
+    """A bf16 run keeps device-lane gradients in bf16 (2 bytes/param, what the planner budgets) and widens them
+    in the slot: the masters are bit-identical to the same run with every gradient sent to the host in fp32."""
+    kept_cb, host_cb = _KeptGradDtypes(), _KeptGradDtypes(to_host=True)
+    kept = train("device", steps=3, precision="bf16-mixed", clip=CLIP, every_step=kept_cb)
+    via_host = train("device", steps=3, precision="bf16-mixed", clip=CLIP, every_step=host_cb)
+    assert kept_cb.dtypes == [{torch.bfloat16}] * 3 and host_cb.dtypes == [set()] * 3
+    manager = kept.strategy.manager
+    assert manager.cost.device_grad_bytes_per_param == 2
+    for a, b in zip(manager.records, via_host.strategy.manager.records):
+        assert a.timings.h2d_bytes == 12 * a.timings.device_params  # kept: no gradient prefetched
+        assert b.timings.h2d_bytes == 16 * b.timings.device_params
+    assert kept.losses == via_host.losses
+    assert torch.equal(kept.masters, via_host.masters)
+    assert rel(kept.masters, train_init_masters()) > 1e-3  # the weights did change
+
+
+def test_fp32_gradients_are_kept_in_fp32() -> None:
+    """Gradients that accumulate in fp32 (a 32-true run) are kept as they are: 4 bytes/param budgeted."""
+    cb = _KeptGradDtypes()
+    run = train("device", steps=1, clip=CLIP, every_step=cb)
+    assert cb.dtypes == [{torch.float32}]
+    assert run.strategy.manager.cost.device_grad_bytes_per_param == 4

@@ -6,6 +6,8 @@ a multiple of 1/16 s and every expected value is exact in binary floating point.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from lightning_dos.planning import (
@@ -61,6 +63,7 @@ def test_cost_params_defaults_are_the_reference_starting_values():
     assert (params.h2d_bytes_per_s, params.d2h_bytes_per_s, params.duplex_bytes_per_s) == (55.5e9, 55.4e9, 101.6e9)
     assert params.gpu_adam_params_per_s == 1.23e11
     assert (params.host_upload_bytes_per_param, params.state_bytes_per_param, params.grad_bytes_per_param) == (4, 12, 4)
+    assert params.device_grad_bytes_per_param == 4  # fp32; the manager sets the optimizer's own (2 in a bf16 run)
     assert params.ranks_per_host == 1
     # 101.6 / (55.5 + 55.4)
     assert params.duplex_scale() == pytest.approx(101.6 / 110.9, rel=1e-15)
@@ -80,6 +83,7 @@ def test_cost_params_defaults_are_the_reference_starting_values():
         ({"ranks_per_host": True}, r"^ranks_per_host: True; set ranks_per_host to an integer >= 1"),
         ({"state_bytes_per_param": 0}, r"^state_bytes_per_param: must be > 0"),
         ({"grad_bytes_per_param": 4.5}, r"^grad_bytes_per_param: 4.5 is not a byte count"),
+        ({"device_grad_bytes_per_param": -2}, r"^device_grad_bytes_per_param: -2 is not a byte count"),
     ],
 )
 def test_cost_params_validation_names_the_field(changes, message):
@@ -275,6 +279,31 @@ def test_device_memory_bytes():
     assert device_memory_bytes(plan, sizes, frozenset({0, 1, 3})) == 1020  # ids in third place read as grads
     assert device_memory_bytes(plan, sizes) == 960
     assert device_memory_bytes(resolve_plan("host", sizes), sizes) == 0
+    # gradients kept in 16 bits: 2 B each for the kept ones ((10 + 5) * 2 = 30); the slots keep a 4-byte grad row
+    bf16 = CostParams(device_grad_bytes_per_param=2)
+    assert device_memory_bytes(plan, sizes, bf16, frozenset({0, 1, 3})) == 990
+    assert device_memory_bytes(plan, sizes, bf16) == 960
+
+
+def test_gradients_kept_in_16_bits_fit_beside_two_slots_where_fp32_ones_do_not():
+    """HDHD of 4 equal subgroups, 2 slots: 32 B of slots, + 8 B of kept fp32 gradients or + 4 B of bf16 ones.
+    Within 36 B only the bf16 ones are kept; then no gradient is prefetched: 12 B per prefetch instead of 16, at
+    32 B/s 0.375 s instead of 0.5, so the device lane (prefetch, Adam 0.5 s, flush 0.5 s per subgroup) ends at
+    0.375 + 0.375 + 0.5 + 0.5 + 0.125 = 1.875 s instead of 2.0 (the host lane, 2.5625 s, still ends the step)."""
+    params = CostParams(**PLANNER)
+    sizes = [1] * 4
+    everything = frozenset(range(4))
+    hdhd2 = Plan(lanes=(H, D, H, D), buffers=2)
+    bf16 = replace(params, device_grad_bytes_per_param=2)
+    assert grads_for(hdhd2, sizes, params, 36, everything) == frozenset()
+    assert grads_for(hdhd2, sizes, bf16, 36, everything) == frozenset({1, 3})
+    kept, via_host = predict(hdhd2, sizes, bf16, frozenset({1, 3})), predict(hdhd2, sizes, params)
+    assert (kept.bytes_h2d, via_host.bytes_h2d) == (2 * 12 + 2 * 2, 2 * 16 + 2 * 2)
+    assert (max(e.end_s for e in kept.events if e.lane is D), max(e.end_s for e in via_host.events if e.lane is D)) \
+        == (1.875, 2.0)
+    best = rank_plans(sizes, bf16, 36, grads_on_device=everything)[0][0]
+    assert (letters(best), best.buffers) == ("HDHD", 2)
+    assert grads_for(best, sizes, bf16, 36, everything) == frozenset({1, 3})
 
 
 # --- planner --------------------------------------------------------------------------------------------------------

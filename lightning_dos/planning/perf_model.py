@@ -53,7 +53,11 @@ class CostParams:
     state_bytes_per_param: int = 12
     """Bytes of optimizer state per parameter moved each way by the device lane (fp32 master + m + v)."""
     grad_bytes_per_param: int = 4
-    """Bytes of gradient per parameter prefetched when the grad sits on the host (fp32)."""
+    """Bytes of gradient per parameter prefetched when the grad sits on the host (fp32), and of a buffer slot's
+    gradient row on the device."""
+    device_grad_bytes_per_param: int = 4
+    """Bytes per parameter of a gradient kept on the device through backward, in its own dtype (the manager sets
+    it from the optimizer: 2 for 16-bit gradients, 4 when they accumulate in fp32)."""
     ranks_per_host: int = 1
     """Ranks sharing this host's CPU cores (the CPU rate is divided among them; PCIe is per GPU)."""
     dispatch_lead_s: float = 0.0
@@ -75,7 +79,8 @@ class CostParams:
             value = getattr(self, name)
             if not _finite(value) or value < 0:
                 raise ValueError(f"{name}: {value!r} must be a finite number of seconds >= 0")
-        for name in ("host_upload_bytes_per_param", "state_bytes_per_param", "grad_bytes_per_param"):
+        for name in ("host_upload_bytes_per_param", "state_bytes_per_param", "grad_bytes_per_param",
+                     "device_grad_bytes_per_param"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}: {value!r} is not a byte count; set {name} to an integer >= 0")
@@ -301,7 +306,7 @@ def predict(
 ) -> Prediction:
     """Predict one optimizer step of ``plan`` over subgroups of ``sizes`` parameters.
 
-    ``grads_on_device`` lists subgroups whose fp32 grad is already on the GPU, so the device lane does not
+    ``grads_on_device`` lists subgroups whose grad is already on the GPU, so the device lane does not
     prefetch it; for host-lane subgroups it is ignored (CPU Adam needs the grad on the host anyway).
     """
     sizes = _check_sizes(sizes)
@@ -346,7 +351,7 @@ def device_memory_bytes(
     """GPU memory the device lane needs, bytes.
 
     ``buffers * max device-subgroup size * (state + grad bytes per param)`` for the buffer slots, plus
-    ``grad bytes per param`` for every parameter of a device-lane subgroup whose grad stays on the GPU
+    ``device_grad_bytes_per_param`` for every parameter of a device-lane subgroup whose grad stays on the GPU
     (host-lane subgroups in ``grads_on_device`` are ignored: their grad goes to the host). 0 without device
     subgroups. ``params`` defaults to :class:`CostParams`; a set of ids passed in its place is taken as
     ``grads_on_device``, so both ``(plan, sizes, params)`` and ``(plan, sizes, grads_on_device)`` read right.
@@ -361,5 +366,5 @@ def device_memory_bytes(
     if not device:
         return 0
     slot = max(sizes[g] for g in device) * (params.state_bytes_per_param + params.grad_bytes_per_param)
-    kept = sum(sizes[g] for g in device if g in grads_on_device) * params.grad_bytes_per_param
+    kept = sum(sizes[g] for g in device if g in grads_on_device) * params.device_grad_bytes_per_param
     return plan.buffers * slot + kept

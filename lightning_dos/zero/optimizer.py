@@ -160,6 +160,12 @@ class InterleavedZeroOptimizer(_VanillaStage3):
     def subgroup_sizes(self) -> list[int]:
         return [int(n) for n in self.fp16_partitioned_groups_flat_numel]
 
+    def device_grad_bytes_per_param(self) -> int:
+        """Bytes per parameter of a gradient kept on the device through backward: the partitions' own dtype
+        (DeepSpeed's gradient accumulation dtype, the model's 16-bit dtype unless ``data_types.grad_accum_dtype``
+        says otherwise); the device lane widens it to fp32 in its buffer slot when the update phase reads it."""
+        return torch.empty((), dtype=self.gradient_accumulation_dtype).element_size()
+
     # ------------------------------------------------------------------ gradients during backward
     def _device_grads(self) -> dict[int, torch.Tensor]:
         if "_dos_device_grads" not in self.__dict__:
@@ -212,7 +218,9 @@ class InterleavedZeroOptimizer(_VanillaStage3):
             self.norm_for_param_grads[param_id] = norm
 
     def _place_device_grads(self, kept: list[_GradPartition]) -> None:
-        """Device-lane partitions: converted to fp32 in the copy into the subgroup's device buffer (no temporary)."""
+        """Device-lane partitions: copied in their own dtype (16-bit unless gradients accumulate in fp32) into the
+        subgroup's device gradient, half the memory of an fp32 copy; the values are the ones vanilla widens to
+        fp32 on its way to the host, and the device lane widens them exactly so."""
         if not kept:
             return
         device_grads = self._device_grads()
@@ -220,8 +228,7 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         for _, i, offset, grad in kept:
             if i not in device_grads:
                 device_grads[i] = torch.empty(
-                    self.fp16_partitioned_groups_flat_numel[i], dtype=self.master_weights_and_grads_dtype,
-                    device=grad.device,
+                    self.fp16_partitioned_groups_flat_numel[i], dtype=grad.dtype, device=grad.device,
                 )
             dsts.append(device_grads[i].narrow(0, offset, grad.numel()))
         torch._foreach_copy_(dsts, [grad for *_, grad in kept])

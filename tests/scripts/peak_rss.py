@@ -65,14 +65,15 @@ def main() -> None:
 def _device_standin_bytes(strategy: Any) -> int:
     """Bytes the device lane held on the host standing in for the device: GPU memory on a GPU host, not host RAM.
 
-    The buffer slots of the update phase and the upload ring, plus the fp32 gradients kept "on the device" through
-    backward.
+    The buffer slots of the update phase and the upload ring, plus the gradients kept "on the device" through
+    backward, in their own dtype.
     """
     manager = getattr(strategy, "manager", None)
     if manager is None or not manager.records:
         return 0
     slots = max(r.timings.device_buffer_bytes for r in manager.records)
-    kept = sum(4 * manager.sizes[i] for i in strategy.model.optimizer.device_grad_subgroups)
+    per_param = manager.cost.device_grad_bytes_per_param
+    kept = sum(per_param * manager.sizes[i] for i in strategy.model.optimizer.device_grad_subgroups)
     return int(slots + kept)
 
 
