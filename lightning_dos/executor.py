@@ -205,14 +205,16 @@ class UpdateExecutor:
         subgroups: Sequence[Subgroup],
         inv_scale: torch.Tensor | float,
         host_step: Callable[[int], None],
+        host_order: Sequence[int] = (),
     ) -> LaneTimings:
-        """Update every subgroup once: ``lanes[i]`` says where; ``order`` is the device lane's order."""
+        """Update every subgroup once: ``lanes[i]`` says where; ``order`` is the device lane's order and
+        ``host_order`` the host lane's (each: then any subgroup of that lane it left out, ascending)."""
         if len(lanes) != len(subgroups):
             raise ValueError(f"plan has {len(lanes)} lanes but the optimizer has {len(subgroups)} subgroups")
         t0 = time.perf_counter()
         timings = LaneTimings()
         device_ids = _device_ids(lanes, order)
-        host_ids = [i for i, lane in enumerate(lanes) if lane == Lane.HOST]
+        host_ids = _lane_ids(lanes, host_order, Lane.HOST)
         ahead, self._ahead = self._ahead, None
         if ahead is not None and not ahead.serves(device_ids, buffers, subgroups):
             ahead.settle()  # another plan, or other tensors: its slots are released, its copies unused
@@ -504,8 +506,13 @@ def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
 
 def _device_ids(lanes: Sequence[Lane], order: Sequence[int]) -> list[int]:
     """The device lane's subgroups in processing order (``order``, then any device subgroup it left out)."""
-    ids = [i for i in order if lanes[i] == Lane.DEVICE]
-    missing = {i for i, lane in enumerate(lanes) if lane == Lane.DEVICE} - set(ids)
+    return _lane_ids(lanes, order, Lane.DEVICE)
+
+
+def _lane_ids(lanes: Sequence[Lane], order: Sequence[int], lane: Lane) -> list[int]:
+    """``lane``'s subgroups in processing order: ``order``, then any subgroup of the lane it left out, ascending."""
+    ids = [i for i in order if lanes[i] == lane]
+    missing = {i for i, each in enumerate(lanes) if each == lane} - set(ids)
     return ids + sorted(missing)
 
 

@@ -187,7 +187,8 @@ class OptimizerStateManager:
 
     def _new_trials(self) -> PlanTrials:
         """``auto``'s trials; two plans are told apart by their lanes and by whether the device lane keeps its
-        gradients on the device (under a budget the same lanes may run either way, at different buffering depths)."""
+        gradients on the device (under a budget the same lanes may run either way, at different buffering depths).
+        Not by the host lane's order: the model alone decides it (it moves the step's tail, which the model times)."""
         return PlanTrials(key=lambda plan: (plan.lanes, plan.order, bool(self._kept_grads(plan))))
 
     def _kept_grads(self, plan: Plan) -> frozenset[int]:
@@ -240,7 +241,8 @@ class OptimizerStateManager:
         kept = frozenset(sg.index for sg in subgroups if sg.grad_on_device)  # these gradients need no prefetch
         cost = self.cost if ahead else replace(self.cost, dispatch_lead_s=0.0)  # no head start without early ones
         predicted = predicted_makespan_s(plan, self.sizes, cost, grads_on_device=kept)
-        timings = self.executor.run(plan.lanes, plan.order, plan.buffers, subgroups, inv_scale, host_step)
+        timings = self.executor.run(plan.lanes, plan.order, plan.buffers, subgroups, inv_scale, host_step,
+                                    host_order=plan.host_order)
         record = StepRecord(
             step=len(self.records),
             plan=plan,

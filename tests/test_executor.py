@@ -87,6 +87,43 @@ def test_both_lanes_match_torch_adamw(lanes: str, buffers: int) -> None:
     assert len(timings.events) == len(SIZES)
 
 
+def test_host_lane_runs_in_the_plans_host_order() -> None:
+    """The host lane takes its subgroups in ``host_order`` (then any it left out, ascending); the update is the
+    same whatever the order."""
+    subgroups = _subgroups(torch.bfloat16)
+    expected = [_reference(sg, 0.5) for sg in subgroups]
+    reference_step = _host_step_with_torch(subgroups, 0.5)
+    ran: list[int] = []
+
+    def host_step(i: int) -> None:
+        ran.append(i)
+        reference_step(i)
+
+    lanes = [Lane.HOST, Lane.DEVICE, Lane.HOST, Lane.HOST, Lane.HOST]
+    UpdateExecutor(torch.device("cpu")).run(lanes, [1], 2, subgroups, torch.tensor(0.5), host_step,
+                                            host_order=[2, 4])
+    assert ran == [2, 4, 0, 3]
+    for sg, (m, _, _) in zip(subgroups, expected):
+        torch.testing.assert_close(sg.master, m, rtol=1e-6, atol=1e-7)
+
+
+def test_a_16_bit_gradient_kept_on_the_device_is_widened_exactly() -> None:
+    """A gradient kept on the device in bf16 is widened into the slot: the same update as its fp32 copy on the host,
+    bit for bit, and nothing of it crosses the link (12 bytes/param prefetched)."""
+    kept, via_host = _subgroups(torch.bfloat16), _subgroups(torch.bfloat16)
+    for a, b in zip(kept, via_host):
+        a.grad = a.grad.to(torch.bfloat16)
+        a.grad_on_device = True
+        b.grad = a.grad.float()
+    lanes = [Lane.DEVICE] * len(SIZES)
+    timings = [UpdateExecutor(torch.device("cpu")).run(lanes, [], 2, sgs, torch.tensor(0.5), lambda i: None)
+               for sgs in (kept, via_host)]
+    for a, b in zip(kept, via_host):
+        assert torch.equal(a.master, b.master) and torch.equal(a.exp_avg_sq, b.exp_avg_sq)
+        assert a.grad.dtype == torch.bfloat16  # the kept gradient itself is left as it was
+    assert [t.h2d_bytes for t in timings] == [12 * sum(SIZES), 16 * sum(SIZES)]
+
+
 def test_device_lane_stages_are_ordered_by_slot() -> None:
     """prefetch -> adam -> flush per subgroup; with one slot, a prefetch starts after the previous flush."""
     subgroups = _subgroups()

@@ -88,7 +88,10 @@ class RandomPlanEveryStep(pl.Callback):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: object, batch: object, idx: int) -> None:
         manager = trainer.strategy.manager
         lanes = tuple(self.rng.choice([Lane.HOST, Lane.DEVICE]) for _ in manager.sizes)
-        manager.set_plan(Plan(lanes=lanes, buffers=self.rng.choice([1, 2, 3]), source="random"))
+        host = [i for i, lane in enumerate(lanes) if lane is Lane.HOST]
+        self.rng.shuffle(host)  # the host lane in a random order too
+        manager.set_plan(Plan(lanes=lanes, buffers=self.rng.choice([1, 2, 3]), source="random",
+                              host_order=tuple(host)))
         self.seen.append("".join(lane.letter for lane in lanes))
 
 
@@ -100,6 +103,12 @@ def test_random_plan_every_step_matches_vanilla(vanilla_fp32: dict[int, object])
     for a, b in zip(run.losses, ref.losses):
         assert abs(a - b) <= FP32_TOL * abs(b)
     assert rel(run.masters, ref.masters) <= FP32_TOL
+    # each host lane ran in its plan's order, and some of those orders were not ascending
+    records = run.strategy.manager.records
+    for record in records:
+        host = sorted((e for e in record.timings.events if e["lane"] == "host"), key=lambda e: e["adam"][0])
+        assert tuple(e["subgroup"] for e in host) == record.plan.host_order
+    assert any(list(r.plan.host_order) != sorted(r.plan.host_order) for r in records)
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ from lightning_dos.planning import (
     device_memory_bytes,
     even_device_lanes,
     grads_for,
+    largest_first,
     predict,
     probe_plan,
     probe_plans,
@@ -348,6 +349,28 @@ def test_best_plan_weighs_the_placements_users_name():
     assert min(predict(p, sizes, params).makespan_s for p in even) == 5.0
     for spec in [f"stride:{k}" for k in range(2, 5)] + [j / 10 for j in range(11)]:
         assert predict(plan, sizes, params).makespan_s <= predict(resolve_plan(spec, sizes), sizes, params).makespan_s
+
+
+def test_the_host_lane_runs_in_its_host_order_and_auto_ends_it_on_small_subgroups():
+    """All host, sizes 1 1 4 (PLANNER rates, no contention without a device lane: 1 param/s; uploads 2 B/param at
+    32 B/s). In id order the 4-param subgroup ends the lane: Adams 0-1, 1-2, 2-6, its upload 6-6.25. Largest first
+    (2, 0, 1): Adams 0-4, 4-5, 5-6, and the last upload is a 1-param one, 6-6.0625. ``auto`` weighs both."""
+    params = CostParams(**PLANNER)
+    sizes = [1, 1, 4]
+    in_ids = Plan(lanes=(H, H, H))
+    assert predict(in_ids, sizes, params).makespan_s == 6.25
+    assert largest_first(in_ids, sizes) == (2, 0, 1)
+    reordered = Plan(lanes=(H, H, H), host_order=(2, 0, 1))
+    prediction = predict(reordered, sizes, params)
+    assert prediction.makespan_s == 6.0625
+    assert [(e.subgroup, e.adam_start_s, e.adam_end_s) for e in sorted(prediction.events, key=lambda e: e.start_s)] \
+        == [(2, 0.0, 4.0), (0, 4.0, 5.0), (1, 5.0, 6.0)]
+    plan = best_plan(sizes, params, 0)  # no device memory: the host lane alone, largest first
+    assert (plan.host_order, plan.source) == ((2, 0, 1), "auto")
+    # equal sizes: largest first is id order, weighed once; with host_orders=False only id order is weighed
+    assert [p.host_order for p in candidate_plans([1] * 3, 1) if not p.order] == [(0, 1, 2)]
+    assert [p.host_order for p in candidate_plans(sizes, 1, host_orders=False) if not p.order] == [(0, 1, 2)]
+    assert best_plan(sizes, params, 0).host_order != rank_plans(sizes, params, 0, host_orders=False)[0][0].host_order
 
 
 @pytest.mark.parametrize(

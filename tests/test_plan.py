@@ -173,6 +173,7 @@ def test_plan_queries():
     # by parameters: (10 + 30) / (10 + 20 + 30 + 40)
     assert plan.device_fraction([10, 20, 30, 40]) == 0.4
     assert Plan(lanes=(H, D, D)).order == (1, 2)  # default order: ascending ids
+    assert plan.host_order == (1, 3) and Plan(lanes=(H, D, H), host_order=(2, 0)).host_order == (2, 0)
 
 
 def test_plan_coerces_lane_names_and_rejects_a_bad_order():
@@ -181,13 +182,20 @@ def test_plan_coerces_lane_names_and_rejects_a_bad_order():
         Plan(lanes=(D, D), order=(1,))
     with pytest.raises(ValueError, match=r"^plan: order \[0, 1\] must list"):
         Plan(lanes=(D, H), order=(0, 1))
+    with pytest.raises(ValueError, match=r"^plan: host_order \[0, 1\] must list each host-lane subgroup \[0\] "
+                                         r"exactly once; set host_order to a permutation of the host-lane subgroup"):
+        Plan(lanes=(H, D), host_order=(0, 1))
 
 
 def test_plan_json_round_trip():
-    plan = Plan(lanes=(H, D, D, H), order=(2, 1), buffers=4, source="auto")
+    plan = Plan(lanes=(H, D, D, H), order=(2, 1), buffers=4, source="auto", host_order=(3, 0))
     data = plan.to_json()
-    assert data == {"lanes": ["host", "device", "device", "host"], "order": [2, 1], "buffers": 4, "source": "auto"}
+    assert data == {"lanes": ["host", "device", "device", "host"], "order": [2, 1], "buffers": 4, "source": "auto",
+                    "host_order": [3, 0]}
     assert Plan.from_json(json.loads(json.dumps(data))) == plan
+    # a plan saved before the host order was part of it: the host lane in id order
+    del data["host_order"]
+    assert Plan.from_json(data).host_order == (0, 3)
     with pytest.raises(ValueError, match=r"^plan: \[1\] is not a saved plan"):
         Plan.from_json([1])
 
@@ -197,6 +205,9 @@ def test_plan_str():
     assert str(resolve_plan("host", [3] * 2, buffers=1)) == "plan host [HH] 1 buffer, 0.0% on device"
     long = str(resolve_plan("stride:2", [1] * 70))
     assert long == "plan stride:2 [" + "HD" * 32 + "...] 2 buffers, 50.0% on device"
+    reordered = Plan(lanes=(H, D, H), host_order=(2, 0), source="auto")
+    assert str(reordered) == "plan auto [HDH] 2 buffers, 33.3% on device, host lane in order 2 0"
+    assert str(Plan(lanes=(H,) * 10, host_order=tuple(range(9, -1, -1)))).endswith("in order 9 8 7 6 5 4 3 2 ...")
 
 
 def test_demote():
@@ -205,6 +216,10 @@ def test_demote():
     assert letters(demoted) == "DHHD" and demoted.order == (3, 0) and demoted.source == "fraction:0.75+demoted"
     assert demoted.demote([0]).source == "fraction:0.75+demoted"  # not suffixed twice
     assert plan.demote([2]) is plan
+    assert demoted.host_order == (1, 2)  # the host lane in id order stays so
+    # a chosen host order takes the demoted subgroups first
+    chosen = Plan(lanes=(D, H, D, H), host_order=(3, 1), source="auto")
+    assert chosen.demote([2, 0]).host_order == (0, 2, 3, 1)
     with pytest.raises(ValueError, match=r"^plan: cannot demote subgroups \[4\]"):
         plan.demote([4])
 

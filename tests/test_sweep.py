@@ -539,3 +539,11 @@ def test_a_timed_out_sweep_keeps_the_plans_it_finished(tmp_path: Path) -> None:
         assert text in report, text
     assert json.loads((tmp_path / "sweep.json").read_text())["budgets"][0]["plans"][1]["status"] == "timeout"
     assert (tmp_path / "sweep.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_the_report_names_autos_host_order_when_it_is_not_id_order() -> None:
+    from lightning_dos.bench.sweep_report import _host_order_text
+
+    assert _host_order_text({"lanes": "HDHH", "host_order": [3, 0, 2]}) == ", host lane in order 3 0 2"
+    assert _host_order_text({"lanes": "HDHH", "host_order": [0, 2, 3]}) == ""
+    assert _host_order_text({"lanes": "HDHH"}) == ""  # records from before the host order was recorded

@@ -223,7 +223,7 @@ def test_run_j_the_first_trial_would_have_moved_auto_to_the_plan_that_measured_f
     for record in auto[:2]:  # the probe
         calibrator.observe(_sized_measurement(record, sizes))
     every = frozenset(range(len(sizes)))
-    chosen = rank_plans(sizes, calibrator.params, None, 2, every)[0][0]
+    chosen = rank_plans(sizes, calibrator.params, None, 2, every, host_orders=False)[0][0]
     assert _letters(chosen) == auto[2]["lanes"] and chosen.lanes[0] is Lane.DEVICE
     trials = PlanTrials(interleave=False)  # run J ran before the turns
     trials.start(chosen)
@@ -231,7 +231,8 @@ def test_run_j_the_first_trial_would_have_moved_auto_to_the_plan_that_measured_f
         calibrator.observe(_sized_measurement(record, sizes))
         trials.observe(chosen, record["update_ms"] / 1e3)
     assert trials.ready() and not calibrator.should_replan(3)
-    ranked = [(plan, p.makespan_s) for plan, p in rank_plans(sizes, calibrator.params, None, 2, every)]
+    ranked = [(plan, p.makespan_s)
+              for plan, p in rank_plans(sizes, calibrator.params, None, 2, every, host_orders=False)]
     predicted = dict((_letters(plan), s) for plan, s in reversed(ranked))
     challenger = trials.next_challenger(ranked, predicted[_letters(chosen)])
     assert _letters(challenger) == plan_04[0]["lanes"]
@@ -278,7 +279,7 @@ def test_run_k_every_choice_and_trial_of_auto_follows_from_its_measurements(mode
     for k, record in enumerate(auto):
         calibrator.observe(_sized_measurement(record, sizes))
         if k == 1:  # the probe's last update phase: the planner chooses
-            chosen = rank_plans(sizes, calibrator.params, limit, 2, every, demote=False)[0][0]
+            chosen = rank_plans(sizes, calibrator.params, limit, 2, every, demote=False, host_orders=False)[0][0]
             assert _letters(chosen) == auto[2]["lanes"]
             trials.start(chosen)
         if k < 2:
@@ -288,8 +289,8 @@ def test_run_k_every_choice_and_trial_of_auto_follows_from_its_measurements(mode
             in_force = trials.incumbent
             predicted = predict(in_force, sizes, calibrator.params,
                                 grads_for(in_force, sizes, calibrator.params, limit, every) or frozenset()).makespan_s
-            ranked = [(plan, p.makespan_s)
-                      for plan, p in rank_plans(sizes, calibrator.params, limit, 2, every, demote=False)]
+            ranked = [(plan, p.makespan_s) for plan, p in
+                      rank_plans(sizes, calibrator.params, limit, 2, every, demote=False, host_orders=False)]
             challenger = trials.next_challenger(ranked, predicted)
             if challenger is not None:
                 tried.append(_letters(challenger))
@@ -329,11 +330,11 @@ def test_run_m_auto_would_weigh_the_demoted_stride_2_that_measured_fastest_at_th
     calibrator = Calibrator(CostParams())
     for record in auto[:2]:  # the probe (its mixed update had its first prefetches issued at dispatch)
         calibrator.observe(replace(_sized_measurement(record, sizes), lead_s=record["dispatch_lead_ms"] / 1e3))
-    before = rank_plans(sizes, calibrator.params, limit, 2, every, demote=False)
+    before = rank_plans(sizes, calibrator.params, limit, 2, every, demote=False, host_orders=False)
     assert _letters(before[0][0]) == auto[2]["lanes"]  # what ran
     assert "HDHDHDHDHDHDHDHDHHH" not in {_letters(plan) for plan, _ in before}
     now = {(_letters(plan), plan.buffers): prediction.makespan_s
-           for plan, prediction in rank_plans(sizes, calibrator.params, limit, 2, every)}
+           for plan, prediction in rank_plans(sizes, calibrator.params, limit, 2, every, host_orders=False)}
     # predicted 199.6 ms against the 199.7 of what ran: weighed now, and within the trials' window of the choice
     assert round(now["HDHDHDHDHDHDHDHDHHH", 2] * 1e3, 1) == 199.6 and round(before[0][1].makespan_s * 1e3, 1) == 199.7
     assert now["HDHDHDHDHDHDHDHDHHH", 2] < before[0][1].makespan_s

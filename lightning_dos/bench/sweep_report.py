@@ -96,8 +96,8 @@ def _budget_lines(budget: dict[str, Any]) -> list[str]:
                  + ".")
     chosen = a.get("chosen")
     chosen_text = (f"chose {_lanes(chosen['lanes'], 64)} with {chosen['buffers']} buffer(s), device fraction "
-                   f"{chosen['device_fraction']:.3f}, after the probe at update {a['probe_step']}") if chosen else \
-        "no plan chosen (no update phase after the probe)"
+                   f"{chosen['device_fraction']:.3f}{_host_order_text(chosen)}, after the probe at update "
+                   f"{a['probe_step']}") if chosen else "no plan chosen (no update phase after the probe)"
     lines.append(f"- auto, started cold, with its own calibration: {a['status']}"
                  + (f": {a['reason']}" if a.get("reason") else "")
                  + f"; {chosen_text}; {a['excluded_steps']} leading update phases left out, "
@@ -118,6 +118,16 @@ def _budget_lines(budget: dict[str, Any]) -> list[str]:
     lines += _targets_table(budget["targets"])
     return lines + [""]
 
+
+
+def _host_order_text(chosen: dict[str, Any]) -> str:
+    """``, host lane in order 17 0 2 ...`` when the plan's host lane does not run in id order (records before the
+    host order was recorded have none)."""
+    order = chosen.get("host_order")
+    lanes = chosen.get("lanes") or ""
+    if not order or order == [i for i, c in enumerate(lanes) if c == "H"]:
+        return ""
+    return ", host lane in order " + " ".join(str(g) for g in order)
 
 def render_markdown(doc: dict[str, Any], chart: str | None = "sweep.png") -> str:
     """sweep.md of a sweep.json document."""

@@ -159,7 +159,7 @@ def summarize_auto(result: dict[str, Any], sweep: SweepConfig) -> dict[str, Any]
         "excluded_steps": min(skip, len(steps)),
         "probe_step": None if probe is None else probe + 1,
         "chosen": None if chosen is None else {key: chosen.get(key) for key in
-                                               ("lanes", "source", "buffers", "device_fraction")},
+                                               ("lanes", "host_order", "source", "buffers", "device_fraction")},
         "final_plan": None if final is None else f"{final.get('source')}: {final.get('lanes')}",
         **_update_summary(measured),
         "replans_measured": sum(bool(step.get("replanned")) for step in measured),

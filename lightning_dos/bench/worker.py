@@ -69,6 +69,7 @@ def record_dict(record: Any) -> dict[str, Any]:
     t = record.timings
     return {
         "lanes": record.plan.lane_letters(),
+        "host_order": list(record.plan.host_order),
         "source": record.plan.source,
         "buffers": record.plan.buffers,
         "update_ms": t.total_s * 1e3,

@@ -17,7 +17,15 @@ from .plan import (
     resolve_plan,
     stride_lanes,
 )
-from .planner import best_plan, candidate_lanes, candidate_plans, demote_to_fit, grads_for, rank_plans
+from .planner import (
+    best_plan,
+    candidate_lanes,
+    candidate_plans,
+    demote_to_fit,
+    grads_for,
+    largest_first,
+    rank_plans,
+)
 
 __all__ = [
     "PLAN_HINT",
@@ -34,6 +42,7 @@ __all__ = [
     "candidate_plans",
     "demote_to_fit",
     "grads_for",
+    "largest_first",
     "device_memory_bytes",
     "even_device_lanes",
     "fraction_lanes",

@@ -4,7 +4,7 @@ The model is a small deterministic event schedule (see docs/performance-model.md
 
 * the device lane is a 3-stage pipeline over ``plan.order``: prefetch (H2D of master/m/v, plus the fp32 grad
   when it sits on the host), fused Adam on the GPU, flush (D2H of master/m/v), with ``plan.buffers`` slots;
-* the host lane runs CPU Adam on its subgroups back to back in id order, each followed by an upload of its
+* the host lane runs CPU Adam on its subgroups back to back in ``plan.host_order``, each followed by an upload of its
   new fp32 master weights on the H2D link (the device writes the 16-bit params from them), which it shares
   first-come first-served with the device-lane prefetches; the host never waits for an upload;
 * CPU Adam runs at ``cpu_adam_params_per_s / ranks_per_host``, times ``cpu_contention`` whenever the device
@@ -234,7 +234,7 @@ class _Timeline:
 def _timeline(plan: Plan, sizes: Sequence[int], params: CostParams, grads_on_device: frozenset[int]) -> _Timeline:
     """The event schedule of one step; inputs are already validated."""
     order = plan.order
-    host = plan.host_subgroups()
+    host = plan.host_order
     buffers = plan.buffers
     busy = bool(order)  # device lane non-empty: CPU contention and the duplex cap apply for the whole step
     scale = params.duplex_scale() if busy else 1.0
@@ -244,7 +244,7 @@ def _timeline(plan: Plan, sizes: Sequence[int], params: CostParams, grads_on_dev
     state, grad = params.state_bytes_per_param, params.grad_bytes_per_param
     upload_bytes = params.host_upload_bytes_per_param
 
-    # Host lane: CPU Adam back to back in id order; each upload waits for its CPU Adam and for the H2D link.
+    # Host lane: CPU Adam back to back in host order; each upload waits for its CPU Adam and for the H2D link.
     prefetch: list[tuple[float, float]] = []
     adam: list[tuple[float, float]] = []
     flush: list[tuple[float, float]] = []

@@ -26,6 +26,7 @@ PLAN_HINT = (
 _STRIDE = re.compile(r"^stride\s*:\s*(\d+)$")
 _LANE_NAMES = {"host": "host", "h": "host", "device": "device", "d": "device"}
 _STR_WIDTH = 64  # lane letters shown by Plan.__str__ before eliding
+_ORDER_SHOWN = 8  # host-lane ids shown by Plan.__str__ before eliding
 _MAX_DENOMINATOR = 10**6  # decimal fractions like 0.3 are meant as 3/10, not as their float
 
 
@@ -77,20 +78,25 @@ class Plan:
     """Device buffer slots (buffering depth of the device lane), >= 1."""
     source: str = "list"
     """What produced the plan: 'host', 'device', 'fraction:0.5', 'stride:3', 'list', 'auto', ..."""
+    host_order: tuple[int, ...] = ()
+    """Processing order of the host-lane subgroups; empty means ascending ids (every named plan). ``auto`` may
+    choose another: the host lane ends with the upload of its last subgroup, so ending on small ones is shorter."""
 
     def __post_init__(self) -> None:
         lanes = tuple(lane if isinstance(lane, Lane) else _as_lane(lane, f"subgroup {i}:")
                       for i, lane in enumerate(self.lanes))
         object.__setattr__(self, "lanes", lanes)
         _check_buffers(self.buffers)
-        device = [i for i, lane in enumerate(lanes) if lane is Lane.DEVICE]
-        order = tuple(self.order) if self.order else tuple(device)
-        if sorted(order) != device:
-            raise ValueError(
-                f"plan: order {list(order)} must list each device-lane subgroup {device} exactly once; "
-                "set order to a permutation of the device-lane subgroup ids"
-            )
-        object.__setattr__(self, "order", order)
+        for name, lane in (("order", Lane.DEVICE), ("host_order", Lane.HOST)):
+            ids = [i for i, each in enumerate(lanes) if each is lane]
+            given = tuple(getattr(self, name))
+            order = given if given else tuple(ids)
+            if sorted(order) != ids:
+                raise ValueError(
+                    f"plan: {name} {list(order)} must list each {lane.value}-lane subgroup {ids} exactly once; "
+                    f"set {name} to a permutation of the {lane.value}-lane subgroup ids"
+                )
+            object.__setattr__(self, name, order)
 
     def device_subgroups(self) -> tuple[int, ...]:
         """Ids of the device-lane subgroups, ascending."""
@@ -119,7 +125,10 @@ class Plan:
         lanes = tuple(Lane.HOST if i in moved else lane for i, lane in enumerate(self.lanes))
         order = tuple(i for i in self.order if i not in moved)
         source = self.source if self.source.endswith("+demoted") else self.source + "+demoted"
-        return Plan(lanes=lanes, order=order, buffers=self.buffers, source=source)
+        # ascending ids stay ascending; a chosen host order takes the demoted subgroups first (demotion moves the
+        # device lane's largest subgroups, and a host lane that ends on small ones ends sooner)
+        host_order = () if self.host_order == self.host_subgroups() else (*sorted(moved), *self.host_order)
+        return Plan(lanes=lanes, order=order, buffers=self.buffers, source=source, host_order=host_order)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable dict; :meth:`from_json` reads it back."""
@@ -128,6 +137,7 @@ class Plan:
             "order": list(self.order),
             "buffers": self.buffers,
             "source": self.source,
+            "host_order": list(self.host_order),
         }
 
     @classmethod
@@ -140,6 +150,7 @@ class Plan:
             order=tuple(data.get("order", ())),
             buffers=data.get("buffers", 2),
             source=str(data.get("source", "list")),
+            host_order=tuple(data.get("host_order", ())),
         )
 
     def lane_letters(self) -> str:
@@ -153,7 +164,11 @@ class Plan:
             letters = letters[:_STR_WIDTH] + "..."
         share = 100.0 * len(self.order) / len(self.lanes) if self.lanes else 0.0
         slots = "buffer" if self.buffers == 1 else "buffers"
-        return f"plan {self.source} [{letters}] {self.buffers} {slots}, {share:.1f}% on device"
+        text = f"plan {self.source} [{letters}] {self.buffers} {slots}, {share:.1f}% on device"
+        if self.host_order != self.host_subgroups():
+            shown = " ".join(str(g) for g in self.host_order[:_ORDER_SHOWN])
+            text += f", host lane in order {shown}{' ...' if len(self.host_order) > _ORDER_SHOWN else ''}"
+        return text
 
 
 def _check_length(plan: Plan, sizes: Sequence[int]) -> None:

@@ -4,7 +4,8 @@
 :func:`~.plan.even_device_lanes`) and the lanes of every ``stride:K`` and of fractions 0.05..0.95 (see
 :func:`candidate_lanes`), each with every buffering depth 1..max_buffers; a candidate that does not fit the memory
 budget is weighed as it would run, demoted to fit (:func:`demote_to_fit`, as dispatch would demote a named plan); it
-keeps the smallest predicted makespan. :func:`demote_to_fit` shrinks an existing plan
+keeps the smallest predicted makespan. Each candidate is weighed with its host lane in id order and largest first
+(:func:`largest_first`). :func:`demote_to_fit` shrinks an existing plan
 when the GPU turns out to have less free memory than planned for.
 
 Pure Python: no torch.
@@ -56,19 +57,28 @@ def candidate_lanes(sizes: Sequence[int]) -> list[tuple[Lane, ...]]:
     return list(seen)
 
 
-def candidate_plans(sizes: Sequence[int], max_buffers: int = 4) -> Iterator[Plan]:
-    """Every plan the ``auto`` search considers: each of :func:`candidate_lanes` with buffers 1..max_buffers.
+def largest_first(plan: Plan, sizes: Sequence[int]) -> tuple[int, ...]:
+    """The host lane's subgroups largest first (ties by id): the host lane then ends with the upload of a small
+    subgroup, not of a large one (gpt-1b: the 103M-parameter subgroup 17 last costs its 9 ms upload at the end)."""
+    return tuple(sorted(plan.host_subgroups(), key=lambda g: (-sizes[g], g)))
 
-    The all-host plan is yielded once, with 1 buffer, since its buffering depth does not matter.
+
+def candidate_plans(sizes: Sequence[int], max_buffers: int = 4, host_orders: bool = True) -> Iterator[Plan]:
+    """Every plan the ``auto`` search considers: each of :func:`candidate_lanes` with buffers 1..max_buffers, its host
+    lane in id order and, where that differs, :func:`largest_first` (not with ``host_orders=False``, the rule before
+    host orders, which the replays of runs J-N use).
+
+    The all-host plan is yielded with 1 buffer only, since its buffering depth does not matter.
     """
     sizes = _check_sizes(sizes)
     max_buffers = _check_buffers(max_buffers)
     for lanes in candidate_lanes(sizes):
-        if Lane.DEVICE not in lanes:
-            yield Plan(lanes=lanes, buffers=1, source="auto")
-            continue
-        for buffers in range(1, max_buffers + 1):
-            yield Plan(lanes=lanes, buffers=buffers, source="auto")
+        for buffers in range(1, (max_buffers if Lane.DEVICE in lanes else 1) + 1):
+            plan = Plan(lanes=lanes, buffers=buffers, source="auto")
+            yield plan
+            host_order = largest_first(plan, sizes)
+            if host_orders and host_order != plan.host_order:
+                yield replace(plan, host_order=host_order)
 
 
 def _check_budget(memory_budget_bytes: float | None) -> None:
@@ -86,31 +96,33 @@ def _ranked(
     max_buffers: int,
     grads_on_device: frozenset[int],
     demote: bool = True,
+    host_orders: bool = True,
 ) -> list[tuple[Plan, frozenset[int]]]:
     _check_budget(memory_budget_bytes)
     sizes = _check_sizes(sizes)
     grads_on_device = _check_grads(grads_on_device, len(sizes))
     scored: list[tuple[Plan, frozenset[int], float]] = []
-    seen: set[tuple[tuple[Lane, ...], tuple[int, ...], int]] = set()
-    for plan in candidate_plans(sizes, max_buffers):
+    seen: set[tuple[tuple[Lane, ...], tuple[int, ...], tuple[int, ...], int]] = set()
+    for plan in candidate_plans(sizes, max_buffers, host_orders):
         grads = grads_for(plan, sizes, params, memory_budget_bytes, grads_on_device)
         if grads is None and memory_budget_bytes is not None and demote:
             # what this plan would run as under the budget: a named plan is demoted to fit at dispatch, and on a GPU
             # host the demoted stride:2 measured fastest of all at the quarter budget (gpt-1b, run M)
             plan = replace(demote_to_fit(plan, sizes, memory_budget_bytes, params)[0], source=plan.source)
             grads = grads_for(plan, sizes, params, memory_budget_bytes, grads_on_device)
-        key = (plan.lanes, plan.order, plan.buffers)
+        key = (plan.lanes, plan.order, plan.host_order, plan.buffers)
         if grads is None or key in seen or (not plan.order and plan.buffers != 1):  # the all-host plan is there
             continue
         seen.add(key)
         scored.append((plan, grads, _timeline(plan, sizes, params, grads).makespan_s()))
     cutoff = min(makespan for *_, makespan in scored) * (1 + TIE_TOLERANCE)  # the all-host plan always fits
 
-    def key(item: tuple[Plan, frozenset[int], float]) -> tuple[bool, float, int, int]:
+    def key(item: tuple[Plan, frozenset[int], float]) -> tuple[bool, float, int, int, bool]:
         plan, _, makespan = item
         tied = makespan <= cutoff
-        # tied plans compare only by size, the others by makespan first
-        return (not tied, 0.0 if tied else makespan, len(plan.order), plan.buffers)
+        # tied plans compare only by size (then the host lane in id order first), the others by makespan first
+        return (not tied, 0.0 if tied else makespan, len(plan.order), plan.buffers,
+                plan.host_order != plan.host_subgroups())
 
     return [(plan, grads) for plan, grads, _ in sorted(scored, key=key)]
 
@@ -143,13 +155,15 @@ def rank_plans(
     max_buffers: int = 4,
     grads_on_device: frozenset[int] = frozenset(),
     demote: bool = True,
+    host_orders: bool = True,
 ) -> list[tuple[Plan, Prediction]]:
     """The candidates, each as it fits ``memory_budget_bytes`` (None = unlimited; demoted to fit where it does not,
-    or left out with ``demote=False``, the rule before run M), with their predictions, best first.
+    or left out with ``demote=False``, the rule before run M), with their predictions, best first; with
+    ``host_orders=False`` only host lanes in id order are weighed (the rule of runs J-N).
 
     Order: smallest makespan (ties within :data:`TIE_TOLERANCE`), then fewer device subgroups, then fewer buffers.
     """
-    ranked = _ranked(sizes, params, memory_budget_bytes, max_buffers, grads_on_device, demote)
+    ranked = _ranked(sizes, params, memory_budget_bytes, max_buffers, grads_on_device, demote, host_orders)
     return [(plan, predict(plan, sizes, params, grads)) for plan, grads in ranked]
 
 

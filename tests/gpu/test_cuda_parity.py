@@ -91,7 +91,10 @@ class RandomPlanEveryStep(pl.Callback):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: object, batch: object, idx: int) -> None:
         manager = trainer.strategy.manager
         lanes = tuple(self.rng.choice([Lane.HOST, Lane.DEVICE]) for _ in manager.sizes)
-        manager.set_plan(Plan(lanes=lanes, buffers=self.rng.choice([1, 2, 3]), source="random"))
+        host = [i for i, lane in enumerate(lanes) if lane is Lane.HOST]
+        self.rng.shuffle(host)  # the host lane in a random order too
+        manager.set_plan(Plan(lanes=lanes, buffers=self.rng.choice([1, 2, 3]), source="random",
+                              host_order=tuple(host)))
         self.plans.add("".join(lane.letter for lane in lanes))
 
 
