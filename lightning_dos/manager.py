@@ -19,7 +19,7 @@ from lightning_dos.executor import LaneTimings, UpdateExecutor
 from lightning_dos.planning.calibration import Calibrator, StepMeasurement, probe_plans
 from lightning_dos.planning.perf_model import CostParams, device_memory_bytes, predicted_makespan_s
 from lightning_dos.planning.plan import Plan, PlanSpec, parse_plan, resolve_plan
-from lightning_dos.planning.planner import best_plan, demote_to_fit, grads_for, rank_plans
+from lightning_dos.planning.planner import best_plan, demote_to_fit, kept_grads, rank_plans
 from lightning_dos.planning.trials import TRIAL_SOURCE, PlanTrials, TrialVerdict
 
 log = logging.getLogger(__name__)
@@ -192,12 +192,14 @@ class OptimizerStateManager:
         return PlanTrials(key=lambda plan: (plan.lanes, plan.order, bool(self._kept_grads(plan))))
 
     def _kept_grads(self, plan: Plan) -> frozenset[int]:
-        """The subgroups of ``plan`` whose gradients stay on the device (the planner's rule, ``grads_for``).
+        """The subgroups of ``plan`` whose gradients stay on the device (the planner's rule, ``kept_grads``): those
+        of the plan as dispatch will run it, demoted to fit the budget if its buffer slots do not fit.
 
-        None from ``grads_for`` (not even the slots fit the budget) keeps none: dispatch demotes that plan anyway.
+        Up to ``b73d0c1`` a plan whose slots did not fit kept none (``grads_for`` gave None), so a named plan that
+        ran demoted sent every gradient to the host while the planner weighed it with its gradients kept.
         """
         budget = self.memory_budget_bytes if self.device.type == "cuda" else None
-        return grads_for(plan, self.sizes, self.cost, budget, self._all_grads()) or frozenset()
+        return kept_grads(plan, self.sizes, self.cost, budget, self._all_grads())
 
     def free_device_bytes(self) -> int | None:
         """Device memory free for the device lane now (None: the host stands in, no limit)."""

@@ -6,10 +6,11 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
+import torch
 
 from lightning_dos import manager as manager_module
 from lightning_dos.executor import LaneTimings
-from lightning_dos.manager import OptimizerStateManager, StepRecord
+from lightning_dos.manager import GIB, OptimizerStateManager, StepRecord
 from lightning_dos.planning import planner
 from lightning_dos.planning.plan import Lane, Plan, parse_plan
 
@@ -76,6 +77,22 @@ def test_kept_gradients_are_budgeted_in_the_optimizers_gradient_dtype() -> None:
     # the rule the manager applies on a GPU (on the host standing in, no budget applies)
     kept = [planner.grads_for(plan, m.sizes, m.cost, 40_000, m._all_grads()) for m in (manager, fp32)]
     assert kept == [frozenset({1, 3, 5}), frozenset()]
+
+
+class _UnevenOptimizer(FakeOptimizer):
+    def subgroup_sizes(self) -> list[int]:
+        return [3000, 1000, 1000, 1000, 1000, 1000]
+
+
+def test_a_named_plan_that_runs_demoted_keeps_the_gradients_it_still_runs_on_the_device() -> None:
+    """``device`` within 50,000 bytes: its 2 slots for the 3000-parameter subgroup (96,000 B) do not fit, dispatch
+    demotes subgroup 0, and the other five keep their bf16 gradients (32,000 B of slots + 10,000 B). Decided before
+    the backward from the plan as dispatch will run it (up to b73d0c1: none kept, every gradient to the host)."""
+    manager = OptimizerStateManager(_UnevenOptimizer(), plan=parse_plan("device"), memory_budget_gib=50_000 / GIB)
+    manager.device = torch.device("cuda")  # the budget applies on a GPU only; nothing here touches one
+    assert manager._kept_grads(manager.base_plan) == frozenset({1, 2, 3, 4, 5})
+    manager._plan_gradients()
+    assert manager.optimizer.device_grad_subgroups == frozenset({1, 2, 3, 4, 5})
 
 
 def test_auto_considers_two_buffers_at_most_unless_buffers_is_set() -> None:

@@ -23,6 +23,7 @@ from lightning_dos.planning import (
     device_memory_bytes,
     even_device_lanes,
     grads_for,
+    kept_grads,
     largest_first,
     predict,
     probe_plan,
@@ -349,6 +350,22 @@ def test_best_plan_weighs_the_placements_users_name():
     assert min(predict(p, sizes, params).makespan_s for p in even) == 5.0
     for spec in [f"stride:{k}" for k in range(2, 5)] + [j / 10 for j in range(11)]:
         assert predict(plan, sizes, params).makespan_s <= predict(resolve_plan(spec, sizes), sizes, params).makespan_s
+
+
+def test_a_plan_that_runs_demoted_keeps_the_gradients_of_its_remaining_device_subgroups():
+    """Sizes 3 1 1 1, all on the device, 2 slots, bf16 gradients kept (2 B), budget 40 B: the slots alone need
+    2 * 3 * 16 = 96 B, so dispatch demotes subgroup 0 (the largest); then 2 * 1 * 16 = 32 B of slots + 3 * 2 = 6 B
+    of kept gradients fit. The gradients kept are those of subgroups 1-3, not none."""
+    params = CostParams(device_grad_bytes_per_param=2)
+    sizes = [3, 1, 1, 1]
+    plan = Plan(lanes=(D, D, D, D), buffers=2)
+    everything = frozenset(range(4))
+    assert grads_for(plan, sizes, params, 40, everything) is None
+    assert letters(demote_to_fit(plan, sizes, 40, params)[0]) == "HDDD"
+    assert kept_grads(plan, sizes, params, 40, everything) == frozenset({1, 2, 3})
+    assert kept_grads(plan, sizes, params, None, everything) == everything  # no budget: all of them
+    assert kept_grads(plan, sizes, params, 31, everything) == frozenset()  # not even one slot pair with gradients
+    assert kept_grads(plan, sizes, params, 37, everything) == frozenset()  # 32 + 6 > 37: slots only
 
 
 def test_the_host_lane_runs_in_its_host_order_and_auto_ends_it_on_small_subgroups():

@@ -23,6 +23,7 @@ from .planner import (
     candidate_plans,
     demote_to_fit,
     grads_for,
+    kept_grads,
     largest_first,
     rank_plans,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "candidate_plans",
     "demote_to_fit",
     "grads_for",
+    "kept_grads",
     "largest_first",
     "device_memory_bytes",
     "even_device_lanes",

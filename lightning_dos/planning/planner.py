@@ -148,6 +148,24 @@ def grads_for(
     return None
 
 
+def kept_grads(
+    plan: Plan,
+    sizes: Sequence[int],
+    params: CostParams,
+    memory_budget_bytes: float | None,
+    grads_on_device: frozenset[int],
+) -> frozenset[int]:
+    """The gradients ``plan`` keeps on the device as dispatch will run it: :func:`grads_for` of the plan, or, when not
+    even its buffer slots fit the budget, of the plan demoted to fit (:func:`demote_to_fit`), as the planner weighs
+    it. The manager decides with it before each backward (a named ``stride:2`` that runs demoted keeps the
+    gradients of the subgroups it still runs on the device)."""
+    grads = grads_for(plan, sizes, params, memory_budget_bytes, grads_on_device)
+    if grads is None and memory_budget_bytes is not None:
+        fitted = demote_to_fit(plan, sizes, memory_budget_bytes, params)[0]
+        grads = grads_for(fitted, sizes, params, memory_budget_bytes, grads_on_device)
+    return grads or frozenset()
+
+
 def rank_plans(
     sizes: Sequence[int],
     params: CostParams,
