@@ -338,3 +338,60 @@ def test_runs_m_and_n_sweeps_follow_from_their_update_records(run: str, case: st
             for r in it["records"]]
     turns = [k for k, r in enumerate(auto) if r["source"] == "trial"]
     assert all(auto[k + 1]["source"] == "auto" for k in turns)
+
+
+RUN_O_SWEEPS = {**_four_sweeps("O"), "gpt-1b quarter, again": (
+    "sweep_gpt-1b_H200_2026-11-21_runO2_updates.json", "quarter", "sweep_gpt-1b_H200_2026-11-21_runO2_quarter.json",
+    "quarter", 6, 24)}
+RUN_P_SWEEPS = _four_sweeps("P")
+#: As docs/performance-model.md quotes them (see RUN_M_N_QUOTED).
+RUN_O_P_QUOTED = {
+    ("O", "gpt-1b unlimited"): (("0.4", 195.7, 196.4, 0.003, "stride:3", "met"), 9, 0.962),
+    ("O", "gpt-1b quarter"): (("0.5", 198.1, 197.2, -0.004, "stride:2", "met"), 6, 0.925),
+    ("O", "gpt-2.7b unlimited"): (("0.5", 523.1, 534.0, 0.021, "stride:2", "met"), 9, 0.973),
+    ("O", "gpt-2.7b quarter"): (("0.4", 527.9, 523.2, -0.009, "stride:3", "met"), 6, 0.914),
+    ("O", "gpt-1b quarter, again"): (("0.5", 196.7, 190.8, -0.03, "stride:2", "met"), 9, 0.918),
+    ("P", "gpt-1b unlimited"): (("0.5", 191.7, 203.5, 0.062, "stride:2", "missed"), 9, 0.990),
+    ("P", "gpt-1b quarter"): (("0.6", 183.8, 184.0, 0.001, "stride:2", "met"), 6, 0.936),
+    ("P", "gpt-2.7b unlimited"): (("stride:2", 520.2, 516.9, -0.006, "stride:2", "met"), 9, 0.994),
+    ("P", "gpt-2.7b quarter"): (("0.5", 509.2, 529.2, 0.039, "stride:2", "met"), 9, 0.998),
+}
+
+
+@pytest.mark.parametrize(("run", "case"), list(RUN_O_P_QUOTED))
+def test_runs_o_and_p_sweeps_follow_from_their_update_records(run: str, case: str) -> None:
+    """Run O (b73d0c1: bf16 gradients kept, auto choosing the host lane's order; every target met in all four cases,
+    and in a second gpt-1b quarter sweep) and run P (99dd563: named plans that run demoted keep their gradients;
+    gpt-1b unlimited missed "within 5%", at +6.2%): the same check as runs M and N."""
+    from lightning_dos.bench.sweep_results import AUTO_VS_STRIDES
+
+    spec = (RUN_O_SWEEPS if run == "O" else RUN_P_SWEEPS)[case]
+    summary, committed = _resummarize(*spec)
+    quoted, trial_phases, ratio = RUN_O_P_QUOTED[run, case]
+    _check_resummary(summary, committed, quoted)
+    assert summary["auto"]["trial_phases"] == committed["auto"]["trial_phases"] == trial_phases
+    assert summary["auto"]["measured_steps"] == 21
+    assert round({t["target"]: t for t in summary["targets"]}[AUTO_VS_STRIDES]["value"], 3) == ratio
+
+
+def test_run_p_stride_2_kept_its_gradients_where_run_o_sent_them_to_the_host() -> None:
+    """gpt-1b at the quarter budget: stride:2 runs demoted (subgroup 17 out) in both runs; in run O its device-lane
+    gradients went to the host (8.95 GB over H2D per update), in run P they stayed on the device (7.32 GB:
+    4 bytes/param fewer for its 407M device-lane parameters). auto ran its host lane largest first in both."""
+    h2d, host_orders = {}, {}
+    for run in ("O", "P"):
+        records = json.loads((BENCHMARKS / f"sweep_gpt-1b_H200_2026-11-21_run{run}_updates.json").read_text())
+        iterations = records["quarter"]["iterations"]
+        sizes = records["subgroup_sizes"]
+        stride = [r for it in iterations if it["plan"] == "stride:2" for r in it["records"]]
+        assert {r["lanes"] for r in stride} == {"HDHDHDHDHDHDHDHDHHH"}
+        h2d[run] = {round(r["h2d_gb"], 2) for r in stride}
+        host_orders[run] = {tuple(r["host_order"]) for it in iterations if it["plan"] == "auto"
+                            for r in it["records"] if r["source"] == "auto"}
+    assert h2d == {"O": {8.95}, "P": {7.32}}
+    device_params = sum(sizes[i] for i, c in enumerate("HDHDHDHDHDHDHDHDHHH") if c == "D")
+    assert round(8.95 - 7.32, 2) == round(4 * device_params / 1e9, 2)
+    for orders in host_orders.values():
+        (order,) = orders
+        assert [sizes[g] for g in order] == sorted((sizes[g] for g in order), reverse=True)  # largest first
+        assert order[:2] == (0, 17)
