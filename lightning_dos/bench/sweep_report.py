@@ -119,7 +119,6 @@ def _budget_lines(budget: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-
 def _host_order_text(chosen: dict[str, Any]) -> str:
     """``, host lane in order 17 0 2 ...`` when the plan's host lane does not run in id order (records before the
     host order was recorded have none)."""
@@ -128,6 +127,7 @@ def _host_order_text(chosen: dict[str, Any]) -> str:
     if not order or order == [i for i, c in enumerate(lanes) if c == "H"]:
         return ""
     return ", host lane in order " + " ".join(str(g) for g in order)
+
 
 def render_markdown(doc: dict[str, Any], chart: str | None = "sweep.png") -> str:
     """sweep.md of a sweep.json document."""
