@@ -73,12 +73,13 @@ def candidate_plans(sizes: Sequence[int], max_buffers: int = 4, host_orders: boo
     sizes = _check_sizes(sizes)
     max_buffers = _check_buffers(max_buffers)
     for lanes in candidate_lanes(sizes):
+        in_ids = Plan(lanes=lanes, source="auto")
+        orders = [in_ids.host_order]
+        if host_orders and (reordered := largest_first(in_ids, sizes)) != in_ids.host_order:
+            orders.append(reordered)
         for buffers in range(1, (max_buffers if Lane.DEVICE in lanes else 1) + 1):
-            plan = Plan(lanes=lanes, buffers=buffers, source="auto")
-            yield plan
-            host_order = largest_first(plan, sizes)
-            if host_orders and host_order != plan.host_order:
-                yield replace(plan, host_order=host_order)
+            for host_order in orders:
+                yield Plan(lanes=lanes, buffers=buffers, source="auto", host_order=host_order)
 
 
 def _check_budget(memory_budget_bytes: float | None) -> None:
@@ -104,11 +105,12 @@ def _ranked(
     scored: list[tuple[Plan, frozenset[int], float]] = []
     seen: set[tuple[tuple[Lane, ...], tuple[int, ...], tuple[int, ...], int]] = set()
     for plan in candidate_plans(sizes, max_buffers, host_orders):
-        grads = grads_for(plan, sizes, params, memory_budget_bytes, grads_on_device)
-        if grads is None and memory_budget_bytes is not None and demote:
+        if demote:
             # what this plan would run as under the budget: a named plan is demoted to fit at dispatch, and on a GPU
             # host the demoted stride:2 measured fastest of all at the quarter budget (gpt-1b, run M)
-            plan = replace(demote_to_fit(plan, sizes, memory_budget_bytes, params)[0], source=plan.source)
+            fitted, grads = _as_run(plan, sizes, params, memory_budget_bytes, grads_on_device)
+            plan = plan if fitted is plan else replace(fitted, source=plan.source)
+        else:
             grads = grads_for(plan, sizes, params, memory_budget_bytes, grads_on_device)
         key = (plan.lanes, plan.order, plan.host_order, plan.buffers)
         if grads is None or key in seen or (not plan.order and plan.buffers != 1):  # the all-host plan is there
@@ -159,11 +161,23 @@ def kept_grads(
     even its buffer slots fit the budget, of the plan demoted to fit (:func:`demote_to_fit`), as the planner weighs
     it. The manager decides with it before each backward (a named ``stride:2`` that runs demoted keeps the
     gradients of the subgroups it still runs on the device)."""
+    return _as_run(plan, sizes, params, memory_budget_bytes, grads_on_device)[1] or frozenset()
+
+
+def _as_run(
+    plan: Plan,
+    sizes: Sequence[int],
+    params: CostParams,
+    memory_budget_bytes: float | None,
+    grads_on_device: frozenset[int],
+) -> tuple[Plan, frozenset[int] | None]:
+    """``plan`` as dispatch will run it within the budget (itself, or demoted to fit when not even its buffer slots
+    fit) and the gradients that one keeps (:func:`grads_for`; None only if nothing fits)."""
     grads = grads_for(plan, sizes, params, memory_budget_bytes, grads_on_device)
     if grads is None and memory_budget_bytes is not None:
-        fitted = demote_to_fit(plan, sizes, memory_budget_bytes, params)[0]
-        grads = grads_for(fitted, sizes, params, memory_budget_bytes, grads_on_device)
-    return grads or frozenset()
+        plan = demote_to_fit(plan, sizes, memory_budget_bytes, params)[0]
+        grads = grads_for(plan, sizes, params, memory_budget_bytes, grads_on_device)
+    return plan, grads
 
 
 def rank_plans(

@@ -164,7 +164,7 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         """Bytes per parameter of a gradient kept on the device through backward: the partitions' own dtype
         (DeepSpeed's gradient accumulation dtype, the model's 16-bit dtype unless ``data_types.grad_accum_dtype``
         says otherwise); the device lane widens it to fp32 in its buffer slot when the update phase reads it."""
-        return torch.empty((), dtype=self.gradient_accumulation_dtype).element_size()
+        return self.gradient_accumulation_dtype.itemsize
 
     # ------------------------------------------------------------------ gradients during backward
     def _device_grads(self) -> dict[int, torch.Tensor]:
