@@ -395,3 +395,38 @@ def test_run_p_stride_2_kept_its_gradients_where_run_o_sent_them_to_the_host() -
         (order,) = orders
         assert [sizes[g] for g in order] == sorted((sizes[g] for g in order), reverse=True)  # largest first
         assert order[:2] == (0, 17)
+
+
+def test_run_p_gpt_1b_unlimited_trials_replayed_with_two_turns_when_the_pairs_agree() -> None:
+    """Run P's gpt-1b unlimited miss (docs/performance-model.md): its three trials took 18 of auto's 21 measured
+    update phases. Their recorded turns fed to PlanTrials give the verdicts that ran (won, won, lost) under the rule
+    of that run (three turns each) and under the rule after it (two when both pairs agree), in 6, 4 and 4 update
+    phases: the second and third trials' pairs agreed."""
+    from lightning_dos.planning.plan import Lane, Plan
+    from lightning_dos.planning.trials import PlanTrials
+
+    records = json.loads((BENCHMARKS / "sweep_gpt-1b_H200_2026-11-21_runP_updates.json").read_text())["unlimited"]
+    auto = [r for it in records["iterations"] if it["plan"] == "auto" for r in it["records"]]
+    measured = auto[3:]
+    assert len(measured) == 21
+    tried = [k for k, r in enumerate(auto) if r["source"] == "trial"]
+    starts = [k for j, k in enumerate(tried) if j == 0 or auto[tried[j - 1]]["lanes"] != auto[k]["lanes"]]
+    trials = [auto[k:k + 6] for k in starts]
+    assert len(trials) == 3 and sum(len(t) for t in trials) == 18 and all(k >= 3 for k in starts)
+    assert all([r["source"] for r in t] == ["trial", "auto"] * 3 for t in trials)
+
+    def plan(letters: str) -> Plan:
+        return Plan(lanes=tuple(Lane.DEVICE if c == "D" else Lane.HOST for c in letters))
+
+    def replay(trial: list[dict], early_steps: int) -> tuple[bool, int]:
+        rule = PlanTrials(steps=3, early_steps=early_steps)
+        rule.start(plan(trial[1]["lanes"]))
+        rule.next_challenger([(plan(trial[0]["lanes"]), 0.0)], 1.0)
+        for phases, record in enumerate(trial, start=1):
+            verdict = rule.observe(plan(record["lanes"]), record["update_ms"] / 1e3)
+            if verdict is not None:
+                return verdict.challenger_won, phases
+        raise AssertionError("the trial did not end")
+
+    assert [replay(t, early_steps=3) for t in trials] == [(True, 6), (True, 6), (False, 6)]
+    assert [replay(t, early_steps=2) for t in trials] == [(True, 6), (True, 4), (False, 4)]

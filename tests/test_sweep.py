@@ -121,8 +121,11 @@ def test_sweep_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
     # started cold after the first round: the host lane alone, then half the subgroups on the device
     assert [r["lanes"].count("D") for r in probe] == [0, sizes_n // 2]
     assert [r["replanned"] for r in probe] == [False, True]
-    # the fixed plans between auto's iterations did not disturb it: it keeps the plan it chose
-    assert auto["chosen"]["lanes"] == auto_its[2]["records"][0]["lanes"] == auto_its[3]["records"][0]["lanes"]
+    # the fixed plans between auto's iterations did not disturb it: it runs the plan it chose, then either that plan
+    # again or (its first trial may start at once) a candidate the model ranks within 5% of it
+    assert auto["chosen"]["lanes"] == auto_its[2]["records"][0]["lanes"]
+    fourth = auto_its[3]["records"][0]
+    assert fourth["source"] == "trial" or (fourth["source"], fourth["lanes"]) == ("auto", auto["chosen"]["lanes"])
     assert auto["update_ms"] == pytest.approx(auto_its[3]["records"][0]["update_ms"]) and auto["update_ms"] > 0
     assert auto["iteration_ms"] == pytest.approx(raw["iterations"]["iteration_ms"][8])
 

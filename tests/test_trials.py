@@ -111,10 +111,11 @@ def _turns(trials: PlanTrials, times: dict[str, list[float]]) -> list[str]:
 def test_with_turns_the_tried_plan_and_the_plan_in_force_alternate_and_their_turns_are_compared() -> None:
     trials = PlanTrials(window=0.05, steps=3, min_gain=0.02, max_trials=3)
     assert trials.interleave
+    assert not trials.ready()  # no plan in force yet
     trials.start(A)
-    assert trials.next_plan() is A and not trials.ready()
+    assert trials.next_plan() is A
+    assert trials.ready()  # with turns the first trial may start at once: its turns measure the plan in force
     _run(trials, A, 0.40, 0.40, 0.40)  # the choice's own update phases: fast, but not part of any trial
-    assert trials.ready()
     assert _letters(trials.next_challenger(RANKED, 1.00)) == "HDHD"
     ran = _turns(trials, {"HDHD": [0.49, 0.70, 0.50], "DHDH": [0.52, 0.60, 0.53]})
     assert ran == ["HDHD", "DHDH"] * 3  # the candidate first, then turns
@@ -341,3 +342,44 @@ def test_run_m_auto_would_weigh_the_demoted_stride_2_that_measured_fastest_at_th
     # the planner's first choice is now another demoted plan, predicted 198.4 ms (not measured in run M)
     first = min(now, key=now.get)
     assert first[0] not in {_letters(plan) for plan, _ in before} and round(now[first] * 1e3, 1) == 198.4
+
+
+@pytest.mark.parametrize(
+    ("challenger", "incumbent", "turns", "won"),
+    [
+        ([0.45, 0.48], [0.50, 0.50], 2, True),  # 0.90, 0.96: both below 0.98, a clear win
+        ([0.50, 0.55], [0.50, 0.50], 2, False),  # 1.00, 1.10: neither faster at all, a clear loss
+        ([0.45, 0.50, 0.45], [0.50, 0.50, 0.50], 3, True),  # 0.90 then 1.00: a third pair decides, median 0.90
+        ([0.49, 0.45, 0.51], [0.50, 0.50, 0.50], 3, False),  # 0.98 is no win, 0.90 is: mixed; median 0.98 loses
+    ],
+)
+def test_with_turns_a_trial_whose_pairs_all_agree_ends_after_two_turns_each(
+        challenger: list[float], incumbent: list[float], turns: int, won: bool) -> None:
+    trials = PlanTrials(window=0.05, steps=3, min_gain=0.02, max_trials=3)
+    assert trials.early_steps == 2
+    trials.start(A)
+    trials.next_challenger(RANKED, 1.00)
+    ran = _turns(trials, {"HDHD": list(challenger), "DHDH": list(incumbent)})
+    assert ran == ["HDHD", "DHDH"] * turns
+    (verdict,) = trials.verdicts
+    pairs = [c / i for c, i in zip(challenger, incumbent)]
+    assert verdict.ratio == pytest.approx(statistics.median(pairs)) and verdict.challenger_won is won
+    assert verdict.challenger_s == statistics.median(challenger) and verdict.incumbent_s == statistics.median(incumbent)
+
+
+def test_early_steps_at_steps_or_more_runs_trials_to_their_full_turns_and_a_starved_trial_is_still_given_up() -> None:
+    trials = PlanTrials(window=0.05, steps=3, min_gain=0.02, max_trials=3, early_steps=3)
+    trials.start(A)
+    trials.next_challenger(RANKED, 1.00)
+    assert _turns(trials, {"HDHD": [0.40] * 3, "DHDH": [0.50] * 3}) == ["HDHD", "DHDH"] * 3
+    assert trials.verdicts[-1].challenger_won
+    trials = PlanTrials(window=0.05, steps=3, min_gain=0.02, max_trials=3)
+    trials.start(A)
+    trials.next_challenger(RANKED, 1.00)
+    trials.observe(B, 0.40)
+    trials.observe(A, 0.50)  # one pair, a win: fewer than two pairs decide nothing
+    assert trials.running
+    verdicts = _run(trials, D, *[0.1] * 10)  # demoted since: given up at the trial's 12th update phase
+    assert verdicts[:-1] == [None] * 9 and verdicts[-1].challenger_s == math.inf and not verdicts[-1].challenger_won
+    with pytest.raises(ValueError, match="early_steps"):
+        PlanTrials(early_steps=0)

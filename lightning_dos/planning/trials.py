@@ -6,11 +6,14 @@ plan ``auto`` chose, with the device lane starting at the largest subgroup, ran 
 which its own fitted model ranked 6% ahead; and the same model predicted plan 0.3's lanes 12% short. Neither
 trusting the model's small gains nor ignoring them is right, so ``auto`` measures them:
 
-* after the planner chooses a plan (:meth:`PlanTrials.start`), that plan runs for :data:`TRIAL_STEPS` update phases;
-* then the best-predicted candidate whose key (:func:`lanes_key` by default: its lanes) differs from every plan tried
+* after the planner chooses a plan (:meth:`PlanTrials.start`), trials may start at once (the manager runs the
+  chosen plan for one update phase first);
+* the best-predicted candidate whose key (:func:`lanes_key` by default: its lanes) differs from every plan tried
   so far, and whose prediction is at most :data:`TRIAL_WINDOW` above the prediction of the plan in force, is tried:
   it and the plan in force take turns (:meth:`PlanTrials.next_plan`: the candidate first) until each has run
-  :data:`TRIAL_STEPS` update phases of the trial;
+  :data:`TRIAL_STEPS` update phases of the trial, or :data:`TRIAL_EARLY_STEPS` if by then every turn of the candidate
+  was faster by :data:`TRIAL_MIN_GAIN` than the plan in force's next to it, or none was faster at all (a clear
+  outcome needs no third pair);
 * it replaces the plan in force if it is faster by :data:`TRIAL_MIN_GAIN` in the median of its turns paired with the
   plan in force's (its k-th update phase of the trial over the plan in force's k-th, the phase next to it); the next
   trial may start at once;
@@ -19,9 +22,14 @@ trusting the model's small gains nor ignoring them is right, so ``auto`` measure
 The turns are what make the comparison fair: the host's speed drifts by 10-20% over tens of seconds, in spells of a
 few iterations (run L, docs/performance-model.md), so medians of neighbouring blocks of update phases compare spells
 as much as plans; taking turns and comparing each update phase with the one next to it puts both in the same spell.
-``interleave=False`` gives the rule of runs J-L instead: the candidate runs :data:`TRIAL_STEPS` update phases in a
-row against the plan in force's last :data:`TRIAL_STEPS` (their medians compared), and after a trial the plan in
-force runs :data:`TRIAL_STEPS` fresh update phases before the next.
+``interleave=False`` gives the rule of runs J-L instead: the plan in force runs :data:`TRIAL_STEPS` update phases
+before the first trial, the candidate runs :data:`TRIAL_STEPS` update phases in a row against the plan in force's
+last :data:`TRIAL_STEPS` (their medians compared), and after a trial the plan in force runs :data:`TRIAL_STEPS` fresh
+update phases before the next. Up to run P the rule with turns also waited for :data:`TRIAL_STEPS` update phases of
+the planner's choice before its first trial, and ran every trial to :data:`TRIAL_STEPS` turns of each side. The turns
+measure the plan in force anyway, and a trial costs its update phases: in run P (gpt-1b unlimited) a first choice
+that its first trial then showed slower ran 3 update phases before it, and trials took 18 of the 21 update phases the
+sweep measured.
 
 Update phases of any other plan (demoted to fit the free memory, for instance) count for neither side. A trial that
 has not measured both sides :data:`TRIAL_STEPS` times in ``4 * TRIAL_STEPS`` update phases (``2 * TRIAL_STEPS`` in a
@@ -44,6 +52,8 @@ from .plan import Lane, Plan
 TRIAL_WINDOW = 0.05
 #: Update phases of a trial, and of the plan in force it is compared with.
 TRIAL_STEPS = 3
+#: Turns of each side after which a trial ends if every pair agrees (all won by the challenger, or none).
+TRIAL_EARLY_STEPS = 2
 #: A challenger is kept only if it is at least this much faster than the plan in force: the median of its turns' ratios
 #: to the plan in force's (without turns: its median update phase to the plan in force's) below ``1 - TRIAL_MIN_GAIN``.
 TRIAL_MIN_GAIN = 0.02
@@ -100,6 +110,7 @@ class PlanTrials:
         self,
         window: float = TRIAL_WINDOW,
         steps: int = TRIAL_STEPS,
+        early_steps: int = TRIAL_EARLY_STEPS,
         min_gain: float = TRIAL_MIN_GAIN,
         max_trials: int = MAX_TRIALS,
         interleave: bool = True,
@@ -107,6 +118,8 @@ class PlanTrials:
     ) -> None:
         self.window = _check_share("window", window, math.inf)
         self.steps = _check_count("steps", steps, 1)
+        self.early_steps = _check_count("early_steps", early_steps, 1)
+        """With turns: pairs after which a unanimous trial ends (``>= steps``: every trial runs ``steps`` pairs)."""
         self.min_gain = _check_share("min_gain", min_gain, 1.0)
         self.max_trials = _check_count("max_trials", max_trials, 0)
         if not isinstance(interleave, bool):
@@ -178,13 +191,21 @@ class PlanTrials:
         if key in sides:
             self._turns.setdefault(key, []).append(float(measured_s))
         challenger, incumbent = (self._turns.get(side, []) for side in sides)
-        if min(len(challenger), len(incumbent)) < self.steps:
+        pairs = [c / i for c, i in zip(challenger, incumbent)]
+        if len(pairs) < self.steps and not self._unanimous(pairs):
             if self._trial_phases < 4 * self.steps:
                 return None
             # starved (demoted most of the time): the trial is given up; the plan in force keeps its figures
             return self._verdict(math.inf, statistics.median(incumbent) if incumbent else math.inf, math.inf)
-        ratio = statistics.median(c / i for c, i in zip(challenger, incumbent))
-        return self._verdict(statistics.median(challenger), statistics.median(incumbent), ratio)
+        n = len(pairs)  # a side's extra turn (none with strict turns) does not count
+        return self._verdict(statistics.median(challenger[:n]), statistics.median(incumbent[:n]),
+                             statistics.median(pairs))
+
+    def _unanimous(self, pairs: Sequence[float]) -> bool:
+        """Whether the trial's paired ratios so far decide it early: at least :attr:`early_steps` of them, and every
+        one a win for the challenger (below ``1 - min_gain``) or every one no faster at all (``>= 1``)."""
+        return len(pairs) >= self.early_steps and (all(r < 1 - self.min_gain for r in pairs)
+                                                   or all(r >= 1 for r in pairs))
 
     def _verdict(self, challenger_s: float, incumbent_s: float, ratio: float) -> TrialVerdict:
         assert self.incumbent is not None and self.challenger is not None
@@ -195,15 +216,16 @@ class PlanTrials:
         self.incumbent = kept
         self.challenger = None
         self._turns.clear()
-        # a winner's trial phases are its fresh measurements; with turns the plan in force was measured in the trial
-        self._fresh = self.steps if won or self.interleave else 0
+        self._fresh = self.steps if won else 0  # in a row: a winner's trial phases are its fresh measurements
         return verdict
 
     def ready(self) -> bool:
-        """Whether the next trial may start now: none runs, trials are left, the plan in force has fresh figures."""
+        """Whether the next trial may start now: none runs and trials are left (in a row: and the plan in force has
+        fresh figures; with turns the trial measures it)."""
         return (self.incumbent is not None and self.challenger is None and not self._exhausted
-                and self._trials < self.max_trials and self._fresh >= self.steps
-                and (self.interleave or len(self._recent.get(self.key(self.incumbent), ())) >= self.steps))
+                and self._trials < self.max_trials
+                and (self.interleave or (self._fresh >= self.steps
+                                         and len(self._recent.get(self.key(self.incumbent), ())) >= self.steps)))
 
     def next_challenger(self, ranked: Sequence[tuple[Plan, float]], incumbent_predicted_s: float) -> Plan | None:
         """Start a trial of the best candidate of ``ranked`` ((plan, predicted s), best first) within the window.
