@@ -430,3 +430,95 @@ def test_run_p_gpt_1b_unlimited_trials_replayed_with_two_turns_when_the_pairs_ag
 
     assert [replay(t, early_steps=3) for t in trials] == [(True, 6), (True, 6), (False, 6)]
     assert [replay(t, early_steps=2) for t in trials] == [(True, 6), (True, 4), (False, 4)]
+
+
+def _q_sweeps() -> dict[tuple[str, str], tuple]:
+    """Runs Q, Q2 and Q3 (the tree of 43a6ca9, one machine): the four cases, three again, gpt-1b unlimited a third
+    time. (run, case) -> (records file, its key, sweep report, budget, rounds, auto iterations)."""
+    cases = {("Q", case): spec for case, spec in _four_sweeps("Q").items()}
+    for run, model, budget in (("Q2", "gpt-1b", "unlimited"), ("Q2", "gpt-1b", "quarter"),
+                               ("Q2", "gpt-2.7b", "quarter"), ("Q3", "gpt-1b", "unlimited")):
+        stem = f"sweep_{model}_H200_2026-11-21_run{run}"
+        report = f"{stem}{'' if budget == 'unlimited' else '_quarter'}.json"
+        cases[run, f"{model} {budget}"] = (f"{stem}_updates.json", budget, report, budget, 6, 24)
+    return cases
+
+
+RUN_Q_SWEEPS = _q_sweeps()
+#: As docs/performance-model.md quotes them (see RUN_M_N_QUOTED): auto's update phases on trial among its 21
+#: measured, and its ratio to the fastest stride.
+RUN_Q_QUOTED = {
+    ("Q", "gpt-1b unlimited"): (("0.5", 209.1, 204.0, -0.024, "stride:2", "met"), 8, 0.963),
+    ("Q", "gpt-1b quarter"): (("0.6", 203.5, 206.0, 0.012, "stride:2", "met"), 8, 0.961),
+    ("Q", "gpt-2.7b unlimited"): (("0.5", 557.1, 550.3, -0.012, "stride:2", "met"), 9, 0.959),
+    ("Q", "gpt-2.7b quarter"): (("stride:2", 563.7, 559.3, -0.008, "stride:2", "met"), 8, 0.992),
+    ("Q2", "gpt-1b unlimited"): (("stride:2", 204.7, 202.1, -0.013, "stride:2", "met"), 3, 0.987),
+    ("Q2", "gpt-1b quarter"): (("0.5", 188.9, 196.1, 0.038, "stride:2", "met"), 6, 0.922),
+    ("Q2", "gpt-2.7b quarter"): (("stride:2", 561.3, 560.0, -0.002, "stride:2", "met"), 9, 0.998),
+    ("Q3", "gpt-1b unlimited"): (("0.5", 199.2, 198.3, -0.005, "stride:2", "met"), 8, 0.962),
+}
+
+
+@pytest.mark.parametrize(("run", "case"), list(RUN_Q_QUOTED))
+def test_runs_q_sweeps_follow_from_their_update_records(run: str, case: str) -> None:
+    """Runs Q-Q3 (43a6ca9: trials start after one update phase of the planner's choice, and end after two turns of
+    each side when both pairs agree): every target met in all eight sweeps; the same check as runs O and P."""
+    from lightning_dos.bench.sweep_results import AUTO_VS_STRIDES
+
+    summary, committed = _resummarize(*RUN_Q_SWEEPS[run, case])
+    quoted, trial_phases, ratio = RUN_Q_QUOTED[run, case]
+    _check_resummary(summary, committed, quoted)
+    assert summary["auto"]["trial_phases"] == committed["auto"]["trial_phases"] == trial_phases
+    assert summary["auto"]["measured_steps"] == 21
+    assert round({t["target"]: t for t in summary["targets"]}[AUTO_VS_STRIDES]["value"], 3) == ratio
+
+
+#: Each trial of runs Q-Q3 as docs/performance-model.md counts them: (its update phases, whether the candidate won).
+RUN_Q_TRIALS = {
+    ("Q", "gpt-1b unlimited"): [(4, False), (6, True), (6, True)],
+    ("Q", "gpt-1b quarter"): [(4, True), (6, False), (6, True)],
+    ("Q", "gpt-2.7b unlimited"): [(6, False), (6, True), (6, False)],
+    ("Q", "gpt-2.7b quarter"): [(4, False), (6, False), (6, False)],
+    ("Q2", "gpt-1b unlimited"): [(6, False)],
+    ("Q2", "gpt-1b quarter"): [(4, True), (4, True), (4, False)],
+    ("Q2", "gpt-2.7b quarter"): [(6, False), (6, False), (6, False)],
+    ("Q3", "gpt-1b unlimited"): [(6, False), (4, True), (6, False)],
+}
+
+
+@pytest.mark.parametrize(("run", "case"), list(RUN_Q_QUOTED))
+def test_runs_q_trials_ran_by_the_rule_of_their_tree(run: str, case: str) -> None:
+    """auto's recorded update phases in runs Q-Q3, fed to PlanTrials with its defaults: each trial started as soon as
+    the rule allowed (one update phase after the planner's choice, at once after a verdict), ended at the update
+    phase the rule ends it (two turns each when both pairs agreed, three otherwise), and the plan that ran next is the
+    verdict's; a re-plan flag marks exactly the probe's choice and the trials won."""
+    from lightning_dos.planning.plan import Lane, Plan
+    from lightning_dos.planning.trials import PlanTrials
+
+    records, key, *_ = RUN_Q_SWEEPS[run, case]
+    auto = [r for it in json.loads((BENCHMARKS / records).read_text())[key]["iterations"] if it["plan"] == "auto"
+            for r in it["records"]]
+
+    def plan(letters: str) -> Plan:
+        return Plan(lanes=tuple(Lane.DEVICE if c == "D" else Lane.HOST for c in letters))
+
+    assert [r["source"] for r in auto[:2]] in (["probe", "probe"], ["probe", "probe+demoted"])
+    assert auto[1]["replanned"] and auto[2]["source"] == "auto"
+    trials = PlanTrials()
+    trials.start(plan(auto[2]["lanes"]))
+    lengths = []
+    for k, record in enumerate(auto[2:], start=2):
+        if record["source"] == "trial" and not trials.running:
+            assert trials.ready() and auto[k - 1]["source"] == "auto"  # at once: nothing waits
+            trials.next_challenger([(plan(record["lanes"]), 0.0)], 1.0)
+            started = k
+        assert trials.next_plan().lanes == plan(record["lanes"]).lanes  # the turn the rule gives
+        verdict = trials.observe(plan(record["lanes"]), record["update_ms"] / 1e3)
+        assert record["replanned"] == (verdict is not None and verdict.challenger_won)
+        if verdict is not None:
+            lengths.append((k - started + 1, verdict.challenger_won))
+            after = next((r for r in auto[k + 1:] if r["source"] == "auto"), None)  # the next trial's candidate first
+            assert after is None or after["lanes"] == "".join(lane.letter for lane in verdict.kept.lanes)
+    assert not trials.running or len(auto) - started < 6  # the sweep may end inside a trial
+    assert lengths == RUN_Q_TRIALS[run, case]
+    assert sum(1 for r in auto[3:] if r["source"] == "trial") == RUN_Q_QUOTED[run, case][1]

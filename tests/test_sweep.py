@@ -550,3 +550,28 @@ def test_the_report_names_autos_host_order_when_it_is_not_id_order() -> None:
     assert _host_order_text({"lanes": "HDHH", "host_order": [3, 0, 2]}) == ", host lane in order 3 0 2"
     assert _host_order_text({"lanes": "HDHH", "host_order": [0, 2, 3]}) == ""
     assert _host_order_text({"lanes": "HDHH"}) == ""  # records from before the host order was recorded
+
+
+@pytest.mark.parametrize("budgets", [1, 2])
+def test_the_sweep_charts_title_fits_in_the_figure(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                   budgets: int) -> None:
+    """A one-panel chart is narrower than the title of a GPU host's sweep: it is wrapped, not cut off at both ends
+    (run P's and earlier one-budget charts lost "plan " and the date's day)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from lightning_dos.bench import sweep_report
+
+    doc = json.loads((Path(__file__).parent.parent / "docs" / "benchmarks"
+                      / "sweep_gpt-1b_H200_2026-11-21_runQ3.json").read_text())
+    doc["budgets"] = doc["budgets"] * budgets
+    figures = []
+    real_save = sweep_report.save
+    monkeypatch.setattr(sweep_report, "save", lambda fig, path: figures.append(fig) or real_save(fig, path))
+    sweep_report.render_chart(doc, tmp_path / "sweep.png")
+    (fig,) = figures
+    title = fig._suptitle
+    assert title.get_text().replace("\n", " ") == f"plan sweep: {sweep_report.workload_title(doc)}"
+    renderer = FigureCanvasAgg(fig).get_renderer()  # the figure as saved (laid out), closed since
+    box, page = title.get_window_extent(renderer), fig.bbox
+    assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1
+    assert ("\n" in title.get_text()) == (budgets == 1)

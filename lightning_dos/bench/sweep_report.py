@@ -9,6 +9,7 @@ markers, and ``auto`` as a horizontal line. Matplotlib's Agg backend, so it rend
 from __future__ import annotations
 
 import json
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -221,6 +222,10 @@ def _panel(ax: Any, budget: dict[str, Any]) -> None:
         ax.legend(loc="best", fontsize="x-small", framealpha=0.8)
 
 
+#: Characters of the figure title per inch of figure width (matplotlib's default 12 pt title font).
+TITLE_CHARS_PER_INCH = 9
+
+
 def render_chart(doc: dict[str, Any], path: str | Path) -> Path:
     """Draw sweep.png of a sweep.json document to ``path`` and return the path."""
     budgets = doc["budgets"]
@@ -230,5 +235,6 @@ def render_chart(doc: dict[str, Any], path: str | Path) -> Path:
         _panel(ax, budget)
     if not budgets:
         axes[0][0].text(0.5, 0.5, "no budget measured", ha="center", va="center")
-    fig.suptitle(f"plan sweep: {workload_title(doc)}")
+    # wrapped to the figure's width: one panel is narrower than the title (it was cut off at both ends)
+    fig.suptitle(textwrap.fill(f"plan sweep: {workload_title(doc)}", width=int(TITLE_CHARS_PER_INCH * 6.5 * panels)))
     return save(fig, path)
