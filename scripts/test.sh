@@ -3,7 +3,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# one DeepSpeed CPU Adam JIT build for the whole run (tests/conftest.py uses the same folder)
+# one DeepSpeed JIT build of each op for the whole run (tests/conftest.py uses the same folder), made before the
+# tests so that no test's time includes it
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.cache/torch_extensions}
 export WANDB_MODE=${WANDB_MODE:-offline}
+.venv/bin/python scripts/build_ops.py </dev/null
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@" </dev/null
