@@ -9,6 +9,7 @@ import pytest
 
 from lightning_dos.bench import report
 from lightning_dos.bench.claims import check_claims
+from lightning_dos.planning.plan import Lane, Plan
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 RUN_C = BENCHMARKS / "gpt-2.7b_H200_2026-11-21.json"
@@ -397,12 +398,16 @@ def test_run_p_stride_2_kept_its_gradients_where_run_o_sent_them_to_the_host() -
         assert order[:2] == (0, 17)
 
 
+def _plan(letters: str) -> Plan:
+    """The plan an update record names by its lanes ("D"/"H" per subgroup), the device lane in id order."""
+    return Plan(lanes=tuple(Lane.DEVICE if c == "D" else Lane.HOST for c in letters))
+
+
 def test_run_p_gpt_1b_unlimited_trials_replayed_with_two_turns_when_the_pairs_agree() -> None:
     """Run P's gpt-1b unlimited miss (docs/performance-model.md): its three trials took 18 of auto's 21 measured
     update phases. Their recorded turns fed to PlanTrials give the verdicts that ran (won, won, lost) under the rule
     of that run (three turns each) and under the rule after it (two when both pairs agree), in 6, 4 and 4 update
     phases: the second and third trials' pairs agreed."""
-    from lightning_dos.planning.plan import Lane, Plan
     from lightning_dos.planning.trials import PlanTrials
 
     records = json.loads((BENCHMARKS / "sweep_gpt-1b_H200_2026-11-21_runP_updates.json").read_text())["unlimited"]
@@ -415,15 +420,12 @@ def test_run_p_gpt_1b_unlimited_trials_replayed_with_two_turns_when_the_pairs_ag
     assert len(trials) == 3 and sum(len(t) for t in trials) == 18 and all(k >= 3 for k in starts)
     assert all([r["source"] for r in t] == ["trial", "auto"] * 3 for t in trials)
 
-    def plan(letters: str) -> Plan:
-        return Plan(lanes=tuple(Lane.DEVICE if c == "D" else Lane.HOST for c in letters))
-
     def replay(trial: list[dict], early_steps: int) -> tuple[bool, int]:
         rule = PlanTrials(steps=3, early_steps=early_steps)
-        rule.start(plan(trial[1]["lanes"]))
-        rule.next_challenger([(plan(trial[0]["lanes"]), 0.0)], 1.0)
+        rule.start(_plan(trial[1]["lanes"]))
+        rule.next_challenger([(_plan(trial[0]["lanes"]), 0.0)], 1.0)
         for phases, record in enumerate(trial, start=1):
-            verdict = rule.observe(plan(record["lanes"]), record["update_ms"] / 1e3)
+            verdict = rule.observe(_plan(record["lanes"]), record["update_ms"] / 1e3)
             if verdict is not None:
                 return verdict.challenger_won, phases
         raise AssertionError("the trial did not end")
@@ -492,33 +494,29 @@ def test_runs_q_trials_ran_by_the_rule_of_their_tree(run: str, case: str) -> Non
     the rule allowed (one update phase after the planner's choice, at once after a verdict), ended at the update
     phase the rule ends it (two turns each when both pairs agreed, three otherwise), and the plan that ran next is the
     verdict's; a re-plan flag marks exactly the probe's choice and the trials won."""
-    from lightning_dos.planning.plan import Lane, Plan
     from lightning_dos.planning.trials import PlanTrials
 
     records, key, *_ = RUN_Q_SWEEPS[run, case]
     auto = [r for it in json.loads((BENCHMARKS / records).read_text())[key]["iterations"] if it["plan"] == "auto"
             for r in it["records"]]
 
-    def plan(letters: str) -> Plan:
-        return Plan(lanes=tuple(Lane.DEVICE if c == "D" else Lane.HOST for c in letters))
-
     assert [r["source"] for r in auto[:2]] in (["probe", "probe"], ["probe", "probe+demoted"])
     assert auto[1]["replanned"] and auto[2]["source"] == "auto"
     trials = PlanTrials()
-    trials.start(plan(auto[2]["lanes"]))
+    trials.start(_plan(auto[2]["lanes"]))
     lengths = []
     for k, record in enumerate(auto[2:], start=2):
         if record["source"] == "trial" and not trials.running:
             assert trials.ready() and auto[k - 1]["source"] == "auto"  # at once: nothing waits
-            trials.next_challenger([(plan(record["lanes"]), 0.0)], 1.0)
+            trials.next_challenger([(_plan(record["lanes"]), 0.0)], 1.0)
             started = k
-        assert trials.next_plan().lanes == plan(record["lanes"]).lanes  # the turn the rule gives
-        verdict = trials.observe(plan(record["lanes"]), record["update_ms"] / 1e3)
+        assert trials.next_plan().lanes == _plan(record["lanes"]).lanes  # the turn the rule gives
+        verdict = trials.observe(_plan(record["lanes"]), record["update_ms"] / 1e3)
         assert record["replanned"] == (verdict is not None and verdict.challenger_won)
         if verdict is not None:
             lengths.append((k - started + 1, verdict.challenger_won))
             after = next((r for r in auto[k + 1:] if r["source"] == "auto"), None)  # the next trial's candidate first
-            assert after is None or after["lanes"] == "".join(lane.letter for lane in verdict.kept.lanes)
+            assert after is None or after["lanes"] == verdict.kept.lane_letters()
     assert not trials.running or len(auto) - started < 6  # the sweep may end inside a trial
     assert lengths == RUN_Q_TRIALS[run, case]
     assert sum(1 for r in auto[3:] if r["source"] == "trial") == RUN_Q_QUOTED[run, case][1]

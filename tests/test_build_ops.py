@@ -2,34 +2,23 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
-from types import ModuleType
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "build_ops.py"
-
-
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("build_ops", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from script_loader import load_script
 
 
 def test_it_needs_the_tests_extensions_folder(monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
-    assert _script().main() == 2
+    assert load_script("build_ops").main() == 2
     assert "set TORCH_EXTENSIONS_DIR" in capsys.readouterr().err
 
 
 def test_it_loads_the_ops_the_tests_use_from_their_folder(capsys: pytest.CaptureFixture[str]) -> None:
     folder = Path(os.environ["TORCH_EXTENSIONS_DIR"])  # tests/conftest.py's, the one scripts/test.sh builds into
-    assert _script().main() == 0
+    assert load_script("build_ops").main() == 0
     printed = capsys.readouterr().out
     assert f"CPUAdamBuilder ready in {folder}" in printed
     assert (folder / "cpu_adam").is_dir()
@@ -44,5 +33,5 @@ def test_a_failed_build_is_one_clear_error(monkeypatch: pytest.MonkeyPatch, caps
 
     accelerator = deepspeed.accelerator.get_accelerator()
     monkeypatch.setattr(accelerator, "create_op_builder", lambda name: Broken())
-    assert _script().main() == 1
+    assert load_script("build_ops").main() == 1
     assert "building DeepSpeed's CPUAdamBuilder failed: ninja: build stopped" in capsys.readouterr().err

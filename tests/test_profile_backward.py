@@ -9,17 +9,17 @@ CUDA events, which a CPU run cannot produce, is checked on a fake profile.
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from parity import subprocess_env
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "profile_backward.py"
@@ -63,14 +63,6 @@ def test_profile_backward_on_cpu(tmp_path: Path) -> None:
     assert float(line.split()[-2]) > 0
 
 
-def _load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("profile_backward", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _event(name: str, start: float, end: float, device: bool = False, stream: int = 0,
            parent: Any = None) -> SimpleNamespace:
     from torch.autograd import DeviceType
@@ -81,7 +73,7 @@ def _event(name: str, start: float, end: float, device: bool = False, stream: in
 
 def test_analysis_of_cuda_events() -> None:
     """A faked GPU profile: sync calls and their issuers, launches, copies, busy and idle time per stream."""
-    script = _load_script()
+    script = load_script("profile_backward")
     op = _event("aten::_local_scalar_dense", 0, 50)
     events = [
         op,

@@ -236,5 +236,6 @@ def render_chart(doc: dict[str, Any], path: str | Path) -> Path:
     if not budgets:
         axes[0][0].text(0.5, 0.5, "no budget measured", ha="center", va="center")
     # wrapped to the figure's width: one panel is narrower than the title (it was cut off at both ends)
-    fig.suptitle(textwrap.fill(f"plan sweep: {workload_title(doc)}", width=int(TITLE_CHARS_PER_INCH * 6.5 * panels)))
+    title = f"plan sweep: {workload_title(doc)}"
+    fig.suptitle(textwrap.fill(title, width=int(TITLE_CHARS_PER_INCH * fig.get_figwidth())))
     return save(fig, path)
