@@ -1,9 +1,10 @@
-"""Owns running Lightning's ``DeepSpeedStrategy`` on a CPU-only machine.
+"""Owns the base of every DeepSpeed strategy here: CPU-only machines, and the module state ZeRO-3 leaves behind.
 
 DeepSpeed itself runs on CPUs (its CPU accelerator, gloo); Lightning 2.6's strategy refuses them in three
 places: ``setup_environment`` (CUDA only), ``setup_distributed`` (device indices must be 0..n-1, a CPU's is
 None) and ``deepspeed.initialize(args.device_rank=root_device.index)`` (None crashes DeepSpeed). The mixin
-answers all three, and gives subclasses one hook around ``deepspeed.initialize``.
+answers all three, gives subclasses one hook around ``deepspeed.initialize``, and moves the module's state that
+ZeRO-3 does not place (metrics, buffers) to the device, which no code path of Lightning or DeepSpeed does.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.strategies import DeepSpeedStrategy
 from typing_extensions import override
+
+from lightning_dos.module_device import move_module_state
 
 
 class CPUSupportMixin(DeepSpeedStrategy):
@@ -75,6 +78,8 @@ class CPUSupportMixin(DeepSpeedStrategy):
                 lr_scheduler=lr_scheduler,
                 dist_init_required=False,
             )
+        # ZeRO-3 placed the parameters; the rest of the module (metrics, buffers) must follow them
+        move_module_state(model, self.root_device)
         self.after_initialize(engine, ds_optimizer)
         return engine, ds_optimizer
 
@@ -93,6 +98,7 @@ class CPUSupportMixin(DeepSpeedStrategy):
             inference_config["zero_allow_untested_optimizer"] = self.config["zero_allow_untested_optimizer"]
             inference_config["zero_optimization"] = self.config["zero_optimization"]
         remove_module_hooks(model)
+        move_module_state(model, self.root_device)
         engine, _, _, _ = deepspeed.initialize(
             args=argparse.Namespace(device_rank=self.device_rank),
             config=inference_config,

@@ -39,6 +39,8 @@ REPLAN_MIN_GAIN = 0.05
 #: Deepest buffering ``auto`` considers when ``buffers`` is not set. Measured on a GPU host (docs/performance-model.md):
 #: more slots let prefetches run further ahead, and the extra DMA slows CPU Adam more than it helps the device lane.
 AUTO_MAX_BUFFERS = 2
+#: Format of :meth:`OptimizerStateManager.state_dict`; a checkpoint with another is planned afresh.
+PLAN_STATE_VERSION = 1
 
 
 @dataclass
@@ -175,6 +177,37 @@ class OptimizerStateManager:
         self.trials = state.trials
         self._pending = None
         self.set_plan(state.base_plan)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The plan state a checkpoint keeps, JSON-serialisable: the plan asked for, the plan in force, what the
+        calibration learnt and how far ``auto`` has come (probe done, trials had), so a resumed run plans on from
+        there instead of probing again. Records stay behind (they are telemetry, already logged)."""
+        return {"version": PLAN_STATE_VERSION, "plan": self.spec.source, "sizes": list(self.sizes),
+                "base_plan": self.base_plan.to_json(), "calibrator": self.calibrator.state_dict(),
+                "auto_steps": self._auto_steps, "replan_checked": self._replan_checked,
+                "trials": self.trials.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> bool:
+        """Plan on from :meth:`state_dict`'s output (call before the next backward). Returns False, changing nothing,
+        when the state belongs to another configuration: another ``plan`` or other subgroups (a changed
+        ``sub_group_size`` or model), or another format; the run then plans as a new one would."""
+        if (state.get("version") != PLAN_STATE_VERSION or state.get("plan") != self.spec.source
+                or list(state.get("sizes", ())) != list(self.sizes)):
+            log.warning("deep_optimizer_states: the checkpoint's plan state (plan %r, %d subgroups) is not this run's "
+                        "(plan %r, %d subgroups); planning starts afresh", state.get("plan"),
+                        len(state.get("sizes", ())), self.spec.source, len(self.sizes))
+            return False
+        calibrator = Calibrator(self._start_cost, overrides=self._cost_overrides)
+        calibrator.load_state_dict(state["calibrator"])
+        trials = self._new_trials()
+        trials.load_state_dict(state["trials"])
+        base_plan = Plan.from_json(state["base_plan"])
+        if trials.incumbent is not None:
+            base_plan = trials.incumbent  # a trial under way is dropped: the plan in force runs
+        self.restore(PlanningState(spec=self.spec, calibrator=calibrator, base_plan=base_plan, probes=self._probes,
+                                   auto_steps=int(state["auto_steps"]), replan_checked=int(state["replan_checked"]),
+                                   trials=trials))
+        return True
 
     def _plan_gradients(self) -> None:
         """Before the next backward: the device lane's subgroups keep their gradients on the device, if they fit.

@@ -135,8 +135,11 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
 
     @override
     def setup(self, trainer: pl.Trainer) -> None:
-        if not any(isinstance(cb, _DispatchCallback) for cb in trainer.callbacks):
-            trainer.callbacks.append(_DispatchCallback())
+        callback = next((cb for cb in trainer.callbacks if isinstance(cb, _DispatchCallback)), None)
+        if callback is None:
+            trainer.callbacks.append(_DispatchCallback(self))
+        else:
+            callback.strategy = self
         super().setup(trainer)
 
     # ------------------------------------------------------------------ engine construction
@@ -185,7 +188,16 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
 
 
 class _DispatchCallback(Callback):
-    """Forwards ``on_before_optimizer_step`` to the strategy (Lightning gives strategies no such hook)."""
+    """Forwards ``on_before_optimizer_step`` to the strategy (Lightning gives strategies no such hook), and keeps the
+    manager's plan state in checkpoints (a callback's ``state_dict`` is saved with them; a strategy's is not)."""
+
+    def __init__(self, strategy: DeepOptimizerStatesStrategy) -> None:
+        self.strategy = strategy
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return STRATEGY_NAME
 
     @override
     def on_before_optimizer_step(
@@ -193,6 +205,18 @@ class _DispatchCallback(Callback):
     ) -> None:
         if isinstance(trainer.strategy, DeepOptimizerStatesStrategy):
             trainer.strategy.on_before_optimizer_step(optimizer)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        manager = self.strategy.manager
+        return {"plan_state": manager.state_dict()} if manager is not None and manager.active else {}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        manager = self.strategy.manager
+        if manager is not None and manager.active and "plan_state" in state_dict:
+            if manager.load_state_dict(state_dict["plan_state"]):
+                rank_zero_info(f"deep_optimizer_states: resumed the plan state: {manager.base_plan}")
 
 
 # ---------------------------------------------------------------------- config helpers

@@ -217,3 +217,45 @@ def test_auto_tries_the_plans_its_model_ranks_close_and_keeps_the_faster(monkeyp
     assert state.trials is manager.trials
     manager.start_auto()
     assert manager.trials is not state.trials and manager.trials.incumbent is None
+
+
+def test_plan_state_round_trips_through_json_and_continues_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint's plan state (``state_dict``) puts a new manager where the old one stood: the plan in force, the
+    calibration, auto's progress; a trial under way is dropped for the plan in force; another run's state is refused."""
+    import json
+
+    from lightning_dos.planning.calibration import StepMeasurement
+
+    old = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("auto"))
+    for _ in range(manager_module.PROBE_STEPS):
+        _step(old)
+    old.calibrator.observe(StepMeasurement(host_params=6000, host_busy_s=1e-3, host_overlapped=False, device_params=0,
+                                           h2d_bytes=0, h2d_busy_s=0.0, d2h_bytes=0, d2h_busy_s=0.0, adam_busy_s=0.0,
+                                           predicted_s=1.0, measured_s=1.3))
+    old.set_plan(_plan("DDHHHH"))
+    old.trials.start(_plan("DDHHHH"))
+    old.trials._trials = 1
+    old.trials.challenger = _plan("DDDHHH")  # a trial under way when the checkpoint is saved
+    state = json.loads(json.dumps(old.state_dict()))  # what a checkpoint holds survives JSON
+
+    new = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("auto"))
+    assert new.base_plan.source == "probe"
+    assert new.load_state_dict(state)
+    assert new.base_plan.lanes == _plan("DDHHHH").lanes  # the plan in force, not the trial's candidate
+    assert not new.trials.running and new.trials._trials == 1
+    assert new._auto_steps == old._auto_steps == manager_module.PROBE_STEPS
+    assert new.cost == old.cost and new.calibrator.history == old.calibrator.history
+    assert new.calibrator.observations == old.calibrator.observations
+    assert new.optimizer.device_grad_subgroups == frozenset({0, 1})  # the restored plan keeps its gradients
+    # the next update phase is auto's next one, not a new probe
+    monkeypatch.setattr(new.calibrator, "observe", lambda measurement: None)
+    _step(new)
+    assert new._auto_steps == manager_module.PROBE_STEPS + 1
+
+    for other in (OptimizerStateManager(FakeOptimizer(), plan=parse_plan("0.5")),  # another plan asked for
+                  OptimizerStateManager(FakeOptimizer(), plan=parse_plan("auto"))):
+        if other.spec.kind == "auto":
+            state = dict(state, sizes=[500] * 12)  # other subgroups (a changed sub_group_size)
+        before = other.base_plan
+        assert not other.load_state_dict(state)
+        assert other.base_plan == before

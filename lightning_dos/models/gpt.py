@@ -35,6 +35,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gpt-2.7b": dict(n_layer=32, n_embd=2560, n_head=32, vocab_size=50304, block_size=2048, style="gpt2"),
     # ~3.94B parameters
     "gpt-4b": dict(n_layer=32, n_embd=3072, n_head=24, style="gpt2"),
+    # The pretraining recipes' models. GPT-2 small and medium (Radford et al. 2019), tied embeddings:
+    # 124,475,904 and 354,871,296 parameters at a 50304-token vocabulary
+    "gpt2-124m": dict(n_layer=12, n_embd=768, n_head=12, style="gpt2", block_size=1024, tie_embeddings=True),
+    "gpt2-350m": dict(n_layer=24, n_embd=1024, n_head=16, style="gpt2", block_size=1024, tie_embeddings=True),
+    # LLaMA-style (RMSNorm, rotary, grouped-query attention, SwiGLU, untied output); at a 50304-token vocabulary:
+    # 1.18B (TinyLlama's shape), 3.13B (Llama 3.2 3B's shape) and 5.37B parameters (Llama 2 7B's width, 28 layers)
+    "llama-1b": dict(n_layer=22, n_embd=2048, n_head=32, n_kv_head=4, intermediate_size=5632),
+    "llama-3b": dict(n_layer=28, n_embd=3072, n_head=24, n_kv_head=8, intermediate_size=8192),
+    "llama-5b": dict(n_layer=28, n_embd=4096, n_head=32, n_kv_head=8, intermediate_size=11008),
+    "llama-6b": dict(n_layer=32, n_embd=4096, n_head=32, n_kv_head=8, intermediate_size=11008),
 }
 
 

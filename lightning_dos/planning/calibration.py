@@ -16,6 +16,7 @@ import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from .perf_model import CostParams
 from .plan import Lane, Plan, _check_buffers, even_device_lanes
@@ -201,6 +202,22 @@ class Calibrator:
         # contention alone cannot explain it: it is pinned, or the host ran faster than its uncontended rate
         self._ema("cpu_contention", 1.0)
         self._ema("cpu_adam_params_per_s", observed / self._params.cpu_contention, quantity="cpu_adam_alone")
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the calibration learnt, JSON-serialisable, to resume it in another process (:meth:`load_state_dict`)."""
+        return {"params": self._params.to_json(), "history": [list(pair) for pair in self._history],
+                "observations": self._observations, "host_alone_seen": self._host_alone_seen,
+                "seen": sorted(self._seen)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`'s output; this calibrator's overrides still win over the saved values."""
+        self._params = CostParams().with_values(state["params"], key="calibration state").with_values(
+            self.overrides, key="overrides")
+        self._history.clear()
+        self._history.extend((float(p), float(m)) for p, m in state["history"])
+        self._observations = int(state["observations"])
+        self._host_alone_seen = bool(state["host_alone_seen"])
+        self._seen = set(state["seen"])
 
     def drifted(self, predicted_s: float, measured_s: float) -> bool:
         """Whether ``|predicted - measured| / measured`` exceeds the drift tolerance."""

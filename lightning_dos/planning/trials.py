@@ -45,6 +45,7 @@ import statistics
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from .plan import Lane, Plan
 
@@ -158,6 +159,22 @@ class PlanTrials:
         self._fresh = 0
         self._trial_phases = 0
         self._exhausted = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the trials stand, JSON-serialisable: the plan in force and how many trials it has had. A trial under
+        way is not kept (resumed, it would compare update phases of two processes): the plan in force stays."""
+        return {"incumbent": None if self.incumbent is None else self.incumbent.to_json(), "trials": self._trials,
+                "exhausted": self._exhausted}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`'s output: no trial runs, and only the trials left may still run."""
+        incumbent = state["incumbent"]
+        if incumbent is None:
+            self.incumbent = None
+            return
+        self.start(Plan.from_json(incumbent))
+        self._trials = int(state["trials"])
+        self._exhausted = bool(state["exhausted"])
 
     def next_plan(self) -> Plan | None:
         """The plan for the next update phase: during a trial with turns, the side that has run fewer of the trial's
