@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def bench_config(args: argparse.Namespace) -> tuple[Any, Any]:
     """The bench's ``BenchConfig`` and ``RunSpec`` for the flags."""
-    from lightning_dos.bench.config import BenchConfig, RunSpec
+    from lightning_dos.bench.config import BenchConfig
+    from lightning_dos.bench.strategies import RunSpec
 
     kind = STRATEGY_KINDS[args.strategy]
     sub_group_size = float(args.sub_group_size)
@@ -377,8 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import lightning_dos  # noqa: F401  (registers the strategies)
-    from lightning_dos.bench.data import build_data
-    from lightning_dos.bench.worker import build_module, build_strategy
+    from lightning_dos.bench.strategies import build_strategy
+    from lightning_dos.bench.workload import build_data, build_module
 
     overrides = zero_overrides(args.zero)
     pl.seed_everything(config.seed, verbose=False)

@@ -20,12 +20,13 @@ import pytest
 
 from lightning_dos.bench import main
 from lightning_dos.bench.arguments import parse_args
-from lightning_dos.bench.config import BenchConfig, RunSpec, expand, plan_argument, schedule
+from lightning_dos.bench.config import BenchConfig
 from lightning_dos.bench.harness import no_offload_skip_reason, run_bench
 from lightning_dos.bench.launcher import classify_exit, launch
 from lightning_dos.bench.report import hardware_slug
 from lightning_dos.bench.results import aggregate, compare_to_baseline
 from lightning_dos.bench.stats import spread
+from lightning_dos.bench.strategies import RunSpec, expand, plan_argument, schedule
 
 TINY = ["--model", "debug", "--n-layer", "2", "--n-embd", "64", "--vocab-size", "512", "--seq-len", "32",
         "--micro-batch", "2", "--steps", "4", "--warmup", "1", "--precision", "32-true", "--sub-group-size", "40000",

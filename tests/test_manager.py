@@ -108,8 +108,8 @@ def _candidates(manager: OptimizerStateManager) -> list[Plan]:
     seen: list[Plan] = []
     original = planner.candidate_plans
 
-    def spy(sizes: list[int], max_buffers: int = 4, host_orders: bool = True) -> Iterator[Plan]:
-        plans = list(original(sizes, max_buffers, host_orders))
+    def spy(sizes: list[int], max_buffers: int = 4) -> Iterator[Plan]:
+        plans = list(original(sizes, max_buffers))
         seen.extend(plans)
         return iter(plans)
 

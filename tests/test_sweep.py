@@ -21,26 +21,19 @@ import pytest
 
 from lightning_dos.bench import main
 from lightning_dos.bench.arguments import parse_args
-from lightning_dos.bench.config import BenchConfig, RunSpec
-from lightning_dos.bench.sweep import PlanSweep
-from lightning_dos.bench.sweep_config import (
+from lightning_dos.bench.claims import AUTO_VS_BEST, AUTO_VS_STRIDES, NO_OOM, PREDICTION, overall_targets
+from lightning_dos.bench.config import (
     AUTO_MIN_EXCLUDED,
     DEFAULT_SWEEP_PLANS,
+    BenchConfig,
     SweepConfig,
     resolve_budget,
     sweep_schedule,
 )
-from lightning_dos.bench.sweep_harness import run_sweep
-from lightning_dos.bench.sweep_results import (
-    AUTO_VS_BEST,
-    AUTO_VS_STRIDES,
-    NO_OOM,
-    PREDICTION,
-    overall_targets,
-    summarize_auto,
-    summarize_budget,
-)
-from lightning_dos.bench.sweep_worker import PROGRESS_FILE
+from lightning_dos.bench.harness import run_sweep
+from lightning_dos.bench.results import summarize_auto, summarize_budget
+from lightning_dos.bench.strategies import RunSpec
+from lightning_dos.bench.worker import PROGRESS_FILE, PlanSweep
 from lightning_dos.executor import LaneTimings
 from lightning_dos.manager import PROBE_STEPS
 from lightning_dos.planning.plan import resolve_plan
@@ -488,11 +481,11 @@ def test_a_timed_out_sweep_keeps_the_plans_it_finished(tmp_path: Path) -> None:
     sweep = SweepConfig(bench=BenchConfig(model="debug", n_layer=1, n_embd=32, vocab_size=64, seq_len=8,
                                           micro_batch=1, steps=5, warmup=2),
                         plans=["host", "0.5", "stride:2"], steps_per_plan=2, budgets=["unlimited", "quarter"])
-    calls: list[tuple[str, str | None, int, float | None]] = []
+    calls: list[tuple[str, int, float | None]] = []
 
-    def fake_launcher(config: BenchConfig, spec: RunSpec, run_dir: Path, module: str | None = None,
+    def fake_launcher(config: BenchConfig, spec: RunSpec, run_dir: Path,
                       extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        calls.append((spec.label, module, config.steps, config.memory_budget_gib))
+        calls.append((spec.label, config.steps, config.memory_budget_gib))
         run_dir.mkdir(parents=True, exist_ok=True)
         assert extra == {"sweep": {"plans": ["host", "0.5", "stride:2"], "steps_per_plan": 2, "auto_steps": 5}}
         log = str(run_dir / "worker.log")
@@ -512,8 +505,7 @@ def test_a_timed_out_sweep_keeps_the_plans_it_finished(tmp_path: Path) -> None:
     doc = run_sweep(sweep, tmp_path, launcher=fake_launcher, progress=False)
     quarter = doc["budgets"][1]["budget"]["gib"]
     assert quarter == pytest.approx(resolve_budget("quarter", doc["model"]["params"]).gib)
-    assert calls == [("sweep[unlimited]", "lightning_dos.bench.sweep_worker", 11, None),
-                     ("sweep[quarter]", "lightning_dos.bench.sweep_worker", 11, quarter)]
+    assert calls == [("sweep[unlimited]", 11, None), ("sweep[quarter]", 11, quarter)]
     budget = doc["budgets"][0]
     # the first round, then auto x2, host, auto x2: stopped in 0.5's second iteration; stride:2 ran only its warm-up
     assert [(p["plan"], p["status"]) for p in budget["plans"]] == [("host", "ok"), ("0.5", "timeout"),
@@ -545,7 +537,7 @@ def test_a_timed_out_sweep_keeps_the_plans_it_finished(tmp_path: Path) -> None:
 
 
 def test_the_report_names_autos_host_order_when_it_is_not_id_order() -> None:
-    from lightning_dos.bench.sweep_report import _host_order_text
+    from lightning_dos.bench.report import _host_order_text
 
     assert _host_order_text({"lanes": "HDHH", "host_order": [3, 0, 2]}) == ", host lane in order 3 0 2"
     assert _host_order_text({"lanes": "HDHH", "host_order": [0, 2, 3]}) == ""
@@ -555,22 +547,21 @@ def test_the_report_names_autos_host_order_when_it_is_not_id_order() -> None:
 @pytest.mark.parametrize("budgets", [1, 2])
 def test_the_sweep_charts_title_fits_in_the_figure(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                    budgets: int) -> None:
-    """A one-panel chart is narrower than the title of a GPU host's sweep: it is wrapped, not cut off at both ends
-    (run P's and earlier one-budget charts lost "plan " and the date's day)."""
+    """A one-panel chart is narrower than the title of a GPU host's sweep: it is wrapped, not cut off at both ends."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from lightning_dos.bench import sweep_report
+    from lightning_dos.bench import chart
 
     doc = json.loads((Path(__file__).parent.parent / "docs" / "benchmarks"
                       / "sweep_gpt-1b_H200_2026-11-21_runQ3.json").read_text())
     doc["budgets"] = doc["budgets"] * budgets
     figures = []
-    real_save = sweep_report.save
-    monkeypatch.setattr(sweep_report, "save", lambda fig, path: figures.append(fig) or real_save(fig, path))
-    sweep_report.render_chart(doc, tmp_path / "sweep.png")
+    real_save = chart.save
+    monkeypatch.setattr(chart, "save", lambda fig, path: figures.append(fig) or real_save(fig, path))
+    chart.render_sweep(doc, tmp_path / "sweep.png")
     (fig,) = figures
     title = fig._suptitle
-    assert title.get_text().replace("\n", " ") == f"plan sweep: {sweep_report.workload_title(doc)}"
+    assert title.get_text().replace("\n", " ") == f"plan sweep: {chart.workload_title(doc)}"
     renderer = FigureCanvasAgg(fig).get_renderer()  # the figure as saved (laid out), closed since
     box, page = title.get_window_extent(renderer), fig.bbox
     assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1

@@ -1,14 +1,17 @@
-"""Owns ``lightning-dos bench``: compare optimizer-offload strategies on this host in one invocation.
+"""Owns ``lightning-dos bench``: measure optimizer-offload strategies on this host, in one of two modes.
 
-The same model, data, seed and batch run under vanilla ZeRO-3 optimizer offload, DeepSpeed's static split,
-Deep Optimizer States (``auto`` and any fixed plans) and no offload, each configuration in its own worker
-process. Outputs: ``results.json``, ``report.md`` (plus a copy named after model, hardware and date) and
-``chart.png``. Modules: ``arguments`` (command line), ``config`` (settings and configurations), ``harness``
-(the invocation), ``launcher`` (one worker process), ``worker`` (one configuration's run), ``timing`` and
-``memory`` (measurement), ``stats`` and ``results`` (statistics, comparisons), ``report`` and ``chart``.
-``--sweep`` runs the plan sweep instead (fixed DOS plans against ``auto``, per memory budget; ``sweep.json``,
-``sweep.md``, ``sweep.png``): ``sweep_config``, ``sweep_harness``, ``sweep_worker``, ``sweep`` (the callback
-switching plans), ``sweep_results`` and ``sweep_report``.
+* **Strategy comparison** (the default): the same model, data, seed and batch under every strategy kind
+  (vanilla ZeRO-3 optimizer offload, DeepSpeed's static split, Deep Optimizer States with ``auto`` and any fixed
+  plans, no offload), each configuration in its own worker process. Outputs: ``results.json``, ``report.md`` (plus
+  a copy named after model, hardware and date) and ``chart.png``.
+* **Plan sweep** (``--sweep``): per memory budget, one DOS process runs every fixed plan and ``auto`` interleaved,
+  to check the performance model. Outputs: ``sweep.json``, ``sweep.md`` and ``sweep.png``.
+
+Modules, each serving both modes: ``arguments`` (command line, recipes), ``config`` (settings), ``strategies``
+(the strategy kinds compared: one entry per kind), ``workload`` (model and data), ``harness`` (the invocation),
+``launcher`` (one worker process), ``worker`` (inside it, with ``timing`` and ``memory``), ``stats``,
+``results`` (figures, documents), ``claims`` (what each mode checks), ``report``, ``chart``, ``environment``
+(hardware and versions). docs/bench.md is the user's guide.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ __all__ = ["main"]
 def sigterm_as_interrupt() -> Iterator[None]:
     """Treat SIGTERM (a job's time limit, ``timeout``, a scheduler) like Ctrl-C while the block runs.
 
-    The harnesses stop the running worker on ``KeyboardInterrupt`` and still write their report for what
+    The harness stops the running worker on ``KeyboardInterrupt`` and still write their report for what
     ran; without this a SIGTERM ended the parent at once and left no report at all.
     """
     def interrupt(signum: int, frame: Any) -> None:
@@ -88,15 +91,15 @@ def _run(invocation: Invocation) -> int:
 
 def _sweep(invocation: Invocation) -> int:
     """``--sweep``: the plan sweep; 0 when at least one process completed, 1 when none did, 130 when interrupted."""
-    from lightning_dos.bench.sweep_harness import default_out_dir, dry_run_text, run_sweep
+    from lightning_dos.bench.harness import default_out_dir, run_sweep, sweep_dry_run_text
 
     sweep = invocation.sweep
     assert sweep is not None
     if invocation.dry_run:
-        print(dry_run_text(sweep))
+        print(sweep_dry_run_text(sweep))
         return 0
     now = datetime.now(timezone.utc)
-    out_dir = Path(sweep.bench.out) if sweep.bench.out else default_out_dir(sweep.bench, now)
+    out_dir = Path(sweep.bench.out) if sweep.bench.out else default_out_dir(sweep.bench, now, sweep=True)
     sweep.bench.out = str(out_dir)
     doc = run_sweep(sweep, out_dir, now=now)
     processes = [b["fixed"]["status"] for b in doc["budgets"]]  # one process per budget: fixed plans and auto

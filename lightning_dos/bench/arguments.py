@@ -1,11 +1,11 @@
-"""Owns the ``lightning-dos bench`` command line: flags, an optional JSON config file, and their merge.
+"""Owns the ``lightning-dos bench`` command line: flags, a training recipe, an optional JSON config file, their merge.
 
 Precedence, lowest first: :class:`~lightning_dos.bench.config.BenchConfig` defaults (a GPU host running
-gpt-2.7b), then ``--recipe FILE`` (a training recipe's model, data and precision), then ``--config FILE``
-(JSON with the same keys), then the flags given. Flags that are not given leave the lower layers alone, so a
-recipe or config file can be tweaked from the command line. ``--sweep`` turns the invocation into a plan sweep
-(:class:`~lightning_dos.bench.sweep_config.SweepConfig`): the same model and data settings, with its own plan
-list, iterations per plan and memory budgets instead of the strategy comparison's options.
+gpt-2.7b), then ``--recipe FILE`` (a training recipe's model, data and precision: :func:`recipe_settings`), then
+``--config FILE`` (JSON with the same keys), then the flags given. Flags that are not given leave the lower layers
+alone, so a recipe or config file can be tweaked from the command line. ``--sweep`` turns the invocation into a plan
+sweep (:class:`~lightning_dos.bench.config.SweepConfig`): the same model and data settings, with its own plan list,
+iterations per plan and memory budgets instead of the strategy comparison's options.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_dos.bench.config import STRATEGIES, BenchConfig, dos_plans, plan_argument
-from lightning_dos.bench.recipe import recipe_settings
-from lightning_dos.bench.sweep_config import DEFAULT_BUDGETS, DEFAULT_SWEEP_PLANS, SweepConfig
+from lightning_dos.bench.config import DEFAULT_BUDGETS, DEFAULT_SWEEP_PLANS, BenchConfig, SweepConfig
+from lightning_dos.bench.strategies import STRATEGIES, dos_plans, plan_argument
 
 PROG = "lightning-dos bench"
 EPILOG = """examples:
@@ -150,6 +149,78 @@ def build_parser() -> argparse.ArgumentParser:
                      help="continue an interrupted bench in --out: configurations that finished there with the same "
                      "measurement settings are reused, the others run")
     return p
+
+
+#: recipe ``model`` key -> bench setting
+MODEL_KEYS = {"name": "model", "n_layer": "n_layer", "n_embd": "n_embd", "n_head": "n_head",
+              "vocab_size": "vocab_size", "activation_checkpointing": "activation_checkpointing",
+              "learning_rate": "learning_rate"}
+#: recipe ``data`` key -> bench setting
+DATA_KEYS = {"seq_len": "seq_len", "batch_size": "micro_batch", "vocab_size": "vocab_size", "paths": "data_paths",
+             "tokenizer": "tokenizer", "bpe_vocab_size": "bpe_vocab_size", "max_bytes": "max_bytes"}
+STRATEGY_KEYS = ("pin_memory", "memory_budget_gib")
+
+
+def _init_args(section: Any) -> tuple[str | None, dict[str, Any]]:
+    """``(class_path, arguments)`` of a recipe section in either form."""
+    if not isinstance(section, dict):
+        return None, {}
+    if "class_path" in section:
+        return str(section["class_path"]), dict(section.get("init_args") or {})
+    return None, dict(section)
+
+
+def recipe_settings(path: str | Path) -> dict[str, Any]:
+    """The bench settings a recipe file (the YAML that ``lightning-dos fit --config`` takes) defines, as keys of
+    :class:`~lightning_dos.bench.config.BenchConfig`.
+
+    Only what defines the workload is taken: the model preset and shape, activation checkpointing and learning rate;
+    the data source, sequence length, micro-batch and vocabulary; the precision; the strategy's integer
+    ``sub_group_size``, ``pin_memory`` and ``memory_budget_gib``; the seed. Steps, logging, checkpointing and the
+    recipe's own strategy choice are not: the bench decides those. Both ``{class_path, init_args}`` sections and
+    plain ones are read.
+    """
+    import yaml
+
+    with open(path, encoding="utf-8") as fh:
+        try:
+            recipe = yaml.safe_load(fh) or {}
+        except yaml.YAMLError as err:
+            raise ValueError(f"--recipe {path}: not valid YAML: {err}") from err
+    if not isinstance(recipe, dict):
+        raise ValueError(f"--recipe {path}: expected a YAML mapping with model/data/trainer sections")
+    settings: dict[str, Any] = {}
+    data_class, data_args = _init_args(recipe.get("data"))
+    if data_class is not None:
+        settings["data"] = "text" if data_class.endswith("TextDataModule") else "synthetic"
+    for key, setting in DATA_KEYS.items():
+        if data_args.get(key) is not None:
+            settings[setting] = data_args[key]
+    _, model_args = _init_args(recipe.get("model"))
+    for key, setting in MODEL_KEYS.items():
+        if model_args.get(key) is not None:
+            settings[setting] = model_args[key]
+    trainer = recipe.get("trainer") or {}
+    if isinstance(trainer, dict):
+        if trainer.get("precision") is not None:
+            settings["precision"] = str(trainer["precision"])
+        _, strategy_args = _init_args(trainer.get("strategy"))
+        sub = strategy_args.get("sub_group_size")
+        if isinstance(sub, (int, float)) and not isinstance(sub, bool):
+            settings["sub_group_size"] = int(sub)
+        for key in STRATEGY_KEYS:
+            if key in strategy_args:
+                settings[key] = strategy_args[key]
+    seed = recipe.get("seed_everything")
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        settings["seed"] = seed
+    if isinstance(settings.get("data_paths"), str):
+        settings["data_paths"] = [settings["data_paths"]]
+    for key in ("learning_rate",):
+        if key in settings:
+            settings[key] = float(settings[key])
+    settings["recipe"] = str(path)
+    return settings
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

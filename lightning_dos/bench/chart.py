@@ -1,14 +1,20 @@
-"""Owns the bench chart: stacked fwd / bwd / step bars per configuration, and peak memory beside them.
+"""Owns the charts of both modes: chart.png of a strategy comparison, sweep.png of a plan sweep.
 
-Left panel: the median fwd, bwd and step times stacked per configuration, with the median iteration time
-marked (medians do not add up exactly, and the gap between backward and the optimizer step is in none of
-the three). Right panel: peak GPU memory (allocated, with reserved behind it); without a GPU, peak host
-memory instead. Configurations that did not complete are shown by their status. Matplotlib's Agg backend,
-so it renders on a host without a display.
+**chart.png**: left, the median fwd, bwd and step times stacked per configuration, with the median iteration time
+marked (medians do not add up exactly, and the gap between backward and the optimizer step is in none of the
+three); right, peak GPU memory (allocated, with reserved behind it), or peak host memory without a GPU.
+Configurations that did not complete are shown by their status.
+
+**sweep.png**: one panel per budget: the fraction plans' measured median update time against the device fraction
+they ran with (a line) and the manager's predictions for them (dashed), the stride plans as separate markers, and
+``auto`` as a horizontal line.
+
+Both draw their JSON document and compute nothing new; matplotlib's Agg backend, so they render without a display.
 """
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +27,8 @@ PHASE_COLOURS = {"fwd_ms": "#4c72b0", "bwd_ms": "#dd8452", "step_ms": "#55a868"}
 #: Draw the GPU's capacity as a line only when the tallest bar reaches this share of it (else it flattens the bars).
 CAPACITY_LINE_SHARE = 0.25
 PHASE_NAMES = {"fwd_ms": "fwd", "bwd_ms": "bwd", "step_ms": "step"}
+#: Plan kinds drawn as the line of fraction plans in sweep.png.
+FRACTION_KINDS = ("fraction", "host", "device")
 
 
 def _has_gpu_memory(results: list[dict[str, Any]]) -> bool:
@@ -99,3 +107,70 @@ def save(fig: Any, path: str | Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+# ------------------------------------------------------------------ plan sweep
+
+def _panel(ax: Any, budget: dict[str, Any]) -> None:
+    plans = [p for p in budget["plans"] if p["update_ms"] is not None and p["device_fraction"] is not None]
+    line = sorted((p for p in plans if p["kind"] in FRACTION_KINDS), key=lambda p: (p["device_fraction"], p["plan"]))
+    if line:
+        xs = [p["device_fraction"] for p in line]
+        ax.plot(xs, [p["update_ms"] for p in line], marker="o", color="#4c72b0", label="fraction plans (measured)")
+        predicted = [(p["device_fraction"], p["predicted_ms"]) for p in line if p["predicted_ms"] is not None]
+        if predicted:
+            ax.plot([x for x, _ in predicted], [y for _, y in predicted], linestyle="--", marker=".",
+                    color="#4c72b0", alpha=0.7, label="fraction plans (predicted)")
+    strides = [p for p in plans if p["kind"] == "stride"]
+    if strides:
+        ax.scatter([p["device_fraction"] for p in strides], [p["update_ms"] for p in strides], marker="^", s=60,
+                   color="#dd8452", zorder=3, label="stride:K (measured)")
+        ax.scatter([p["device_fraction"] for p in strides if p["predicted_ms"] is not None],
+                   [p["predicted_ms"] for p in strides if p["predicted_ms"] is not None], marker="^", s=60,
+                   facecolors="none", edgecolors="#dd8452", zorder=3, label="stride:K (predicted)")
+        for p in strides:
+            ax.annotate(p["plan"].replace("stride:", "s"), (p["device_fraction"], p["update_ms"]),
+                        textcoords="offset points", xytext=(4, 4), fontsize="x-small", color="#dd8452")
+    others = [p for p in plans if p["kind"] == "list"]
+    if others:
+        ax.scatter([p["device_fraction"] for p in others], [p["update_ms"] for p in others], marker="s",
+                   color="#8172b3", zorder=3, label="lane lists (measured)")
+    auto = budget["auto"]
+    if auto["update_ms"] is not None:
+        ax.axhline(auto["update_ms"], color="#55a868", linewidth=1.5,
+                   label=f"auto {auto['update_ms']:.1f} ms" + (f" (device fraction {auto['device_fraction']:.2f})"
+                                                                 if auto["device_fraction"] is not None else ""))
+        if auto["device_fraction"] is not None:
+            ax.scatter([auto["device_fraction"]], [auto["update_ms"]], marker="*", s=160, color="#55a868", zorder=4)
+    missing = [f"{p['plan']}: {p['status']}" for p in budget["plans"] if p["status"] != "ok"]
+    if auto["status"] != "ok":
+        missing.append(f"auto: {auto['status']}")
+    if missing:
+        ax.text(0.01, 0.01, "not measured: " + ", ".join(missing), transform=ax.transAxes, fontsize="x-small",
+                color="#c44e52", va="bottom", wrap=True)
+    ax.set_title(f"budget {budget['budget']['label']}")
+    ax.set_xlabel("device-lane fraction of the parameters (as run)")
+    ax.set_ylabel("update phase, median (ms)")
+    ax.set_xlim(-0.05, 1.05)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="best", fontsize="x-small", framealpha=0.8)
+
+
+#: Characters of the figure title per inch of figure width (matplotlib's default 12 pt title font).
+TITLE_CHARS_PER_INCH = 9
+
+
+def render_sweep(doc: dict[str, Any], path: str | Path) -> Path:
+    """Draw sweep.png of a sweep.json document to ``path`` and return the path."""
+    budgets = doc["budgets"]
+    panels = max(1, len(budgets))
+    fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 5.0), squeeze=False)
+    for ax, budget in zip(axes[0], budgets):
+        _panel(ax, budget)
+    if not budgets:
+        axes[0][0].text(0.5, 0.5, "no budget measured", ha="center", va="center")
+    # wrapped to the figure's width: one panel is narrower than the title (it was cut off at both ends)
+    title = f"plan sweep: {workload_title(doc)}"
+    fig.suptitle(textwrap.fill(title, width=int(TITLE_CHARS_PER_INCH * fig.get_figwidth())))
+    return save(fig, path)

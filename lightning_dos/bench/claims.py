@@ -1,15 +1,22 @@
-"""Owns the check of DOS's claims against the configurations measured in one bench run.
+"""Owns what each mode checks: the strategy comparison's claims and the plan sweep's targets, met / missed / not
+measured.
 
-Every claim is a ratio of two figures from the same invocation (never against numbers from elsewhere):
-DOS's best iteration against vanilla ZeRO-3 offload and against the static split at ratio 0.5 (at lower
-peak GPU memory than that split), its step (the update phase) against vanilla's, and its final loss against
-vanilla's. A claim whose configurations did not both complete is "not measured", never "met".
+**Claims** (``lightning-dos bench``): every claim is a ratio of two figures from the same invocation (never against
+numbers from elsewhere): DOS's best iteration against vanilla ZeRO-3 offload and against the static split at ratio
+0.5 (at lower peak GPU memory than that split), its step (the update phase) against vanilla's, and its final loss
+against vanilla's. A claim whose configurations did not both complete is "not measured", never "met".
+
+**Targets** (``--sweep``), per budget and over the invocation: ``auto`` within 5% of the best swept plan, the median
+prediction error of the swept plans' update phases at most 10%, no process out of memory, failed or timed out, and
+``auto`` faster than every ``stride:K``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
+from lightning_dos.bench.stats import median
 
 #: the claims, with their thresholds (from the project's targets for the reference GPU host)
 ITERATION_VS_VANILLA = 2.5
@@ -24,9 +31,12 @@ def _ok(results: Sequence[dict[str, Any]], strategy: str) -> list[dict[str, Any]
             and r.get("iteration_ms") is not None]
 
 
+def _status(met: bool | None) -> str:
+    return "not measured" if met is None else ("met" if met else "missed")
+
+
 def _claim(name: str, threshold: str, value: float | None, met: bool | None, detail: str) -> dict[str, Any]:
-    status = "not measured" if met is None else ("met" if met else "missed")
-    return {"claim": name, "threshold": threshold, "value": value, "status": status, "detail": detail}
+    return {"claim": name, "threshold": threshold, "value": value, "status": _status(met), "detail": detail}
 
 
 def check_claims(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -73,3 +83,109 @@ def check_claims(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                              f"{cand['label']} {cand['iteration_ms']:.1f} ms, {cand['peak_gpu_gib']:.1f} GiB vs "
                              f"{split['label']} {split['iteration_ms']:.1f} ms, {split['peak_gpu_gib']:.1f} GiB"))
     return claims
+
+
+#: auto's median update time may exceed the best swept plan's by at most this share.
+AUTO_WITHIN = 0.05
+#: Median relative prediction error over the swept plans' measured update phases, at most.
+PREDICTION_ERROR = 0.10
+AUTO_VS_BEST = "auto within 5% of the best swept plan"
+PREDICTION = "median prediction error <= 10%"
+NO_OOM = "no OOM"
+AUTO_VS_STRIDES = "auto beats every stride:K"
+TARGETS = (AUTO_VS_BEST, PREDICTION, NO_OOM, AUTO_VS_STRIDES)
+#: Statuses that miss the no-OOM target: out of memory, a crash, or no result in time.
+FAILED_STATUSES = ("oom", "failed", "timeout")
+
+
+def _target(name: str, threshold: str, value: float | None, met: bool | None, detail: str) -> dict[str, Any]:
+    return {"target": name, "threshold": threshold, "value": value, "status": _status(met), "detail": detail}
+
+
+def _ms(value: float) -> str:
+    return f"{value:.1f} ms"
+
+
+def best_plan(plans: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The completed swept plan with the smallest median update time."""
+    done = [p for p in plans if p["status"] == "ok" and p["update_ms"] is not None]
+    return min(done, key=lambda p: p["update_ms"], default=None)
+
+
+def check_targets(plans: Sequence[dict[str, Any]], auto: dict[str, Any],
+                  processes: dict[str, str]) -> list[dict[str, Any]]:
+    """The four targets for one budget: met / missed / not measured, each with its figure.
+
+    ``processes`` maps each process to its status.
+    """
+    targets = []
+    auto_ms = auto["update_ms"] if auto["status"] == "ok" else None
+    best = best_plan(plans)
+    if auto_ms is None or best is None:
+        targets.append(_target(AUTO_VS_BEST, f"<= +{AUTO_WITHIN:.0%}", None, None,
+                               "needs auto and at least one swept plan measured"))
+    else:
+        excess = auto_ms / best["update_ms"] - 1.0
+        targets.append(_target(AUTO_VS_BEST, f"<= +{AUTO_WITHIN:.0%}", excess, auto_ms <= best["update_ms"] *
+                               (1.0 + AUTO_WITHIN), f"auto {_ms(auto_ms)} vs best swept {best['plan']} "
+                               f"{_ms(best['update_ms'])} ({excess:+.1%})"))
+
+    errors = [e for p in plans for e in p["rel_errors"]]
+    error = median(errors)
+    measured_plans = sum(1 for p in plans if p["rel_errors"])
+    targets.append(_target(PREDICTION, f"<= {PREDICTION_ERROR:.0%}", error,
+                           None if error is None else error <= PREDICTION_ERROR,
+                           f"median over {len(errors)} measured update phases of {measured_plans} swept plans"
+                           if errors else "no swept plan measured"))
+
+    failed = {name: status for name, status in processes.items() if status in FAILED_STATUSES}
+    unknown = {name: status for name, status in processes.items() if status != "ok" and name not in failed}
+    if failed:
+        where = [f"plan {p['plan']}" for p in plans if p["status"] in FAILED_STATUSES]
+        where += ["auto"] if auto["status"] in FAILED_STATUSES else []
+        detail = "; ".join(f"{name}: {status}" for name, status in failed.items())
+        detail += f" (during {', '.join(where)})" if where else ""
+        targets.append(_target(NO_OOM, "every process completes", float(len(failed)), False, detail))
+    elif unknown:
+        targets.append(_target(NO_OOM, "every process completes", None, None,
+                               "; ".join(f"{name}: {status}" for name, status in unknown.items())))
+    else:
+        demoted = max((p["demoted_max"] or 0 for p in plans), default=0)
+        targets.append(_target(NO_OOM, "every process completes", 0.0, True,
+                               f"{len(processes)} processes, {len(plans)} plans completed; at most {demoted} "
+                               "subgroups demoted to fit"))
+
+    strides = [p for p in plans if p["kind"] == "stride" and p["status"] == "ok" and p["update_ms"] is not None]
+    if auto_ms is None or not strides:
+        targets.append(_target(AUTO_VS_STRIDES, "< every stride:K", None, None, "needs auto and a stride:K measured"))
+    else:
+        fastest = min(strides, key=lambda p: p["update_ms"])
+        ratio = auto_ms / fastest["update_ms"]
+        targets.append(_target(AUTO_VS_STRIDES, "< every stride:K", ratio, auto_ms < fastest["update_ms"],
+                               f"auto {_ms(auto_ms)} vs fastest {fastest['plan']} {_ms(fastest['update_ms'])} "
+                               f"({ratio:.3f}x) of {len(strides)} stride plans"))
+    return targets
+
+
+def overall_targets(budgets: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each target over all budgets: missed if any budget missed it, else not measured if any did not measure it.
+
+    The value is the worst budget's (largest: excess, error, failed processes, ratio).
+    """
+    out = []
+    for name in TARGETS:
+        per = [(b["budget"]["label"], next(t for t in b["targets"] if t["target"] == name)) for b in budgets]
+        statuses = [t["status"] for _, t in per]
+        if not per:
+            status = "not measured"
+        elif "missed" in statuses:
+            status = "missed"
+        elif "not measured" in statuses:
+            status = "not measured"
+        else:
+            status = "met"
+        values = [t["value"] for _, t in per if t["value"] is not None]
+        out.append({"target": name, "threshold": per[0][1]["threshold"] if per else "-",
+                    "value": max(values) if values else None, "status": status,
+                    "detail": "; ".join(f"{label}: {t['status']}" for label, t in per)})
+    return out

@@ -1,25 +1,26 @@
-"""Owns the benchmark's configuration: the resolved bench settings and the list of configurations they expand to.
+"""Owns the bench's settings: what one invocation measures, in either mode, with no torch import.
 
-``BenchConfig`` holds everything one ``lightning-dos bench`` invocation shares (model, data, batch, steps,
-which strategies); ``RunSpec`` is one configuration, one repeat, as handed to a worker process. Both are plain
-dataclasses that round-trip through JSON, so the parent can write a worker's config file and the report can
-print the full resolved configuration. No torch import here.
+:class:`BenchConfig` holds everything one ``lightning-dos bench`` invocation shares (model, data, batch, steps,
+which strategies); it round-trips through JSON, so the parent can write a worker's config file and the report can
+print the full resolved configuration. :class:`SweepConfig` is the plan sweep's (``--sweep``): the bench settings,
+the fixed plans swept, iterations per plan and the memory budgets (:class:`Budget`). For each budget one training
+process runs every fixed plan for ``steps_per_plan`` iterations and ``auto`` for ``bench.steps`` iterations,
+interleaved (:func:`sweep_schedule`): the host's speed drifts by more than 10% over tens of seconds, and plans held in
+turn each met a different spell of it. ``auto`` starts cold (starting cost values, then its probe) and keeps its
+own calibration. A budget is ``unlimited`` (no limit but the free device memory), ``quarter`` (room for a quarter of
+the optimizer state: 0.25 x 12 bytes x the model's parameters) or a number of GiB.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
-#: Strategy kinds the harness compares, in the order they run and are reported.
-STRATEGIES = ("zero3_offload", "static_split", "deep_optimizer_states", "no_offload")
-#: The control every speedup and loss comparison is measured against.
-BASELINE = "zero3_offload"
-#: DOS plans always benchmarked, before any fixed plans asked for.
-DEFAULT_PLANS = ("auto",)
-#: DeepSpeed static-split ratios (fraction of the optimizer state kept on the host).
-DEFAULT_RATIOS = (0.25, 0.5, 0.75)
+from lightning_dos.bench.strategies import DEFAULT_PLANS, DEFAULT_RATIOS, STRATEGIES, plan_argument
+
 #: Phases timed in every iteration, in milliseconds.
 PHASES = ("fwd_ms", "bwd_ms", "step_ms", "iteration_ms")
 #: Per-iteration host accounting of the fwd, bwd and step phases (``lightning_dos.bench.timing``): the CPU ms of the
@@ -27,8 +28,6 @@ PHASES = ("fwd_ms", "bwd_ms", "step_ms", "iteration_ms")
 HOST_KEYS = tuple(f"{phase}_{kind}" for phase in ("fwd", "bwd", "step") for kind in ("other_cpu_ms", "preempted"))
 #: Data sources a bench can feed the model.
 DATA_SOURCES = ("synthetic", "text")
-
-PlanValue = Union[str, float, None]
 
 
 @dataclass
@@ -94,7 +93,7 @@ class BenchConfig:
     force_no_offload: bool = False
     """Run no_offload even when the model and optimizer state clearly exceed the GPU's memory."""
     out: str = ""
-    """Output directory for results.json, report.md, chart.png and the per-run logs; empty picks one under runs/."""
+    """Output directory for the outputs and the per-run logs; empty picks one under runs/."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable copy."""
@@ -153,72 +152,180 @@ class BenchConfig:
             raise ValueError("bench: " + "; ".join(problems))
 
 
-@dataclass
-class RunSpec:
-    """One configuration, one repeat: what a worker process runs."""
+GIB = 1024**3
+#: Fixed plans swept by default: fractions 0.0-1.0 by 0.1, then stride:2..6.
+DEFAULT_SWEEP_PLANS = tuple(f"{k / 10:.1f}" for k in range(11)) + tuple(f"stride:{k}" for k in range(2, 7))
+#: Budgets swept by default.
+DEFAULT_BUDGETS = ("unlimited", "quarter")
+#: Share of the optimizer state (fp32 master, m and v: 12 bytes per parameter) the ``quarter`` budget holds.
+QUARTER_SHARE = 0.25
+STATE_BYTES_PER_PARAM = 12
+#: Iterations of each plan left out of its statistics (the first: buffers and gradients change with the plan).
+PLAN_WARMUP = 1
+#: The plan name of ``auto``'s iterations in a sweep's schedule.
+AUTO = "auto"
+#: Leading iterations of an ``auto`` run always left out: its two probe steps (the host lane alone, then half the
+#: subgroups on each lane) and the first step of the chosen plan.
+AUTO_MIN_EXCLUDED = 3
 
-    label: str
-    """Unique, human-readable name, e.g. ``zero3_offload``, ``static_split(0.5)``, ``dos(auto)``."""
-    strategy: str
-    """Strategy kind, one of :data:`STRATEGIES`."""
-    plan: PlanValue
-    """DOS plan as given, the static-split ratio (1.0 for zero3_offload), or None for no_offload."""
-    repeat: int = 0
-    """Index of this repeat, from 0."""
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable copy."""
-        return dataclasses.asdict(self)
+def sweep_schedule(plans: Sequence[str], rounds: int, auto_steps: int = 0) -> list[str]:
+    """The plan of each iteration of a sweep process, in order.
+
+    ``rounds`` rounds of every fixed plan, one iteration each, in the order given. The first round runs alone (it is
+    every plan's warm-up, left out of the figures); ``auto_steps`` iterations of ``auto`` (:data:`AUTO`) are spread
+    evenly over the later rounds, so that slow and fast spells of the host fall on ``auto`` and on every fixed plan
+    alike. ``auto``'s k-th iteration comes just before iteration ``k * n // auto_steps`` of those ``n`` later ones.
+    """
+    first, later = list(plans), list(plans) * (rounds - 1)
+    if auto_steps <= 0:
+        return first + later
+    slots = [k * len(later) // auto_steps for k in range(auto_steps)]
+    out = first
+    for i, plan in enumerate(later):
+        out += [AUTO] * slots.count(i)
+        out.append(plan)
+    return out + [AUTO] * sum(slot >= len(later) for slot in slots)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One memory budget of the sweep, resolved for the model."""
+
+    name: str
+    """As given: ``unlimited``, ``quarter`` or a number of GiB."""
+    gib: float | None
+    """The DOS ``memory_budget_gib`` it stands for; None for no limit beyond the free device memory."""
+
+    @property
+    def label(self) -> str:
+        """E.g. ``unlimited``, ``quarter (7.81 GiB)``, ``12 GiB``."""
+        if self.gib is None:
+            return self.name
+        if self.name == "quarter":
+            return f"quarter ({self.gib:.2f} GiB)"
+        return f"{self.gib:g} GiB"
 
     @property
     def slug(self) -> str:
-        """The label as a file-name-safe string."""
-        return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in self.label).strip("_")
+        """A file-name-safe form of the name."""
+        return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in self.name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable copy, with the label."""
+        return {"name": self.name, "gib": self.gib, "label": self.label}
 
 
-def plan_argument(plan: str) -> str | float | list[str]:
-    """The DOS strategy's ``plan`` argument for a plan given on the command line.
-
-    ``"0.5"`` becomes the fraction 0.5, ``"host,device,host"`` a list of lanes, anything else stays a string.
-    """
-    text = plan.strip()
-    if "," in text:
-        return [part.strip() for part in text.split(",")]
+def check_budget(text: str) -> str:
+    """``text`` normalised (``unlimited``, ``quarter`` or a number of GiB); ``ValueError`` for anything else."""
+    value = str(text).strip().lower()
+    if value in ("unlimited", "quarter"):
+        return value
     try:
-        return float(text)
+        gib = float(value)
     except ValueError:
-        return text
+        raise ValueError(f"budgets: {text!r} is not a budget; use 'unlimited', 'quarter' or a number of GiB") from None
+    if not math.isfinite(gib) or gib < 0:
+        raise ValueError(f"budgets: {text!r} must be a number of GiB >= 0")
+    return f"{gib:g}"
 
 
-def dos_plans(config: BenchConfig) -> list[str]:
-    """The DOS plans to run: ``auto`` first, then the fixed plans asked for, without repeats."""
-    plans: list[str] = []
-    for plan in [*DEFAULT_PLANS, *config.plans]:
-        text = str(plan).strip()
-        if text.lower() not in [p.lower() for p in plans]:
-            plans.append(text)
-    return plans
+def resolve_budget(text: str, params: int) -> Budget:
+    """The budget ``text`` for a model of ``params`` parameters (one rank holds them all)."""
+    name = check_budget(text)
+    if name == "unlimited":
+        return Budget(name, None)
+    if name == "quarter":
+        return Budget(name, QUARTER_SHARE * STATE_BYTES_PER_PARAM * params / GIB)
+    return Budget(name, float(name))
 
 
-def expand(config: BenchConfig) -> list[RunSpec]:
-    """One ``RunSpec`` per configuration for repeat 0, in report order (the baseline first)."""
-    specs: list[RunSpec] = []
-    for strategy in STRATEGIES:
-        if strategy not in config.strategies:
-            continue
-        if strategy == "zero3_offload":
-            specs.append(RunSpec(label="zero3_offload", strategy=strategy, plan=1.0))
-        elif strategy == "static_split":
-            for ratio in dict.fromkeys(float(r) for r in config.ratios):
-                specs.append(RunSpec(label=f"static_split({ratio:g})", strategy=strategy, plan=ratio))
-        elif strategy == "deep_optimizer_states":
-            for plan in dos_plans(config):
-                specs.append(RunSpec(label=f"dos({plan})", strategy=strategy, plan=plan))
-        else:
-            specs.append(RunSpec(label="no_offload", strategy=strategy, plan=None))
-    return specs
+@dataclass
+class SweepConfig:
+    """What a plan sweep runs: the bench settings, the fixed plans, iterations per plan and the budgets.
 
+    Each budget's process interleaves the fixed plans and ``bench.steps`` iterations of ``auto``
+    (:func:`sweep_schedule`); of ``auto``'s, the first ``bench.warmup`` (at least the two probe steps and the first step
+    of the plan chosen after them) are left out.
+    """
 
-def schedule(specs: list[RunSpec], repeats: int) -> list[RunSpec]:
-    """Every configuration ``repeats`` times, round-robin, so slow drift of the host spreads over all of them."""
-    return [dataclasses.replace(spec, repeat=r) for r in range(repeats) for spec in specs]
+    bench: BenchConfig
+    """Model, data, precision, timing and output settings, shared with ``lightning-dos bench``."""
+    plans: list[str] = field(default_factory=lambda: list(DEFAULT_SWEEP_PLANS))
+    """Fixed plans swept in one process per budget: ``host``, ``device``, a fraction, ``stride:K`` or lanes."""
+    steps_per_plan: int = 3
+    """Iterations each fixed plan runs, one per round; the first (the first round) is warm-up."""
+    budgets: list[str] = field(default_factory=lambda: list(DEFAULT_BUDGETS))
+    """Memory budgets: ``unlimited``, ``quarter`` or a number of GiB."""
+
+    @property
+    def fixed_steps(self) -> int:
+        """Iterations of the fixed plans in one budget's process."""
+        return len(self.plans) * self.steps_per_plan
+
+    @property
+    def auto_steps(self) -> int:
+        """Iterations of ``auto``, interleaved with the fixed plans' rounds after the first."""
+        return self.bench.steps
+
+    @property
+    def process_steps(self) -> int:
+        """Iterations of one budget's process: the fixed plans' and ``auto``'s."""
+        return self.fixed_steps + self.auto_steps
+
+    @property
+    def auto_excluded(self) -> int:
+        """Leading iterations of ``auto`` left out: its warm-up, at least the probe steps and one more."""
+        return max(self.bench.warmup, AUTO_MIN_EXCLUDED)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The sweep's own settings (the bench settings are recorded separately)."""
+        return {"plans": list(self.plans), "steps_per_plan": self.steps_per_plan, "plan_warmup": PLAN_WARMUP,
+                "budgets": list(self.budgets), "auto_steps": self.auto_steps, "auto_excluded": self.auto_excluded}
+
+    def process_config(self, budget: Budget) -> BenchConfig:
+        """The bench settings of the process of ``budget`` (every fixed plan and ``auto``, interleaved)."""
+        return dataclasses.replace(self.bench, memory_budget_gib=budget.gib, steps=self.process_steps,
+                                   warmup=PLAN_WARMUP, strategies=["deep_optimizer_states"],
+                                   plans=[*self.plans, "auto"])
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` listing every setting the sweep cannot run (the bench settings' own included)."""
+        from lightning_dos.planning.plan import parse_plan
+
+        problems = []
+        try:
+            self.bench.validate()
+        except ValueError as err:
+            problems.append(str(err))
+        if not self.plans:
+            problems.append("sweep plans: give at least one fixed plan")
+        for plan in self.plans:
+            try:
+                spec = parse_plan(plan_argument(str(plan)))
+            except ValueError as err:
+                problems.append(str(err))
+                continue
+            if spec.kind == "auto":
+                problems.append("sweep plans: 'auto' is not a fixed plan; the sweep runs it between the fixed plans "
+                                "(--steps iterations)")
+        lowered = [str(p).strip().lower() for p in self.plans]
+        repeated = sorted({p for p in lowered if lowered.count(p) > 1})
+        if repeated:
+            problems.append(f"sweep plans: {repeated} given more than once")
+        steps = self.steps_per_plan
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps <= PLAN_WARMUP:
+            problems.append(f"steps per plan: {steps!r} must be an integer >= {PLAN_WARMUP + 1} "
+                            f"(the first {PLAN_WARMUP} of each plan is warm-up)")
+        if not self.budgets:
+            problems.append("budgets: give at least one budget")
+        for budget in self.budgets:
+            try:
+                check_budget(budget)
+            except ValueError as err:
+                problems.append(str(err))
+        if isinstance(self.bench.steps, int) and self.bench.steps <= self.auto_excluded:
+            problems.append(f"steps: auto's first {self.auto_excluded} iterations are left out (the "
+                            f"probe, the first step of its plan, warm-up); set steps > {self.auto_excluded}")
+        if problems:
+            raise ValueError("sweep: " + "; ".join(problems))

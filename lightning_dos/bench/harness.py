@@ -1,15 +1,25 @@
-"""Owns one bench invocation end to end: configurations in, results.json, report and chart out.
+"""Owns one invocation end to end, in either mode: worker processes in; a JSON document, a report and a chart out.
 
-Describes the host and the model, prepares text data once if asked for, runs every configuration (each
-repeat in its own worker process, round-robin) under a progress bar with a one-line summary per run,
-aggregates the repeats, compares against vanilla ``zero3_offload`` and writes the outputs under ``out``.
-Also decides, before spending a run on it, whether ``no_offload`` can possibly fit on the GPU.
+Both modes describe the host and the model, prepare text data once if asked for, and run their worker processes
+(:mod:`~lightning_dos.bench.worker`, through :func:`~lightning_dos.bench.launcher.launch`: time limit, failure
+classification, a log each) one at a time under a progress bar with a one-line summary per process. Ctrl-C or
+SIGTERM stops the process running; the ones after it are reported as not run, and the outputs cover what ran.
+
+* **Strategy comparison** (:func:`run_bench`): every configuration of every strategy kind, each repeat in its own
+  process, round-robin; the repeats are aggregated and compared against vanilla ``zero3_offload``, the claims
+  checked, and results.json, report.md (and its dated copy) and chart.png written. ``no_offload`` is not run when the
+  model states clearly cannot fit on the GPU; ``--resume`` reuses the configurations an earlier invocation finished.
+* **Plan sweep** (:func:`run_sweep`): one process per memory budget runs every fixed plan in rounds and ``auto``
+  started cold between them (:func:`~lightning_dos.bench.config.sweep_schedule`); ``auto`` shares the process and
+  the time with the plans it is compared with. sweep.json, sweep.md and sweep.png are written after every budget,
+  and a process stopped from outside still contributes the plans it finished (its ``progress.json``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -18,26 +28,35 @@ from tqdm.auto import tqdm
 
 from lightning_dos.bench import chart, report
 from lightning_dos.bench.claims import check_claims
-from lightning_dos.bench.config import BenchConfig, RunSpec, expand, schedule
-from lightning_dos.bench.data import prepare_text
+from lightning_dos.bench.config import BenchConfig, Budget, SweepConfig, resolve_budget
 from lightning_dos.bench.environment import hardware_info, merge_worker_device, versions
 from lightning_dos.bench.launcher import launch
-from lightning_dos.bench.model import NO_OFFLOAD_BYTES_PER_PARAM, describe_model
-from lightning_dos.bench.results import aggregate, compare_to_baseline, document, skipped
+from lightning_dos.bench.results import (
+    aggregate,
+    bench_document,
+    compare_to_baseline,
+    skipped,
+    summarize_budget,
+    sweep_document,
+    write_json,
+)
 from lightning_dos.bench.stats import median
-from lightning_dos.bench.worker import write_json
+from lightning_dos.bench.strategies import KINDS, RunSpec, expand, schedule
+from lightning_dos.bench.worker import PROGRESS_FILE
+from lightning_dos.bench.workload import NO_OFFLOAD_BYTES_PER_PARAM, describe_model, prepare_text
 
 GPU_TIMING = ("GPU: torch.cuda.synchronize() is called at every phase boundary (bench mode), so each phase's "
               "kernels are charged to it; this costs a little and removes overlap across boundaries, so "
               "iteration times are slightly above an unsynchronised run's.")
 CPU_TIMING = "CPU: no device to synchronise; phase times are host wall-clock between the Lightning hooks."
 
-Launcher = Callable[[BenchConfig, RunSpec, Path], dict[str, Any]]
+#: ``launcher(config, spec, run_dir)`` (a sweep's also gets ``extra=``): :func:`~lightning_dos.bench.launcher.launch`.
+Launcher = Callable[..., dict[str, Any]]
 
 
-def default_out_dir(config: BenchConfig, now: datetime) -> Path:
-    """``runs/bench/<model>_<YYYYmmdd-HHMMSS>`` under the current directory."""
-    return Path("runs") / "bench" / f"{config.model}_{now:%Y%m%d-%H%M%S}"
+def default_out_dir(config: BenchConfig, now: datetime, sweep: bool = False) -> Path:
+    """``runs/bench/<model>_<YYYYmmdd-HHMMSS>`` (``runs/sweep/...`` for a sweep) under the current directory."""
+    return Path("runs") / ("sweep" if sweep else "bench") / f"{config.model}_{now:%Y%m%d-%H%M%S}"
 
 
 def uses_gpu(config: BenchConfig, hardware: dict[str, Any]) -> bool:
@@ -47,8 +66,73 @@ def uses_gpu(config: BenchConfig, hardware: dict[str, Any]) -> bool:
     return config.accelerator == "auto" and bool(hardware.get("gpu_count"))
 
 
+def _timing_note(config: BenchConfig, hardware: dict[str, Any], devices: list[dict[str, Any]]) -> str:
+    """How phases were timed, from the devices the workers reported (merged into ``hardware``)."""
+    merge_worker_device(hardware, devices[0] if devices else None)
+    on_gpu = any(d.get("type") == "cuda" for d in devices) or (not devices and uses_gpu(config, hardware))
+    return GPU_TIMING if on_gpu else CPU_TIMING
+
+
+def _prepare(config: BenchConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The host and the model of an invocation, text data tokenised once first if it uses any."""
+    hardware = hardware_info()
+    if config.data == "text":
+        prepare_text(config)
+    return hardware, describe_model(config)
+
+
+def _relative(path: str | None, root: Path) -> str | None:
+    if path is None:
+        return None
+    try:
+        return str(Path(path).resolve().relative_to(root.resolve()))
+    except ValueError:
+        return path
+
+
+def _elapsed(result: dict[str, Any]) -> str:
+    return f" ({result['elapsed_s']:.0f} s)" if result.get("elapsed_s") is not None else ""
+
+
+class _Processes:
+    """An invocation's worker processes, one at a time: after an interruption the rest are not run."""
+
+    def __init__(self, bar: Any, out_dir: Path, mode: str) -> None:
+        self.bar, self.out_dir, self.mode = bar, out_dir, mode
+        self.interrupted = False
+
+    def begin(self, spec: RunSpec) -> None:
+        self.bar.set_postfix_str(spec.label)
+
+    def run(self, spec: RunSpec, launch_it: Callable[[], dict[str, Any]],
+            complete: Callable[[dict[str, Any]], dict[str, Any]] = lambda result: result) -> dict[str, Any]:
+        """``launch_it()``'s result (``complete``d), or a ``skipped`` one once the invocation was interrupted."""
+        if self.interrupted:
+            result = skipped(spec, f"not run: the {self.mode} was interrupted")
+        else:
+            try:
+                result = complete(launch_it())
+            except KeyboardInterrupt:  # the worker is already stopped; report what ran
+                self.interrupted = True
+                result = complete(skipped(spec, "interrupted while running"))
+        result["log"] = _relative(result.get("log"), self.out_dir)
+        return result
+
+    def done(self, line: str) -> None:
+        self.bar.write(line)
+        self.bar.update(1)
+
+
+@contextmanager
+def _processes(total: int, mode: str, unit: str, out_dir: Path, progress: bool) -> Iterator[_Processes]:
+    with tqdm(total=total, desc=mode, unit=unit, disable=not progress, dynamic_ncols=True) as bar:
+        yield _Processes(bar, out_dir, mode)
+
+
+# ------------------------------------------------------------------ strategy comparison
+
 def no_offload_skip_reason(config: BenchConfig, model: dict[str, Any], hardware: dict[str, Any]) -> str | None:
-    """Why no_offload cannot fit (so it is not run), or None to run it."""
+    """Why a kind that keeps every state on the GPU (no_offload) cannot fit (so it is not run), or None to run it."""
     total = hardware.get("gpu_memory_gib")
     if config.force_no_offload or not uses_gpu(config, hardware) or not total:
         return None
@@ -66,25 +150,15 @@ def run_line(index: int, total: int, result: dict[str, Any], config: BenchConfig
         head += f" (repeat {result.get('repeat', 0) + 1})"
     if result.get("reused"):
         head += " (reused from an earlier invocation)"
-    elapsed = f" ({result['elapsed_s']:.0f} s)" if result.get("elapsed_s") is not None else ""
     if result["status"] != "ok":
-        return f"{head}: {result['status'].upper()}: {result.get('reason')}{elapsed}"
+        return f"{head}: {result['status'].upper()}: {result.get('reason')}{_elapsed(result)}"
     it = {k: median(v[config.warmup:]) for k, v in result["iterations"].items()}
     tokens_per_s = config.tokens_per_iteration / (it["iteration_ms"] / 1e3) if it["iteration_ms"] else None
     gpu = result.get("peak_gpu_gib")
     memory = (f"peak GPU {gpu:.2f} GiB, " if gpu is not None else "") + f"host {result['peak_host_gib']:.2f} GiB"
     return (f"{head}: ok  iteration {it['iteration_ms']:.1f} ms (fwd {it['fwd_ms']:.1f} | bwd {it['bwd_ms']:.1f} | "
             f"step {it['step_ms']:.1f})  {tokens_per_s or 0:,.0f} tokens/s  {memory}  "
-            f"loss {result['iterations']['loss'][-1]:.4f}{elapsed}")
-
-
-def _relative(path: str | None, root: Path) -> str | None:
-    if path is None:
-        return None
-    try:
-        return str(Path(path).resolve().relative_to(root.resolve()))
-    except ValueError:
-        return path
+            f"loss {result['iterations']['loss'][-1]:.4f}{_elapsed(result)}")
 
 
 #: BenchConfig fields that choose which configurations run or how long they may take, not what they measure:
@@ -120,50 +194,35 @@ def run_bench(config: BenchConfig, out_dir: Path, launcher: Launcher = launch, p
     """
     now = now or datetime.now(timezone.utc)
     out_dir.mkdir(parents=True, exist_ok=True)
-    hardware = hardware_info()
-    if config.data == "text":
-        prepare_text(config)
-    model = describe_model(config)
+    hardware, model = _prepare(config)
     specs = expand(config)
     runs = schedule(specs, config.repeats)
     raw: dict[str, list[dict[str, Any]]] = {spec.label: [] for spec in specs}
-    skip_no_offload = no_offload_skip_reason(config, model, hardware)
-    interrupted = False
-    with tqdm(total=len(runs), desc="bench", unit="config", disable=not progress, dynamic_ncols=True) as bar:
+    too_big = no_offload_skip_reason(config, model, hardware)
+    with _processes(len(runs), "bench", "config", out_dir, progress) as processes:
         for index, spec in enumerate(runs, start=1):
-            bar.set_postfix_str(spec.label)
+            processes.begin(spec)
             run_dir = out_dir / "runs" / f"{spec.slug}_r{spec.repeat}"
             if resume and (prior := reusable_result(config, spec, run_dir)):
-                result = prior  # already on disk: reused even after an interruption, costs no time
-            elif interrupted:
-                result = skipped(spec, "not run: the bench was interrupted")
-            elif spec.strategy == "no_offload" and skip_no_offload:
-                result = skipped(spec, skip_no_offload)
+                result = {**prior, "log": _relative(prior["log"], out_dir)}  # on disk: reused even after Ctrl-C
+            elif too_big and KINDS[spec.strategy].keeps_states_on_device and not processes.interrupted:
+                result = {**skipped(spec, too_big), "log": None}
             else:
-                try:
-                    result = launcher(config, spec, run_dir)
-                except KeyboardInterrupt:  # the worker is already stopped; report what ran
-                    interrupted = True
-                    result = skipped(spec, "interrupted while running")
-            result["log"] = _relative(result.get("log"), out_dir)
+                result = processes.run(spec, lambda spec=spec, run_dir=run_dir: launcher(config, spec, run_dir))
             raw[spec.label].append(result)
-            bar.write(run_line(index, len(runs), result, config))
-            bar.update(1)
+            processes.done(run_line(index, len(runs), result, config))
     results = [aggregate(spec, raw[spec.label], config, model) for spec in specs]
     base = compare_to_baseline(results)
-    devices = [r["device"] for r in results if r.get("device")]
-    merge_worker_device(hardware, devices[0] if devices else None)
-    on_gpu = any(d.get("type") == "cuda" for d in devices) or (not devices and uses_gpu(config, hardware))
-    doc = document(hardware, versions(), config, model, results, now.isoformat(timespec="seconds"),
-                   GPU_TIMING if on_gpu else CPU_TIMING)
-    doc["interrupted"] = interrupted
+    timing = _timing_note(config, hardware, [r["device"] for r in results if r.get("device")])
+    doc = bench_document(hardware, versions(), config, model, results, now.isoformat(timespec="seconds"), timing)
+    doc["interrupted"] = processes.interrupted
     doc["reused"] = sorted({r["label"] for runs_ in raw.values() for r in runs_ if r.get("reused")})
     doc["claims"] = check_claims(results)
-    write_outputs(doc, base, out_dir)
+    write_bench_outputs(doc, base, out_dir)
     return doc
 
 
-def write_outputs(doc: dict[str, Any], base: dict[str, Any] | None, out_dir: Path) -> dict[str, Path]:
+def write_bench_outputs(doc: dict[str, Any], base: dict[str, Any] | None, out_dir: Path) -> dict[str, Path]:
     """results.json, chart.png, report.md and its dated copy; returns their paths by kind."""
     paths = {"results": out_dir / "results.json", "chart": out_dir / "chart.png", "report": out_dir / "report.md"}
     write_json(paths["results"], doc)
@@ -182,4 +241,113 @@ def dry_run_text(config: BenchConfig) -> str:
              f"model: {json.dumps(describe_model(config))}", "",
              f"{len(specs)} configurations x {config.repeats} repeat(s):"]
     lines += [f"  {spec.label:<24} strategy={spec.strategy} plan={spec.plan}" for spec in specs]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ plan sweep
+
+def budgets_of(sweep: SweepConfig) -> list[Budget]:
+    """The sweep's budgets resolved for its model."""
+    params = describe_model(sweep.bench)["params"]
+    return [resolve_budget(text, params) for text in sweep.budgets]
+
+
+def process_spec(sweep: SweepConfig, budget: Budget) -> RunSpec:
+    """The process of ``budget``: DOS started with the first plan (the sweep switches from there)."""
+    return RunSpec(label=f"sweep[{budget.name}]", strategy="deep_optimizer_states", plan=sweep.plans[0])
+
+
+def with_progress(result: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """A process result that lacks the sweep's records, completed from the worker's ``progress.json``."""
+    if result.get("sweep") or result.get("status") == "ok":
+        return result
+    try:
+        progress = json.loads((run_dir / PROGRESS_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return result
+    return {**result, "sweep": progress}
+
+
+def budget_line(index: int, total: int, budget: Budget, summary: dict[str, Any], result: dict[str, Any]) -> str:
+    """One line summarising a finished budget process: the fixed plans and ``auto``."""
+    head = f"[{index}/{total}] {budget.label}:"
+    plans = summary["plans"]
+    done = sum(p["status"] == "ok" for p in plans)
+    best = summary["best"]
+    a = summary["auto"]
+    if result.get("status") != "ok":
+        where = summary["fixed"].get("failed_plan")
+        return (f"{head} {str(result.get('status')).upper()}: {result.get('reason')}"
+                + (f" during plan {where}" if where else "") + f"; {done}/{len(plans)} fixed plans completed"
+                + _elapsed(result))
+    best_text = f"best {best['plan']} {best['update_ms']:.1f} ms" if best else "no plan measured"
+    error = summary["prediction_error_median"]
+    error_text = f", median prediction error {error:.1%}" if error is not None else ""
+    auto_text = (f"auto {a['update_ms']:.1f} ms" if a["update_ms"] is not None else "auto: no measured update phase")
+    fraction = f" (device fraction {a['device_fraction']:.2f})" if a["device_fraction"] is not None else ""
+    return (f"{head} ok  {done}/{len(plans)} fixed plans, {best_text}{error_text}; {auto_text}{fraction}"
+            f"{_elapsed(result)}")
+
+
+def run_sweep(sweep: SweepConfig, out_dir: Path, launcher: Launcher = launch, progress: bool = True,
+              now: datetime | None = None) -> dict[str, Any]:
+    """Run the sweep's processes; write sweep.json, sweep.md and sweep.png under ``out_dir``; return the JSON."""
+    now = now or datetime.now(timezone.utc)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hardware, model = _prepare(sweep.bench)
+    software = versions()
+    budgets = budgets_of(sweep)
+    if not budgets:
+        raise ValueError("sweep: give at least one budget")
+    summaries: list[dict[str, Any]] = []
+    devices: list[dict[str, Any]] = []
+    extra = {"sweep": {"plans": list(sweep.plans), "steps_per_plan": sweep.steps_per_plan,
+                       "auto_steps": sweep.auto_steps}}
+    with _processes(len(budgets), "sweep", "process", out_dir, progress) as processes:
+        for index, budget in enumerate(budgets, start=1):
+            spec, config = process_spec(sweep, budget), sweep.process_config(budget)
+            processes.begin(spec)
+            run_dir = out_dir / "runs" / budget.slug
+
+            def launch_it(config: BenchConfig = config, spec: RunSpec = spec,
+                          run_dir: Path = run_dir) -> dict[str, Any]:
+                (run_dir / PROGRESS_FILE).unlink(missing_ok=True)  # an earlier run's, in the same --out
+                return launcher(config, spec, run_dir, extra=extra)
+
+            result = processes.run(spec, launch_it, lambda result, run_dir=run_dir: with_progress(result, run_dir))
+            if result.get("device"):
+                devices.append(result["device"])
+            summary = summarize_budget(budget, result, sweep)
+            processes.done(budget_line(index, len(budgets), budget, summary, result))
+            summaries.append(summary)
+            # after every budget, so a sweep stopped from outside still leaves the budgets it finished
+            doc = sweep_document(hardware, software, sweep, model, summaries, now.isoformat(timespec="seconds"),
+                                 _timing_note(sweep.bench, hardware, devices), processes.interrupted)
+            doc["budgets_planned"] = [b.to_dict() for b in budgets]
+            write_sweep_outputs(doc, out_dir)
+    return doc
+
+
+def write_sweep_outputs(doc: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    """sweep.json, sweep.png and sweep.md; returns their paths by kind."""
+    paths = {"json": out_dir / "sweep.json", "chart": out_dir / "sweep.png", "report": out_dir / "sweep.md"}
+    write_json(paths["json"], doc)
+    chart.render_sweep(doc, paths["chart"])
+    paths["report"].write_text(report.render_sweep(doc, chart=paths["chart"].name), encoding="utf-8")
+    return paths
+
+
+def sweep_dry_run_text(sweep: SweepConfig) -> str:
+    """The resolved settings, the budgets in GiB and the processes the sweep would run, for ``--dry-run``."""
+    model = describe_model(sweep.bench)
+    budgets = budgets_of(sweep)
+    lines = ["resolved configuration:", json.dumps({"bench": sweep.bench.to_dict(), "sweep": sweep.to_dict()},
+                                                    indent=2), "",
+             f"model: {model['preset']}, {model['params']:,} parameters", "",
+             f"{len(budgets)} processes, one per budget, each {sweep.process_steps} iterations:"]
+    for budget in budgets:
+        lines.append(f"  {budget.label:<24} fixed plans: {len(sweep.plans)} plans x {sweep.steps_per_plan} rounds "
+                     f"= {sweep.fixed_steps} iterations ({', '.join(sweep.plans)})")
+        lines.append(f"  {budget.label:<24} auto, started cold, spread over rounds 2-{sweep.steps_per_plan}: "
+                     f"{sweep.auto_steps} iterations, the first {sweep.auto_excluded} left out")
     return "\n".join(lines)

@@ -1,6 +1,6 @@
-"""Owns running one configuration in a child process and turning whatever happened into a result.
+"""Owns running one worker process (a configuration, or a sweep's budget) and turning whatever happened into a result.
 
-The parent writes ``config.json`` into the configuration's run directory, starts
+The parent writes ``config.json`` into the process's run directory, starts
 ``python -m lightning_dos.bench.worker config.json result.json`` in a new process group with the worker's
 output going to ``worker.log``, waits up to the timeout, and reads ``result.json``. A worker that wrote no
 result is classified here: killed by SIGKILL (most often the kernel's out-of-memory killer) is ``oom``, a
@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_dos.bench.config import BenchConfig, RunSpec
+from lightning_dos.bench.config import BenchConfig
+from lightning_dos.bench.strategies import RunSpec
 
 WORKER_MODULE = "lightning_dos.bench.worker"
 #: Seconds a timed-out worker gets to exit after SIGTERM before SIGKILL.
@@ -85,12 +86,12 @@ def classify_exit(returncode: int | None, timed_out: bool, timeout_s: float, log
 
 
 def launch(config: BenchConfig, spec: RunSpec, run_dir: Path, timeout_s: float | None = None,
-           module: str = WORKER_MODULE, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+           extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run ``spec`` in a fresh worker process and return its result, whatever happened.
 
-    ``module`` is the worker's entry (``python -m MODULE CONFIG RESULT``); ``extra`` adds keys to the config file
-    it reads. Every result has ``status``, ``reason``, the spec's fields, ``returncode``, ``elapsed_s``
-    (start-up included) and ``log`` (the worker's log file).
+    ``extra`` adds keys to the config file the worker reads (a sweep's ``sweep`` settings). Every result has
+    ``status``, ``reason``, the spec's fields, ``returncode``, ``elapsed_s`` (start-up included) and ``log`` (the
+    worker's log file).
     """
     timeout_s = config.timeout_s if timeout_s is None else timeout_s
     run_dir = Path(run_dir).resolve()  # the worker runs inside run_dir: it must get paths that hold there
@@ -99,7 +100,7 @@ def launch(config: BenchConfig, spec: RunSpec, run_dir: Path, timeout_s: float |
     result_path.unlink(missing_ok=True)
     payload = {"bench": config.to_dict(), "run": spec.to_dict(), **(extra or {})}
     config_path.write_text(json.dumps(payload, indent=2), encoding="utf-8")
-    command = [sys.executable, "-m", module, str(config_path), str(result_path)]
+    command = [sys.executable, "-m", WORKER_MODULE, str(config_path), str(result_path)]
     started = time.perf_counter()
     timed_out = False
     with open(log_path, "w", encoding="utf-8") as log:

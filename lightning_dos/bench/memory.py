@@ -2,7 +2,9 @@
 
 Host: a daemon thread samples this process's resident set size with psutil every ``interval_s``; the kernel's
 own high-water mark (``resource.getrusage(...).ru_maxrss``) catches peaks between samples. The reported peak
-is the larger of the two. Pinned (page-locked) host buffers are resident, so they count. GPU: the caching
+is the larger of the two. Memory page-locked in place (``cudaHostRegister``: DOS's optimizer state) is resident
+and counts; buffers the CUDA driver allocates page-locked (``cudaHostAlloc``, torch's ``pin_memory()``: DeepSpeed's
+pinned gradient buffers, in every offload strategy) are not in the resident set and do not. GPU: the caching
 allocator's peaks, ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved``, over the whole process.
 """
 

@@ -1,17 +1,25 @@
-"""Owns one configuration's run, in its own process: ``python -m lightning_dos.bench.worker CONFIG RESULT``.
+"""Owns one worker process: ``python -m lightning_dos.bench.worker CONFIG RESULT``, in either mode.
 
-Reads the bench settings and the configuration from ``CONFIG`` (JSON), trains the model for ``steps``
-iterations under that configuration's strategy with a :class:`~lightning_dos.bench.timing.PhaseTimer`, and
-writes the raw measurements to ``RESULT`` (JSON): per-iteration phase times and losses, peak host and GPU
-memory, and for DOS the manager's per-update records. Statistics are computed by the parent, not here.
-A failure is written as a result too (status ``oom`` or ``failed`` and a one-line reason), and the exit
-status is non-zero. A fresh process per configuration gives each one a fresh CUDA context and memory peak.
+Reads the bench settings and the configuration from ``CONFIG`` (JSON), trains the model for ``steps`` iterations
+under that configuration's strategy with a :class:`~lightning_dos.bench.timing.PhaseTimer`, and writes the raw
+measurements to ``RESULT`` (JSON): per-iteration phase times and losses, peak host and GPU memory, and for DOS the
+manager's per-update records. Statistics are computed by the parent, not here. A fresh process per configuration
+gives each one a fresh CUDA context and memory peak.
+
+With a ``sweep`` entry in ``CONFIG`` (``{"plans": [...], "steps_per_plan": N, "auto_steps": A}``) the process is a
+plan sweep's: ``deep_optimizer_states`` trains ``len(plans) x N`` iterations of the fixed plans in rounds and ``A``
+of ``auto`` (started cold) between them, a :class:`PlanSweep` switching the plan, and the result adds every
+iteration's plan and DOS update records. Its records so far also go to ``progress.json`` beside ``CONFIG`` after
+every iteration, for a run stopped from outside.
+
+A failure is written as a result too (status ``oom`` or ``failed``, a one-line reason, and in a sweep what was
+measured before it and the plan in force), and the exit status is non-zero.
 """
 
 from __future__ import annotations
 
+import copy
 import json
-import math
 import os
 import sys
 import time
@@ -20,48 +28,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning_dos.bench.config import BenchConfig, RunSpec, plan_argument
-from lightning_dos.bench.data import build_data
-from lightning_dos.bench.model import module_kwargs
+import lightning.pytorch as pl
+
+from lightning_dos.bench.config import AUTO, BenchConfig, sweep_schedule
+from lightning_dos.bench.results import write_json
+from lightning_dos.bench.strategies import RunSpec, build_strategy, plan_argument
+from lightning_dos.bench.workload import build_data, build_module
+from lightning_dos.planning.plan import Plan, parse_plan, resolve_plan
 
 #: Longest failure reason kept in a result (the full traceback is in the worker's log).
 MAX_REASON_CHARS = 400
 OOM_MARKERS = ("out of memory", "cudaerrormemoryallocation", "cuda_error_out_of_memory")
-
-
-def build_strategy(config: BenchConfig, spec: RunSpec) -> Any:
-    """The Lightning strategy of ``spec``, with the bench's subgroup size and pinning."""
-    from lightning_dos import DeepOptimizerStatesStrategy
-    from lightning_dos.baselines import ZeRO3OffloadStrategy, ZeRO3Strategy
-
-    if spec.strategy in ("zero3_offload", "static_split"):
-        ratio = 1.0 if spec.plan is None else float(spec.plan)
-        return ZeRO3OffloadStrategy(ratio=ratio, sub_group_size=config.sub_group_size, pin_memory=config.pin_memory)
-    if spec.strategy == "deep_optimizer_states":
-        return DeepOptimizerStatesStrategy(
-            plan=plan_argument(str(spec.plan)),
-            sub_group_size=config.sub_group_size,
-            memory_budget_gib=config.memory_budget_gib,
-            pin_memory=config.pin_memory,
-        )
-    if spec.strategy == "no_offload":
-        return ZeRO3Strategy(sub_group_size=config.sub_group_size)
-    raise ValueError(f"strategy: {spec.strategy!r} is not a bench strategy kind")
-
-
-def build_module(config: BenchConfig) -> Any:
-    """The GPT LightningModule, initialised from ``config.seed`` whatever ran before it in the process."""
-    import torch
-
-    from lightning_dos.models import GPTModule
-
-    class SeededGPTModule(GPTModule):
-        def configure_model(self) -> None:
-            if self.model is None:
-                torch.manual_seed(config.seed)
-            super().configure_model()
-
-    return SeededGPTModule(**module_kwargs(config))
+#: The sweep's records so far, beside the worker's config file.
+PROGRESS_FILE = "progress.json"
 
 
 def record_dict(record: Any) -> dict[str, Any]:
@@ -125,8 +104,6 @@ def save_timeline(strategy: Any, workdir: Path) -> str | None:
 
 def build_trainer(config: BenchConfig, strategy: Any, workdir: Path, callbacks: list[Any]) -> Any:
     """The bench's Trainer: one device, ``config.steps`` iterations, no validation, logging or checkpoints."""
-    import lightning.pytorch as pl
-
     return pl.Trainer(
         accelerator=config.accelerator,
         devices=1,
@@ -155,8 +132,6 @@ def fit_and_measure(
 
     ``on_strategy`` sees the strategy as soon as it exists, so a caller can still report from it if training fails.
     """
-    import lightning.pytorch as pl
-
     import lightning_dos  # noqa: F401  (registers the strategies)
     from lightning_dos.bench.environment import device_info
     from lightning_dos.bench.memory import HostMemorySampler, gpu_peaks
@@ -222,34 +197,203 @@ def failure(spec: RunSpec, err: BaseException) -> dict[str, Any]:
     return {"status": "oom" if is_oom(err) else "failed", "reason": one_line(err), **spec.to_dict()}
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` atomically (a reader never sees half a file); NaN becomes null."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(_finite(data), fh, indent=2)
-    os.replace(tmp, path)
+# ------------------------------------------------------------------ plan sweep
+
+class PlanSweep(pl.Callback):
+    """Runs each of ``plans`` for ``steps_per_plan`` iterations, in rounds, and records what each one did.
+
+    A callback for a run under ``deep_optimizer_states``: it sets the manager's plan in ``on_train_batch_start``
+    (before that iteration's backward, so the device lane's gradients stay on the device as the plan says) and
+    collects the manager's update records of every iteration under the plan that ran. The fixed plans share one
+    calibration: each prediction is made just before its update phase from everything the fixed plans measured so
+    far. ``auto``'s iterations (:func:`~lightning_dos.bench.config.sweep_schedule`) start cold (the manager's
+    :meth:`~lightning_dos.manager.OptimizerStateManager.start_auto`: starting cost values, then the probe) and keep
+    their own planning state (calibration, plan, probe and re-plan counts) between them, so ``auto`` learns only from
+    its own update phases while sharing the process, its memory placement and the host's slow and fast spells with
+    the plans it is compared with.
+
+    Args:
+        plans: fixed plans as on the command line: ``host``, ``device``, a fraction, ``stride:K`` or lanes
+            joined by commas. ``auto`` is refused here: it re-plans by itself (see ``auto_steps``).
+        steps_per_plan: iterations each plan runs (rounds).
+        progress_path: if set, the raw records so far are written there (JSON) after every iteration, so a
+            run that is stopped from outside still leaves what it measured.
+        auto_steps: iterations of ``auto``, started cold, spread over the rounds after the first (0: none).
+    """
+
+    def __init__(self, plans: Sequence[str], steps_per_plan: int,
+                 progress_path: str | Path | None = None, auto_steps: int = 0) -> None:
+        if not plans:
+            raise ValueError("plan sweep: give at least one plan")
+        if isinstance(steps_per_plan, bool) or not isinstance(steps_per_plan, int) or steps_per_plan < 1:
+            raise ValueError(f"plan sweep: steps_per_plan {steps_per_plan!r} must be an integer >= 1")
+        self.plans = [str(plan).strip() for plan in plans]
+        self.specs = [parse_plan(plan_argument(plan)) for plan in self.plans]
+        if any(spec.kind == "auto" for spec in self.specs):
+            raise ValueError("plan sweep: 'auto' is not a fixed plan (it probes and re-plans); set auto_steps to "
+                             "run it between the fixed plans")
+        self.steps_per_plan = steps_per_plan
+        if isinstance(auto_steps, bool) or not isinstance(auto_steps, int) or auto_steps < 0:
+            raise ValueError(f"plan sweep: auto_steps {auto_steps!r} must be an integer >= 0")
+        self.auto_steps = auto_steps
+        self.schedule = sweep_schedule(self.plans, steps_per_plan, auto_steps)
+        self.progress_path = None if progress_path is None else Path(progress_path)
+        self.resolved: list[Plan] = []
+        self.iterations: list[dict[str, Any]] = []
+        self._first_record = 0
+        self._fixed_state: Any = None  # the manager's planning state for the fixed plans, while auto runs
+        self._auto_state: Any = None  # auto's, while a fixed plan runs (None: auto has not started)
+        self._in_auto = False
+
+    @property
+    def fixed_steps(self) -> int:
+        """Iterations of the fixed plans: ``steps_per_plan`` each."""
+        return len(self.plans) * self.steps_per_plan
+
+    @property
+    def total_steps(self) -> int:
+        """Iterations of the whole sweep: the fixed plans' and ``auto``'s (the length of its schedule)."""
+        return len(self.schedule)
+
+    def plan_at(self, iteration: int) -> str:
+        """The plan of ``iteration`` (from 0; :data:`AUTO` for ``auto``'s); the last one past the end."""
+        return self.schedule[min(iteration, len(self.schedule) - 1)]
+
+    @property
+    def current_plan(self) -> str | None:
+        """The plan of the iteration that started last, or None before the first."""
+        return self.iterations[-1]["plan"] if self.iterations else None
+
+    @staticmethod
+    def _manager(trainer: pl.Trainer) -> Any:
+        manager = getattr(trainer.strategy, "manager", None)
+        if manager is None:
+            raise RuntimeError("plan sweep: the strategy has no optimizer-state manager; run the sweep under "
+                               "strategy='deep_optimizer_states'")
+        if not manager.active:
+            raise RuntimeError("plan sweep: the interleaved update is not active for this configuration (DeepSpeed's "
+                               "own host-only update runs), so fixed plans cannot be compared")
+        return manager
+
+    def _resolve(self, manager: Any) -> list[Plan]:
+        from lightning_dos.manager import DEFAULT_BUFFERS
+
+        buffers = manager.buffers or DEFAULT_BUFFERS
+        return [resolve_plan(spec, manager.sizes, buffers=buffers) for spec in self.specs]
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        manager = self._manager(trainer)
+        if not self.resolved:  # subgroup sizes are known once the engine exists
+            self.resolved = self._resolve(manager)
+        iteration = len(self.iterations)
+        self._first_record = len(manager.records)
+        name = self.plan_at(iteration)
+        if name == AUTO:
+            if not self._in_auto:
+                self._fixed_state = manager.planning_state()
+                if self._auto_state is None:
+                    manager.start_auto()  # cold: starting cost values, then the probe, as a new run
+                else:
+                    manager.restore(self._auto_state)  # where auto left off: its calibration, plan and counts
+                self._in_auto = True
+            plan, index = manager.base_plan, None
+        else:
+            if self._in_auto:
+                self._auto_state = manager.planning_state()
+                manager.restore(self._fixed_state)
+                self._in_auto = False
+            index = self.plans.index(name)
+            plan = self.resolved[index]
+            manager.set_plan(plan)  # every iteration: whatever ran before, this iteration runs this plan
+        self.iterations.append({
+            "iteration": iteration,
+            "plan": name,
+            "plan_index": index,
+            "step_in_plan": sum(it["plan"] == name for it in self.iterations),
+            "lanes": plan.lane_letters(),
+            "device_fraction": plan.device_fraction(manager.sizes),
+            "records": [],
+        })
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        manager = self._manager(trainer)
+        entry = self.iterations[-1]
+        entry["records"] = [record_dict(record) for record in manager.records[self._first_record:]]
+        if self.progress_path is not None:
+            write_json(self.progress_path, self.raw())
+
+    def raw(self) -> dict[str, Any]:
+        """What the sweep ran so far, JSON-serialisable: the plans, their lanes, and every iteration's records."""
+        return {
+            "plans": list(self.plans),
+            "steps_per_plan": self.steps_per_plan,
+            "auto_steps": self.auto_steps,
+            "resolved": [{"plan": name, "lanes": plan.lane_letters(), "buffers": plan.buffers, "source": plan.source}
+                         for name, plan in zip(self.plans, self.resolved)],
+            "iterations": copy.deepcopy(self.iterations),
+        }
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(item) for item in value]
-    return value
+class SweepRun:
+    """The parts of one sweep process, kept so that a failure can still report what was measured."""
+
+    def __init__(self, plans: list[str], steps_per_plan: int, workdir: Path, auto_steps: int = 0) -> None:
+        self.sweep = PlanSweep(plans, steps_per_plan, progress_path=workdir / PROGRESS_FILE, auto_steps=auto_steps)
+        self.strategy: Any = None
+
+    def partial(self) -> dict[str, Any]:
+        """What ran before a failure: the sweep's records and the plan in force."""
+        return {"sweep": self.sweep.raw(), "failed_plan": self.sweep.current_plan,
+                "dos": dos_records(self.strategy) if self.strategy is not None else None}
+
+
+def run_sweep(config: BenchConfig, spec: RunSpec, state: SweepRun, workdir: Path) -> dict[str, Any]:
+    """Train every plan of the sweep in turn and return the raw measurements."""
+    sweep = state.sweep
+    if config.steps != sweep.total_steps:
+        raise ValueError(f"steps: {config.steps} does not hold {len(sweep.plans)} plans for {sweep.steps_per_plan} "
+                         f"iterations each and {sweep.auto_steps} of auto ({sweep.total_steps})")
+
+    def keep(strategy: Any) -> None:
+        state.strategy = strategy
+
+    trainer, result = fit_and_measure(config, spec, workdir, callbacks=[sweep], on_strategy=keep)
+    return {**result, "sweep": sweep.raw(), "failed_plan": None, "dos": dos_records(trainer.strategy)}
+
+
+def execute_sweep(payload: dict[str, Any], spec: RunSpec, workdir: Path) -> dict[str, Any]:
+    """The sweep of ``payload``; a failure still reports the plans measured before it."""
+    config = BenchConfig.from_dict(payload["bench"])
+    settings = payload["sweep"]
+    state = SweepRun(list(settings["plans"]), int(settings["steps_per_plan"]), workdir,
+                     auto_steps=int(settings.get("auto_steps", 0)))
+    try:
+        return run_sweep(config, spec, state, workdir)
+    except Exception as err:  # every failure becomes a result; the traceback goes to the log
+        traceback.print_exc()
+        return {**failure(spec, err), **state.partial()}
 
 
 #: A worker's body: (the config file's payload, the run, its run directory) -> the result to write.
 Execute = Callable[[dict[str, Any], RunSpec, Path], dict[str, Any]]
 
 
-def serve(argv: list[str] | None, module: str, execute: Execute) -> int:
-    """A worker's entry: ``python -m MODULE CONFIG RESULT``. Reads ``CONFIG``, calls ``execute(payload, spec, run
-    directory)`` and writes what it returns, or the failure it raised, to ``RESULT``; 0 when the status is ok."""
+def execute(payload: dict[str, Any], spec: RunSpec, workdir: Path) -> dict[str, Any]:
+    """The run of ``payload``: a plan sweep's process if it has a ``sweep`` entry, else one configuration."""
+    if "sweep" in payload:
+        return execute_sweep(payload, spec, workdir)
+    return run(BenchConfig.from_dict(payload["bench"]), spec, workdir)
+
+
+def serve(argv: list[str] | None, execute: Execute = execute) -> int:
+    """The worker's entry: ``python -m lightning_dos.bench.worker CONFIG RESULT``. Reads ``CONFIG``, calls
+    ``execute(payload, spec, run directory)`` and writes what it returns, or the failure it raised, to ``RESULT``;
+    0 when the status is ok."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print(f"usage: python -m {module} CONFIG.json RESULT.json", file=sys.stderr)
+        print("usage: python -m lightning_dos.bench.worker CONFIG.json RESULT.json", file=sys.stderr)
         return 2
     config_path, result_path = Path(args[0]), Path(args[1])
     payload = json.loads(config_path.read_text(encoding="utf-8"))
@@ -272,9 +416,9 @@ def exit_now(code: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the configuration in ``argv[0]`` and write its result to ``argv[1]``; 0 when it succeeded."""
-    return serve(argv, "lightning_dos.bench.worker",
-                 lambda payload, spec, workdir: run(BenchConfig.from_dict(payload["bench"]), spec, workdir))
+    """Run the configuration (or sweep process) in ``argv[0]`` and write its result to ``argv[1]``; 0 when it
+    succeeded."""
+    return serve(argv)
 
 
 if __name__ == "__main__":

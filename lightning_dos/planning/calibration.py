@@ -252,10 +252,10 @@ def probe_plans(sizes: Sequence[int], buffers: int = 2) -> tuple[Plan, Plan]:
     """``auto``'s start-up probe, one update phase each: the host lane alone, then :func:`probe_plan`.
 
     Mixed plans alone cannot tell the CPU Adam rate from its slowdown while DMA runs (their product is all they
-    measure), and the host-only plan's prediction depends on the rate alone: on a GPU host whose DMA barely slowed
-    CPU Adam, the reference host's contention (0.76) had the host-only plan predicted at about 210 ms where it ran
-    293-303 ms (gpt-1b, docs/performance-model.md). The host-only update measures the rate (and the upload
-    bandwidth), the mixed one the contention, PCIe and GPU.
+    measure), and the host-only plan's prediction depends on the rate alone: calibrated from mixed plans only, a host
+    whose DMA barely slows CPU Adam keeps the starting contention and has the host-only plan predicted about 30%
+    short. The host-only update measures the rate (and the upload bandwidth), the mixed one the contention, PCIe and
+    GPU.
     """
     mixed = probe_plan(sizes, buffers)
     return Plan(lanes=tuple(Lane.HOST for _ in mixed.lanes), buffers=mixed.buffers, source="probe"), mixed

@@ -63,10 +63,9 @@ def largest_first(plan: Plan, sizes: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted(plan.host_subgroups(), key=lambda g: (-sizes[g], g)))
 
 
-def candidate_plans(sizes: Sequence[int], max_buffers: int = 4, host_orders: bool = True) -> Iterator[Plan]:
+def candidate_plans(sizes: Sequence[int], max_buffers: int = 4) -> Iterator[Plan]:
     """Every plan the ``auto`` search considers: each of :func:`candidate_lanes` with buffers 1..max_buffers, its host
-    lane in id order and, where that differs, :func:`largest_first` (not with ``host_orders=False``, the rule before
-    host orders, which the replays of runs J-N use).
+    lane in id order and, where that differs, :func:`largest_first`.
 
     The all-host plan is yielded with 1 buffer only, since its buffering depth does not matter.
     """
@@ -75,7 +74,7 @@ def candidate_plans(sizes: Sequence[int], max_buffers: int = 4, host_orders: boo
     for lanes in candidate_lanes(sizes):
         in_ids = Plan(lanes=lanes, source="auto")
         orders = [in_ids.host_order]
-        if host_orders and (reordered := largest_first(in_ids, sizes)) != in_ids.host_order:
+        if (reordered := largest_first(in_ids, sizes)) != in_ids.host_order:
             orders.append(reordered)
         for buffers in range(1, (max_buffers if Lane.DEVICE in lanes else 1) + 1):
             for host_order in orders:
@@ -96,22 +95,17 @@ def _ranked(
     memory_budget_bytes: float | None,
     max_buffers: int,
     grads_on_device: frozenset[int],
-    demote: bool = True,
-    host_orders: bool = True,
 ) -> list[tuple[Plan, frozenset[int]]]:
     _check_budget(memory_budget_bytes)
     sizes = _check_sizes(sizes)
     grads_on_device = _check_grads(grads_on_device, len(sizes))
     scored: list[tuple[Plan, frozenset[int], float]] = []
     seen: set[tuple[tuple[Lane, ...], tuple[int, ...], tuple[int, ...], int]] = set()
-    for plan in candidate_plans(sizes, max_buffers, host_orders):
-        if demote:
-            # what this plan would run as under the budget: a named plan is demoted to fit at dispatch, and on a GPU
-            # host the demoted stride:2 measured fastest of all at the quarter budget (gpt-1b, run M)
-            fitted, grads = _as_run(plan, sizes, params, memory_budget_bytes, grads_on_device)
-            plan = plan if fitted is plan else replace(fitted, source=plan.source)
-        else:
-            grads = grads_for(plan, sizes, params, memory_budget_bytes, grads_on_device)
+    for plan in candidate_plans(sizes, max_buffers):
+        # weighed as it would run under the budget: dispatch demotes a plan that does not fit, and a demoted plan can
+        # be the fastest one that does
+        fitted, grads = _as_run(plan, sizes, params, memory_budget_bytes, grads_on_device)
+        plan = plan if fitted is plan else replace(fitted, source=plan.source)
         key = (plan.lanes, plan.order, plan.host_order, plan.buffers)
         if grads is None or key in seen or (not plan.order and plan.buffers != 1):  # the all-host plan is there
             continue
@@ -186,16 +180,13 @@ def rank_plans(
     memory_budget_bytes: float | None,
     max_buffers: int = 4,
     grads_on_device: frozenset[int] = frozenset(),
-    demote: bool = True,
-    host_orders: bool = True,
 ) -> list[tuple[Plan, Prediction]]:
-    """The candidates, each as it fits ``memory_budget_bytes`` (None = unlimited; demoted to fit where it does not,
-    or left out with ``demote=False``, the rule before run M), with their predictions, best first; with
-    ``host_orders=False`` only host lanes in id order are weighed (the rule of runs J-N).
+    """The candidates, each as it fits ``memory_budget_bytes`` (None = unlimited; demoted to fit where it does not),
+    with their predictions, best first.
 
     Order: smallest makespan (ties within :data:`TIE_TOLERANCE`), then fewer device subgroups, then fewer buffers.
     """
-    ranked = _ranked(sizes, params, memory_budget_bytes, max_buffers, grads_on_device, demote, host_orders)
+    ranked = _ranked(sizes, params, memory_budget_bytes, max_buffers, grads_on_device)
     return [(plan, predict(plan, sizes, params, grads)) for plan, grads in ranked]
 
 

@@ -1,10 +1,7 @@
 """Owns ``auto``'s plan trials: plans the model cannot tell apart from the plan in force are measured, the faster kept.
 
-The performance model ranks plans from a handful of fitted rates. Plans predicted within a few percent of each other
-differ mostly in what it does not model. Measured on a GPU host (gpt-2.7b, run J, docs/performance-model.md): the
-plan ``auto`` chose, with the device lane starting at the largest subgroup, ran 4.8% slower than plan 0.4's lanes,
-which its own fitted model ranked 6% ahead; and the same model predicted plan 0.3's lanes 12% short. Neither
-trusting the model's small gains nor ignoring them is right, so ``auto`` measures them:
+The performance model ranks plans from a handful of fitted rates; plans predicted within a few percent of each other
+differ mostly in what it does not model, so ``auto`` measures them instead of trusting the ranking:
 
 * after the planner chooses a plan (:meth:`PlanTrials.start`), trials may start at once (the manager runs the
   chosen plan for one update phase first);
@@ -12,28 +9,16 @@ trusting the model's small gains nor ignoring them is right, so ``auto`` measure
   so far, and whose prediction is at most :data:`TRIAL_WINDOW` above the prediction of the plan in force, is tried:
   it and the plan in force take turns (:meth:`PlanTrials.next_plan`: the candidate first) until each has run
   :data:`TRIAL_STEPS` update phases of the trial, or :data:`TRIAL_EARLY_STEPS` if by then every turn of the candidate
-  was faster by :data:`TRIAL_MIN_GAIN` than the plan in force's next to it, or none was faster at all (a clear
-  outcome needs no third pair);
+  was faster by :data:`TRIAL_MIN_GAIN` than the plan in force's next to it, or none was faster at all;
 * it replaces the plan in force if it is faster by :data:`TRIAL_MIN_GAIN` in the median of its turns paired with the
   plan in force's (its k-th update phase of the trial over the plan in force's k-th, the phase next to it); the next
   trial may start at once;
 * at most :data:`MAX_TRIALS` trials follow one choice of the planner; a new choice starts over.
 
-The turns are what make the comparison fair: the host's speed drifts by 10-20% over tens of seconds, in spells of a
-few iterations (run L, docs/performance-model.md), so medians of neighbouring blocks of update phases compare spells
-as much as plans; taking turns and comparing each update phase with the one next to it puts both in the same spell.
-``interleave=False`` gives the rule of runs J-L instead: the plan in force runs :data:`TRIAL_STEPS` update phases
-before the first trial, the candidate runs :data:`TRIAL_STEPS` update phases in a row against the plan in force's
-last :data:`TRIAL_STEPS` (their medians compared), and after a trial the plan in force runs :data:`TRIAL_STEPS` fresh
-update phases before the next. Up to run P the rule with turns also waited for :data:`TRIAL_STEPS` update phases of
-the planner's choice before its first trial, and ran every trial to :data:`TRIAL_STEPS` turns of each side. The turns
-measure the plan in force anyway, and a trial costs its update phases: in run P (gpt-1b unlimited) a first choice
-that its first trial then showed slower ran 3 update phases before it, and trials took 18 of the 21 update phases the
-sweep measured.
-
-Update phases of any other plan (demoted to fit the free memory, for instance) count for neither side. A trial that
-has not measured both sides :data:`TRIAL_STEPS` times in ``4 * TRIAL_STEPS`` update phases (``2 * TRIAL_STEPS`` in a
-row without turns) is given up.
+The turns make the comparison fair: the host's speed drifts by 10-20% in spells of a few iterations, so comparing each
+update phase with the one next to it puts both sides in the same spell. Update phases of any other plan (demoted to
+fit the free memory, for instance) count for neither side. A trial that has not measured both sides
+:data:`TRIAL_STEPS` times in ``4 * TRIAL_STEPS`` update phases is given up.
 
 Pure Python: no torch.
 """
@@ -42,7 +27,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -56,7 +40,7 @@ TRIAL_STEPS = 3
 #: Turns of each side after which a trial ends if every pair agrees (all won by the challenger, or none).
 TRIAL_EARLY_STEPS = 2
 #: A challenger is kept only if it is at least this much faster than the plan in force: the median of its turns' ratios
-#: to the plan in force's (without turns: its median update phase to the plan in force's) below ``1 - TRIAL_MIN_GAIN``.
+#: to the plan in force's below ``1 - TRIAL_MIN_GAIN``.
 TRIAL_MIN_GAIN = 0.02
 #: Trials after one choice of the planner.
 MAX_TRIALS = 3
@@ -80,12 +64,11 @@ class TrialVerdict:
     """Median measured update phase of the challenger (inf: it did not run often enough to be measured)."""
     incumbent: Plan
     incumbent_s: float
-    """Median of the plan in force over the trial's turns (without turns: its last update phases before the trial)."""
+    """Median of the plan in force over the trial's turns."""
     kept: Plan
     """The plan in force after the trial (``challenger`` relabelled ``auto`` when it won)."""
     ratio: float
-    """What decided: the median of the paired turns' ratios, challenger over plan in force (without turns:
-    ``challenger_s / incumbent_s``)."""
+    """What decided: the median of the paired turns' ratios, challenger over plan in force."""
 
     @property
     def challenger_won(self) -> bool:
@@ -114,19 +97,14 @@ class PlanTrials:
         early_steps: int = TRIAL_EARLY_STEPS,
         min_gain: float = TRIAL_MIN_GAIN,
         max_trials: int = MAX_TRIALS,
-        interleave: bool = True,
         key: Callable[[Plan], Hashable] = lanes_key,
     ) -> None:
         self.window = _check_share("window", window, math.inf)
         self.steps = _check_count("steps", steps, 1)
         self.early_steps = _check_count("early_steps", early_steps, 1)
-        """With turns: pairs after which a unanimous trial ends (``>= steps``: every trial runs ``steps`` pairs)."""
+        """Pairs after which a unanimous trial ends (``>= steps``: every trial runs ``steps`` pairs)."""
         self.min_gain = _check_share("min_gain", min_gain, 1.0)
         self.max_trials = _check_count("max_trials", max_trials, 0)
-        if not isinstance(interleave, bool):
-            raise ValueError(f"interleave: {interleave!r}; set interleave to True (turns) or False (in a row)")
-        self.interleave = interleave
-        """Whether the candidate and the plan in force take turns during a trial."""
         self.key = key
         """What tells two plans apart (a plan whose key was tried is not tried again until the next choice)."""
         self.incumbent: Plan | None = None
@@ -135,11 +113,9 @@ class PlanTrials:
         """The plan being tried, if a trial runs."""
         self.verdicts: list[TrialVerdict] = []
         """Every trial's outcome, oldest first (kept across :meth:`start`)."""
-        self._recent: dict[Hashable, deque[float]] = {}  # in a row only: each plan's last update phases
         self._turns: dict[Hashable, list[float]] = {}  # the running trial's update phases of each side
         self._tried: set[Hashable] = set()
         self._trials = 0
-        self._fresh = 0  # update phases of the plan in force since it came into force or came back
         self._trial_phases = 0
         self._exhausted = False
 
@@ -152,11 +128,9 @@ class PlanTrials:
         """The planner chose ``plan``: it is the plan in force, measurements and tried plans start over."""
         self.incumbent = plan
         self.challenger = None
-        self._recent.clear()
         self._turns.clear()
         self._tried = {self.key(plan)}
         self._trials = 0
-        self._fresh = 0
         self._trial_phases = 0
         self._exhausted = False
 
@@ -177,33 +151,20 @@ class PlanTrials:
         self._exhausted = bool(state["exhausted"])
 
     def next_plan(self) -> Plan | None:
-        """The plan for the next update phase: during a trial with turns, the side that has run fewer of the trial's
-        update phases (the candidate on a tie); otherwise the candidate during a trial, else the plan in force."""
-        if self.challenger is None or not self.interleave:
-            return self.challenger or self.incumbent
+        """The plan for the next update phase: during a trial, the side that has run fewer of the trial's update
+        phases (the candidate on a tie); otherwise the plan in force."""
+        if self.challenger is None:
+            return self.incumbent
         assert self.incumbent is not None
         ran = self._turns.get(self.key(self.challenger), [])
         return self.challenger if len(ran) <= len(self._turns.get(self.key(self.incumbent), [])) else self.incumbent
 
     def observe(self, plan: Plan, measured_s: float) -> TrialVerdict | None:
         """An update phase of ``plan`` took ``measured_s`` seconds; returns the verdict when it ends a trial."""
-        if self.incumbent is None or not (math.isfinite(measured_s) and measured_s > 0):
+        if self.incumbent is None or self.challenger is None or not (math.isfinite(measured_s) and measured_s > 0):
             return None
         key = self.key(plan)
-        if not self.interleave:  # in a row, a trial compares with the plan in force's last phases (turns: the trial's)
-            self._recent.setdefault(key, deque(maxlen=self.steps)).append(float(measured_s))
-        if self.challenger is None:
-            if key == self.key(self.incumbent):
-                self._fresh += 1
-            return None
         self._trial_phases += 1
-        if not self.interleave:
-            measured = self._recent.get(self.key(self.challenger), ())
-            if len(measured) < self.steps and self._trial_phases < 2 * self.steps:
-                return None
-            incumbent_s = statistics.median(self._recent[self.key(self.incumbent)])
-            challenger_s = statistics.median(measured) if len(measured) >= self.steps else math.inf
-            return self._verdict(challenger_s, incumbent_s, challenger_s / incumbent_s)
         sides = (self.key(self.challenger), self.key(self.incumbent))
         if key in sides:
             self._turns.setdefault(key, []).append(float(measured_s))
@@ -214,7 +175,7 @@ class PlanTrials:
                 return None
             # starved (demoted most of the time): the trial is given up; the plan in force keeps its figures
             return self._verdict(math.inf, statistics.median(incumbent) if incumbent else math.inf, math.inf)
-        n = len(pairs)  # a side's extra turn (none with strict turns) does not count
+        n = len(pairs)  # a side's extra turn does not count
         return self._verdict(statistics.median(challenger[:n]), statistics.median(incumbent[:n]),
                              statistics.median(pairs))
 
@@ -233,16 +194,12 @@ class PlanTrials:
         self.incumbent = kept
         self.challenger = None
         self._turns.clear()
-        self._fresh = self.steps if won else 0  # in a row: a winner's trial phases are its fresh measurements
         return verdict
 
     def ready(self) -> bool:
-        """Whether the next trial may start now: none runs and trials are left (in a row: and the plan in force has
-        fresh figures; with turns the trial measures it)."""
+        """Whether the next trial may start now: none runs, and trials are left after the planner's last choice."""
         return (self.incumbent is not None and self.challenger is None and not self._exhausted
-                and self._trials < self.max_trials
-                and (self.interleave or (self._fresh >= self.steps
-                                         and len(self._recent.get(self.key(self.incumbent), ())) >= self.steps)))
+                and self._trials < self.max_trials)
 
     def next_challenger(self, ranked: Sequence[tuple[Plan, float]], incumbent_predicted_s: float) -> Plan | None:
         """Start a trial of the best candidate of ``ranked`` ((plan, predicted s), best first) within the window.
@@ -259,7 +216,6 @@ class PlanTrials:
             if key in self._tried or not predicted_s <= limit:
                 continue
             self._tried.add(key)
-            self._recent.pop(key, None)  # only the trial's own update phases count
             self._turns.clear()
             self._trials += 1
             self._trial_phases = 0

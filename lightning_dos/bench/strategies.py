@@ -1,0 +1,150 @@
+"""Owns the strategies the bench compares: for each kind, the rows it adds to the report and how a worker builds it.
+
+A strategy kind is one :class:`StrategyKind` in :data:`KINDS`: its name (what ``--strategies`` takes), the
+configurations it contributes for a bench's settings (:class:`RunSpec`, one report row each) and the Lightning
+strategy a worker builds for one of them. Adding a strategy to the comparison is adding one entry; the harness,
+the workers, results, report and chart take every kind from here. No torch import here (``build`` imports lazily,
+in the worker).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Union
+
+if TYPE_CHECKING:
+    from lightning_dos.bench.config import BenchConfig
+
+PlanValue = Union[str, float, None]
+
+#: The control every speedup and loss comparison is measured against.
+BASELINE = "zero3_offload"
+#: DOS plans always benchmarked, before any fixed plans asked for.
+DEFAULT_PLANS = ("auto",)
+#: DeepSpeed static-split ratios (fraction of the optimizer state kept on the host).
+DEFAULT_RATIOS = (0.25, 0.5, 0.75)
+
+
+@dataclass
+class RunSpec:
+    """One configuration, one repeat: what a worker process runs."""
+
+    label: str
+    """Unique, human-readable name, e.g. ``zero3_offload``, ``static_split(0.5)``, ``dos(auto)``."""
+    strategy: str
+    """Strategy kind, one of :data:`STRATEGIES`."""
+    plan: PlanValue
+    """DOS plan as given, the static-split ratio (1.0 for zero3_offload), or None for no_offload."""
+    repeat: int = 0
+    """Index of this repeat, from 0."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable copy."""
+        return dataclasses.asdict(self)
+
+    @property
+    def slug(self) -> str:
+        """The label as a file-name-safe string."""
+        return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in self.label).strip("_")
+
+
+@dataclass(frozen=True)
+class StrategyKind:
+    """One kind of strategy the bench can run."""
+
+    name: str
+    """What ``--strategies`` takes and results.json's ``strategy`` says."""
+    summary: str
+    """One line for the command line's help and the docs."""
+    rows: Callable[[BenchConfig], list[RunSpec]]
+    """The configurations this kind contributes for a bench's settings, in report order (repeat 0)."""
+    build: Callable[[BenchConfig, RunSpec], Any]
+    """The Lightning strategy of one configuration (called in the worker; import torch-heavy modules inside)."""
+    keeps_states_on_device: bool = False
+    """Whether the model and optimizer states all stay on the GPU: then the harness skips the kind when they clearly
+    cannot fit (unless ``--force-no-offload``)."""
+
+
+def plan_argument(plan: str) -> str | float | list[str]:
+    """The DOS strategy's ``plan`` argument for a plan given on the command line.
+
+    ``"0.5"`` becomes the fraction 0.5, ``"host,device,host"`` a list of lanes, anything else stays a string.
+    """
+    text = plan.strip()
+    if "," in text:
+        return [part.strip() for part in text.split(",")]
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def dos_plans(config: BenchConfig) -> list[str]:
+    """The DOS plans to run: ``auto`` first, then the fixed plans asked for, without repeats."""
+    plans: list[str] = []
+    for plan in [*DEFAULT_PLANS, *config.plans]:
+        text = str(plan).strip()
+        if text.lower() not in [p.lower() for p in plans]:
+            plans.append(text)
+    return plans
+
+
+def _offload(config: BenchConfig, spec: RunSpec) -> Any:
+    from lightning_dos.baselines import ZeRO3OffloadStrategy
+
+    ratio = 1.0 if spec.plan is None else float(spec.plan)
+    return ZeRO3OffloadStrategy(ratio=ratio, sub_group_size=config.sub_group_size, pin_memory=config.pin_memory)
+
+
+def _dos(config: BenchConfig, spec: RunSpec) -> Any:
+    from lightning_dos import DeepOptimizerStatesStrategy
+
+    return DeepOptimizerStatesStrategy(plan=plan_argument(str(spec.plan)), sub_group_size=config.sub_group_size,
+                                       memory_budget_gib=config.memory_budget_gib, pin_memory=config.pin_memory)
+
+
+def _no_offload(config: BenchConfig, spec: RunSpec) -> Any:
+    from lightning_dos.baselines import ZeRO3Strategy
+
+    return ZeRO3Strategy(sub_group_size=config.sub_group_size)
+
+
+#: Every strategy kind, in the order they run and are reported (the baseline first).
+KINDS: dict[str, StrategyKind] = {kind.name: kind for kind in (
+    StrategyKind(
+        "zero3_offload", "vanilla DeepSpeed ZeRO-3 with the optimizer state offloaded to pinned host memory",
+        lambda config: [RunSpec(label="zero3_offload", strategy="zero3_offload", plan=1.0)], _offload),
+    StrategyKind(
+        "static_split", "DeepSpeed's static split: a share R of the optimizer state on the host, the rest on the GPU",
+        lambda config: [RunSpec(label=f"static_split({ratio:g})", strategy="static_split", plan=ratio)
+                        for ratio in dict.fromkeys(float(r) for r in config.ratios)], _offload),
+    StrategyKind(
+        "deep_optimizer_states", "Deep Optimizer States: auto, plus any fixed plans asked for",
+        lambda config: [RunSpec(label=f"dos({plan})", strategy="deep_optimizer_states", plan=plan)
+                        for plan in dos_plans(config)], _dos),
+    StrategyKind(
+        "no_offload", "ZeRO-3 with everything on the GPU", lambda config: [
+            RunSpec(label="no_offload", strategy="no_offload", plan=None)], _no_offload, keeps_states_on_device=True),
+)}
+#: Strategy kind names, in report order.
+STRATEGIES = tuple(KINDS)
+
+
+def expand(config: BenchConfig) -> list[RunSpec]:
+    """One ``RunSpec`` per configuration for repeat 0, in report order (the baseline first)."""
+    return [spec for name, kind in KINDS.items() if name in config.strategies for spec in kind.rows(config)]
+
+
+def schedule(specs: list[RunSpec], repeats: int) -> list[RunSpec]:
+    """Every configuration ``repeats`` times, round-robin, so slow drift of the host spreads over all of them."""
+    return [dataclasses.replace(spec, repeat=r) for r in range(repeats) for spec in specs]
+
+
+def build_strategy(config: BenchConfig, spec: RunSpec) -> Any:
+    """The Lightning strategy of ``spec``, with the bench's subgroup size and pinning."""
+    kind = KINDS.get(spec.strategy)
+    if kind is None:
+        raise ValueError(f"strategy: {spec.strategy!r} is not a bench strategy kind; use one of {', '.join(KINDS)}")
+    return kind.build(config, spec)
