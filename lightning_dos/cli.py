@@ -4,11 +4,14 @@
 trains a :class:`~lightning_dos.models.GPTModule` on any LightningDataModule chosen by ``class_path``
 (default :class:`~lightning_dos.data.TextDataModule`). The model's vocabulary and context length follow
 the data module (``data.vocab_size`` -> ``model.vocab_size``, ``data.seq_len`` -> ``model.block_size``), so a
-recipe sets them once. ``lightning-dos bench ...`` hands its arguments to ``lightning_dos.bench.main``.
+recipe sets them once. Every run gets the default callbacks and its run identity (name
+``<recipe>-<strategy>[-<plan>]``, W&B group/job type/tags: :func:`lightning_dos.run_info.configure_run`).
+``lightning-dos bench ...`` hands its arguments to ``lightning_dos.bench.main``.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 import warnings
 from collections.abc import Sequence
@@ -21,6 +24,7 @@ import lightning_dos  # noqa: F401  (registers "deep_optimizer_states" and the b
 from lightning_dos.callbacks import default_callbacks
 from lightning_dos.data import TextDataModule
 from lightning_dos.models import GPTModule
+from lightning_dos.run_info import configure_run
 
 __all__ = ["DOSLightningCLI", "main"]
 
@@ -28,6 +32,12 @@ DESCRIPTION = (
     "Pretrain a GPT under DeepSpeed ZeRO-3 with Deep Optimizer States: lightning-dos fit --config "
     "recipes/quickstart.yaml. Compare strategies with lightning-dos bench --help."
 )
+#: Subcommands that are not LightningCLI's: name -> module whose ``main(argv)`` runs it.
+TOOL_COMMANDS = {
+    "bench": "lightning_dos.bench",  # strategies compared in one run
+    "prepare": "lightning_dos.data.prepare",  # a corpus tokenised into sharded token files
+    "compare": "lightning_dos.compare",  # runs of different strategies drawn side by side
+}
 #: Seed used when a config sets none, so two runs of one recipe give the same losses.
 DEFAULT_SEED = 1234
 
@@ -80,23 +90,27 @@ class DOSLightningCLI(LightningCLI):
         parser.link_arguments("data", "model.block_size", compute_fn=_seq_len, apply_on="instantiate")
 
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
+        """The Trainer with the default callbacks and the run identity (``configure_run``) on its loggers.
+
+        The identity is set here because Lightning starts the W&B run in its setup hook, before any callback.
+        """
         trainer = super().instantiate_trainer(**kwargs)
         present = {type(callback) for callback in trainer.callbacks}
         for callback in default_callbacks():
             if type(callback) not in present:
                 # in front: ModelCheckpoint stays last, as Lightning orders it
                 trainer.callbacks.insert(0, callback)
+        configure_run(trainer)
         return trainer
 
 
 def main(args: Optional[Sequence[str]] = None) -> Any:
     """Entry point of ``lightning-dos`` and ``python -m lightning_dos``."""
     argv = list(sys.argv[1:] if args is None else args)
-    if argv and argv[0] == "bench":
-        # imported lazily: benchmarking pulls in plotting and sweeps a training run never needs
-        from lightning_dos.bench import main as bench_main
-
-        return bench_main(argv[1:])
+    if argv and argv[0] in TOOL_COMMANDS:
+        # imported lazily: benchmarking, tokenising and plotting pull in what a training run never needs
+        module = importlib.import_module(TOOL_COMMANDS[argv[0]])
+        return module.main(argv[1:])
     # DeepSpeed's ZeRO-3 calls torch.distributed collectives that torch deprecates, warning on every step
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
     # None lets LightningCLI read sys.argv itself (given both, it warns about a possible mix-up)

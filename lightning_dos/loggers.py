@@ -5,6 +5,11 @@ machine without a prompt or a crash: with no W&B API key (no ``WANDB_API_KEY``, 
 in the netrc file) and no ``WANDB_MODE``, it logs offline and says how to sync later; and where ``wandb`` is
 not installed the same name is a ``CSVLogger`` taking the same arguments, and says so in one line (the
 choice is made once, when this module is imported).
+
+Its ``name`` is the recipe (as a ``CSVLogger``'s name is the experiment its versions belong to); the W&B run
+itself is named, grouped and tagged by :func:`lightning_dos.run_info.configure_run` (the CLI calls it), which
+hands the identity to :meth:`DOSWandbLogger.set_run_identity` before the run starts. ``run_name``, ``group``,
+``job_type`` and ``tags`` given explicitly always win over it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from urllib.parse import urlsplit
 
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
 __all__ = ["DOSWandbLogger", "has_wandb_api_key", "wandb_available"]
 
@@ -71,7 +76,8 @@ if wandb_available():
         """Lightning's ``WandbLogger`` that never prompts for a key: it logs offline when there is none.
 
         Args:
-            name: Display name of the run.
+            name: The recipe (experiment) name, e.g. ``"debug"``; the run is named ``<name>-<strategy>[-<plan>]``
+                once :meth:`set_run_identity` is called (else ``name`` itself).
             save_dir: Directory the run's files go under (``<save_dir>/wandb/...``); created if missing.
             version: Run id, to resume a run.
             offline: Log offline even when a key exists.
@@ -82,9 +88,12 @@ if wandb_available():
             group: Group runs together (e.g. one strategy sweep).
             tags: Labels shown in the W&B run table.
             notes: A longer description of the run.
+            run_name: Display name of the run, kept as given (None: derived from ``name`` and the strategy).
+            job_type: W&B job type of the run, kept as given (None: the strategy, via :meth:`set_run_identity`).
             **kwargs: Any other argument of ``WandbLogger`` or ``wandb.init``.
 
-        Where ``wandb`` cannot be imported, this name is a ``CSVLogger`` taking the same arguments.
+        ``group`` and ``tags`` left None are likewise filled by :meth:`set_run_identity`. Where ``wandb`` cannot
+        be imported, this name is a ``CSVLogger`` taking the same arguments.
         """
 
         def __init__(
@@ -100,28 +109,62 @@ if wandb_available():
             group: Optional[str] = None,
             tags: Optional[list[str]] = None,
             notes: Optional[str] = None,
+            run_name: Optional[str] = None,
+            job_type: Optional[str] = None,
             **kwargs: Any,
         ) -> None:
+            self._recipe = name
+            # what the user set stays; set_run_identity fills only the rest
+            self._explicit = {"name": run_name is not None, "group": group is not None,
+                              "job_type": job_type is not None, "tags": tags is not None}
+            self._identity: dict[str, Any] = {}
             # no key and no explicit mode: wandb would prompt on a terminal and fail without one, so go offline
             self.offline_fallback = not offline and not os.environ.get("WANDB_MODE") and not has_wandb_api_key()
             if self.offline_fallback:
                 offline = True
                 log_model = False  # checkpoints cannot be uploaded offline
             Path(save_dir).mkdir(parents=True, exist_ok=True)  # wandb falls back to a temp dir if it is missing
-            init = {key: value for key, value in dict(entity=entity, group=group, tags=tags, notes=notes).items()
-                    if value is not None}
+            init = {key: value for key, value in dict(entity=entity, group=group, tags=tags, notes=notes,
+                                                      job_type=job_type).items() if value is not None}
             super().__init__(
-                name=name, save_dir=save_dir, version=version, offline=offline, project=project,
-                log_model=log_model, prefix=prefix, **init, **kwargs,
+                name=run_name if run_name is not None else name, save_dir=save_dir, version=version,
+                offline=offline, project=project, log_model=log_model, prefix=prefix, **init, **kwargs,
             )
             if self._wandb_init.get("anonymous") is None:
                 self._wandb_init.pop("anonymous", None)  # recent wandb warns about the setting even when unset
             self._announced = False
 
         @property
+        def recipe(self) -> Optional[str]:
+            """The ``name`` given: the recipe the run belongs to (W&B's group unless set explicitly)."""
+            return self._recipe
+
+        def set_run_identity(self, name: Optional[str] = None, group: Optional[str] = None,
+                             job_type: Optional[str] = None, tags: Optional[list[str]] = None) -> None:
+            """Name, group, job type and tags for the W&B run, used when it starts; those set explicitly are kept.
+
+            Must be called before the run starts (before ``trainer.fit``, which starts it in its setup hook);
+            a started run keeps what it has, with a warning.
+            """
+            if self._experiment is not None:
+                rank_zero_warn("set_run_identity: the W&B run has already started, so its name, group, job type "
+                               "and tags stay as they are; call it (or configure_run(trainer)) before trainer.fit")
+                return
+            given = {"name": name, "group": group, "job_type": job_type, "tags": list(tags) if tags else None}
+            self._identity = {key: value for key, value in given.items()
+                              if value is not None and not self._explicit[key]}
+
+        @property
+        def wandb_init_kwargs(self) -> dict[str, Any]:
+            """The arguments ``wandb.init`` gets when the run starts (the explicit ones, then the identity)."""
+            return {**self._wandb_init, **self._identity}
+
+        @property
         @rank_zero_experiment
         def experiment(self) -> Any:
             """The wandb run (created on first use); announces the offline fallback once, naming the run directory."""
+            if self._experiment is None:
+                self._wandb_init.update(self._identity)
             run = super().experiment
             if self.offline_fallback and not self._announced:
                 self._announced = True
@@ -150,9 +193,16 @@ else:
             group: Optional[str] = None,
             tags: Optional[list[str]] = None,
             notes: Optional[str] = None,
+            run_name: Optional[str] = None,
+            job_type: Optional[str] = None,
             **kwargs: Any,
         ) -> None:
             name = name or "lightning_logs"
             _say(f"W&B: wandb is not installed, logging to CSV under {Path(save_dir) / name} instead "
                  "(pip install wandb to log to W&B)")
             super().__init__(save_dir=save_dir, name=name, version=version, prefix=prefix)
+
+        @property
+        def recipe(self) -> str:
+            """The ``name`` given: the recipe the run belongs to (``runs/<name>/version_N``)."""
+            return self.name

@@ -32,4 +32,15 @@ def _restore_environment():
     fit before this fixture runs, so the environment is reset to the one seen at import, before and after."""
     _reset_environment()
     yield
+    _teardown_wandb()
     _reset_environment()
+
+
+def _teardown_wandb() -> None:
+    """wandb's service process outlives a run and keeps the environment of the test that started it (its HOME, its
+    data dirs): the next test's offline runs then wrote no ``run-*.wandb`` file. Each test gets a service of its own."""
+    import sys
+
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and hasattr(wandb, "teardown"):
+        wandb.teardown()

@@ -1,5 +1,6 @@
 """CPU tests of the data pipeline: corpus resolution, BPE tokenizer and its cache, the token cache and
-split, (x, y) windows and shuffling, pre-tokenised shards, and the synthetic benchmark module."""
+split, (x, y) windows and shuffling, pre-tokenised shards, and the synthetic benchmark module.
+(``lightning-dos prepare``, ``data.dataset`` and the resumable train order: tests/test_prepare.py.)"""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+import lightning_dos.data.prepare as prepare_module
 import lightning_dos.data.text as text_module
 import lightning_dos.data.tokenizer as tokenizer_module
 from lightning_dos.data import (
@@ -55,13 +57,19 @@ def _module(corpus: Path, cache: Path, **overrides) -> TextDataModule:
     return TextDataModule(**kwargs)
 
 
+def _split_tokens(dm: TextDataModule, split: str) -> np.ndarray:
+    """A cached split's token stream: its shards, in order."""
+    shards = sorted(dm.token_cache_dir().glob(f"{split}-*.bin"))
+    return np.concatenate([np.fromfile(p, dtype=np.uint16) for p in shards])
+
+
 def _split_documents(dm: TextDataModule) -> dict[str, list[str]]:
     """Decode each cached split back into its documents (split on EOS)."""
     tokenizer = dm.get_tokenizer()
     eos = tokenizer.token_to_id(EOS_TOKEN)
     out = {}
     for split in ("train", "val"):
-        ids = np.fromfile(dm.token_cache_dir() / f"{split}.bin", dtype=np.uint16)
+        ids = _split_tokens(dm, split)
         assert ids[-1] == eos  # every document ends with EOS
         cuts = np.flatnonzero(ids == eos)
         starts = np.concatenate([[0], cuts[:-1] + 1])
@@ -161,6 +169,8 @@ def test_datamodule_rejects_bad_config(tmp_path: Path, corpus: Path, monkeypatch
         TextDataModule(paths=[str(corpus)], shards=str(tmp_path / "*.npy"), cache_dir=str(cache))
     with pytest.raises(ValueError, match=r"data\.paths and data\.hf_dataset"):
         TextDataModule(paths=[str(corpus)], hf_dataset="wikitext", cache_dir=str(cache))
+    with pytest.raises(ValueError, match=r"data\.paths and data\.dataset.*set only one of"):
+        TextDataModule(paths=[str(corpus)], dataset=str(tmp_path / "prepared"), cache_dir=str(cache))
     with pytest.raises(ValueError, match=r"data\.seq_len"):
         _module(corpus, cache, seq_len=0)
     with pytest.raises(ValueError, match=r"data\.batch_size"):
@@ -200,7 +210,8 @@ def test_vocab_size_before_prepare_and_cache_reuse(
     first.prepare_data()
     first.setup("fit")
     files = sorted(p for p in cache.rglob("*") if p.is_file() and not p.name.endswith(".lock"))
-    assert {p.name for p in files} >= {"train.bin", "val.bin", "meta.json"}
+    assert {p.name for p in files} >= {"train-00000.bin", "val-00000.bin", "manifest.json", "tokenizer.json"}
+    assert not [p for p in files if p.name == "progress.json" or p.name.endswith(".partial")]  # a finished run
     assert not [p for p in files if ".tmp-" in p.name]  # atomic writes leave no temp files
     mtimes = {p: p.stat().st_mtime_ns for p in files}
 
@@ -208,7 +219,7 @@ def test_vocab_size_before_prepare_and_cache_reuse(
         raise AssertionError("the cache should have been reused")
 
     monkeypatch.setattr(tokenizer_module, "train_bpe", fail)
-    monkeypatch.setattr(TextDataModule, "_tokenise", fail)
+    monkeypatch.setattr(text_module, "prepare_corpus", fail)
     second = _module(corpus, cache)
     assert second.vocab_size == 320
     second.prepare_data()
@@ -219,28 +230,34 @@ def test_vocab_size_before_prepare_and_cache_reuse(
     assert torch.equal(x1, x2)
 
 
-def test_failed_tokenisation_leaves_no_partial_cache(
+def test_interrupted_cache_build_is_unused_then_finished(
     tmp_path: Path, corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     dm = _module(corpus, tmp_path / "cache")
-    original = TextDataModule._write_batch
+    original = prepare_module._SplitWriter.append
     calls = []
 
-    def crash_on_second(*args, **kwargs):
+    def crash_midway(self, ids):
         calls.append(1)
-        if len(calls) > 1:
+        if len(calls) > 10:
             raise RuntimeError("disk full")
-        return original(*args, **kwargs)
+        return original(self, ids)
 
-    monkeypatch.setattr(text_module, "_ENCODE_BATCH", 8)
-    monkeypatch.setattr(TextDataModule, "_write_batch", staticmethod(crash_on_second))
+    monkeypatch.setattr(prepare_module, "_ENCODE_BATCH", 8)
+    monkeypatch.setattr(prepare_module._SplitWriter, "append", crash_midway)
     with pytest.raises(RuntimeError, match="disk full"):
         dm.prepare_data()
     out = dm.token_cache_dir()
-    assert len(calls) == 2 and (not out.exists() or not list(out.iterdir()))  # no partial split, no temp file
+    assert len(calls) == 11 and not (out / "manifest.json").exists()  # no manifest: never read as a finished cache
+    assert not list(out.glob("*-*.bin"))  # nothing published under a shard's final name
     monkeypatch.undo()
-    dm.prepare_data()  # a later run rebuilds the cache from scratch
-    assert (dm.token_cache_dir() / "meta.json").is_file()
+    dm.prepare_data()  # a later run finishes the cache
+    clean = _module(corpus, tmp_path / "clean")
+    clean.prepare_data()
+    for name in ("manifest.json", "train-00000.bin", "val-00000.bin", "tokenizer.json"):
+        assert (out / name).read_bytes() == (clean.token_cache_dir() / name).read_bytes()
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "tokenizer.json", "train-00000.bin",
+                                                     "val-00000.bin"]
 
 
 def test_split_is_by_document_deterministic_and_disjoint(tmp_path: Path, corpus: Path) -> None:
@@ -267,7 +284,7 @@ def test_windows_shift_and_seeded_shuffle(tmp_path: Path, corpus: Path) -> None:
     dm = _module(corpus, tmp_path / "cache")
     dm.prepare_data()
     dm.setup("fit")
-    tokens = np.fromfile(dm.token_cache_dir() / "train.bin", dtype=np.uint16)
+    tokens = _split_tokens(dm, "train")
     length = dm.seq_len
     assert len(dm.train_dataset) == (len(tokens) - 1) // length
     for i in (0, 1, len(dm.train_dataset) - 1):

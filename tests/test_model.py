@@ -14,6 +14,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_dos.callbacks import PerfMetrics
 from lightning_dos.models import GPT, GPTConfig, GPTModule, flops_per_token, lr_factor, num_params
 from lightning_dos.models.gpt import RMSNorm, _apply_rope, _rope_tables
 from lightning_dos.optim import weight_decay_groups
@@ -273,16 +274,24 @@ def test_fit_logs_metrics(tmp_path: Path) -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         log_every_n_steps=1,
+        callbacks=[PerfMetrics()],  # the throughput is the callback's (the CLI adds it to every run)
     )
     trainer.fit(module, DataLoader(dataset, batch_size=4), DataLoader(dataset, batch_size=4))
 
-    metrics = trainer.callback_metrics
-    for key in ("train/loss", "train/lr", "val/loss", "val/ppl", "train/tokens_per_s", "train/mfu"):
+    metrics = {**trainer.callback_metrics, **trainer.logged_metrics}
+    for key in ("train/loss", "train/lr", "val/loss", "val/ppl", "perf/tokens_per_s", "perf/mfu"):
         assert key in metrics, key
+    assert not any(key.startswith("train/") and key not in ("train/loss", "train/lr") for key in metrics)
     assert math.isfinite(metrics["train/loss"].item())
     assert math.isfinite(metrics["val/loss"].item())
     assert metrics["val/ppl"].item() == pytest.approx(math.exp(metrics["val/loss"].item()), rel=1e-5)
-    assert metrics["train/tokens_per_s"].item() > 0
+    # the module's FLOPs per token and its peak_flops argument are what PerfMetrics turns into TFLOP/s and MFU
+    tokens_per_s = float(metrics["perf/tokens_per_s"])
+    assert tokens_per_s > 0
+    assert module.flops_per_token(seq_len) == flops_per_token(module.config, seq_len)
+    flops_per_s = tokens_per_s * module.flops_per_token(seq_len)
+    assert float(metrics["perf/tflops_per_s"]) == pytest.approx(flops_per_s / 1e12, rel=1e-5)
+    assert float(metrics["perf/mfu"]) == pytest.approx(flops_per_s / 1e12, rel=1e-5)  # peak_flops=1e12
 
     optimizer = trainer.optimizers[0]
     assert [group["weight_decay"] for group in optimizer.param_groups] == [0.1, 0.0]
@@ -294,7 +303,7 @@ def test_fit_logs_metrics(tmp_path: Path) -> None:
     with open(Path(trainer.logger.log_dir) / "metrics.csv") as handle:
         rows = list(csv.DictReader(handle))
     columns = set(rows[0])
-    assert {"train/loss", "train/lr", "val/loss", "val/ppl", "train/tflops_per_s"} <= columns
+    assert {"train/loss", "train/lr", "val/loss", "val/ppl", "perf/tflops_per_s"} <= columns
     train_losses = [float(row["train/loss"]) for row in rows if row["train/loss"]]
     assert len(train_losses) == 3 and all(math.isfinite(v) for v in train_losses)
 

@@ -1,20 +1,33 @@
-"""Owns the public surface of the data pipeline: the data modules and the corpus/tokenizer helpers."""
+"""Owns the public surface of the data pipeline: the data modules, corpus preparation and their helpers."""
 
-from lightning_dos.data.corpus import TEXT_SUFFIXES, read_documents, resolve_paths, stdlib_source_files
-from lightning_dos.data.synthetic import RandomTokenWindows, SyntheticDataModule
-from lightning_dos.data.text import (
-    TextDataModule,
-    TokenWindows,
-    default_cache_dir,
-    open_tokens,
+from lightning_dos.data.corpus import (
+    CLI_NAMES,
+    DATA_NAMES,
+    TEXT_SUFFIXES,
+    Corpus,
+    OptionNames,
+    read_documents,
+    resolve_paths,
+    stdlib_source_files,
+)
+from lightning_dos.data.loader import ResumableDataLoader, ResumableSampler
+from lightning_dos.data.prepare import (
+    DEFAULT_SHARD_TOKENS,
+    prepare_corpus,
+    read_manifest,
+    shard_name,
     split_indices,
     token_dtype,
+    verify_prepared,
 )
+from lightning_dos.data.synthetic import RandomTokenWindows, SyntheticDataModule
+from lightning_dos.data.text import TextDataModule, TokenWindows, manifest_sources, open_tokens
 from lightning_dos.data.tokenizer import (
     EOS_TOKEN,
     atomic_write_bytes,
     cache_lock,
     corpus_fingerprint,
+    default_cache_dir,
     eos_token_id,
     get_tokenizer,
     load_tokenizer,
@@ -23,9 +36,16 @@ from lightning_dos.data.tokenizer import (
 )
 
 __all__ = [
+    "CLI_NAMES",
+    "DATA_NAMES",
+    "DEFAULT_SHARD_TOKENS",
     "EOS_TOKEN",
     "TEXT_SUFFIXES",
+    "Corpus",
+    "OptionNames",
     "RandomTokenWindows",
+    "ResumableDataLoader",
+    "ResumableSampler",
     "SyntheticDataModule",
     "TextDataModule",
     "TokenWindows",
@@ -36,12 +56,17 @@ __all__ = [
     "eos_token_id",
     "get_tokenizer",
     "load_tokenizer",
+    "manifest_sources",
     "open_tokens",
+    "prepare_corpus",
+    "read_manifest",
     "read_documents",
     "resolve_paths",
+    "shard_name",
     "split_indices",
     "stdlib_source_files",
     "token_dtype",
     "tokenizer_digest",
     "train_bpe",
+    "verify_prepared",
 ]

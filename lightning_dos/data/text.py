@@ -1,8 +1,10 @@
-"""Owns the text pretraining data module: corpus -> tokenizer -> cached token memmaps -> (x, y) windows.
+"""Owns the text pretraining data module: corpus -> tokenizer -> prepared token shards -> (x, y) windows.
 
-Three sources, exactly one used: text files (``data.paths``, default: the Python standard library),
-a Hugging Face dataset (``data.hf_dataset``), or pre-tokenised shards (``data.shards``). Tokenised text is
-cached under ``cache_dir`` keyed by corpus, tokenizer, seed and val_fraction, so it is built once.
+Four sources, exactly one used: text files (``data.paths``, default: the Python standard library), a Hugging
+Face dataset (``data.hf_dataset``), a directory written by ``lightning-dos prepare`` (``data.dataset``), or
+pre-tokenised shards (``data.shards``). Text corpora are tokenised by :func:`~lightning_dos.data.prepare.
+prepare_corpus` into a prepared directory under ``cache_dir`` keyed by corpus, tokenizer, seed and val_fraction,
+so it is built once, and read back exactly like a ``data.dataset`` directory.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import glob
 import hashlib
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,41 +23,33 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset
-from tqdm.auto import tqdm
 
-from lightning_dos.data.corpus import read_documents, resolve_paths, stdlib_source_files
-from lightning_dos.data.tokenizer import (
-    atomic_write_bytes,
-    cache_lock,
-    corpus_fingerprint,
-    eos_token_id,
-    get_tokenizer,
-    tokenizer_digest,
+from lightning_dos.data.corpus import DATA_NAMES, Corpus
+from lightning_dos.data.loader import ResumableDataLoader, ResumableSampler
+from lightning_dos.data.prepare import (
+    DEFAULT_SHARD_TOKENS,
+    MANIFEST_NAME,
+    check_int,
+    obtain_tokenizer,
+    prepare_corpus,
+    read_manifest,
+    split_indices,
+    token_dtype,
 )
+from lightning_dos.data.tokenizer import cache_lock, default_cache_dir, load_tokenizer, tokenizer_digest
 
-# Bumped when the cache layout changes, so old token caches are not silently reused.
-_TOKEN_CACHE_VERSION = 1
-# Documents per encode_batch call: large enough for the tokenizer's threads, small enough to stream.
-_ENCODE_BATCH = 128
+__all__ = [
+    "TextDataModule",
+    "TokenWindows",
+    "default_cache_dir",
+    "manifest_sources",
+    "open_tokens",
+    "split_indices",
+    "token_dtype",
+]
 
-
-def default_cache_dir() -> Path:
-    """``$LIGHTNING_DOS_CACHE`` if set, else ``~/.cache/lightning-dos``."""
-    return Path(os.environ.get("LIGHTNING_DOS_CACHE") or Path.home() / ".cache" / "lightning-dos").expanduser()
-
-
-def split_indices(n_docs: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted (train, val) document indices from a seeded permutation; val gets at least one, train too."""
-    if n_docs < 2:
-        raise ValueError(f"a train/val split needs at least 2 documents, got {n_docs}")
-    n_val = min(max(1, round(val_fraction * n_docs)), n_docs - 1)
-    perm = np.random.default_rng(seed).permutation(n_docs)
-    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
-
-
-def token_dtype(vocab_size: int) -> np.dtype:
-    """Smallest unsigned dtype holding every id: halves the cache for vocabularies under 65536."""
-    return np.dtype(np.uint16 if vocab_size < 65536 else np.uint32)
+# Bumped when the cache layout changes, so old token caches are not silently reused (2: prepared directories).
+_TOKEN_CACHE_VERSION = 2
 
 
 class TokenWindows(Dataset):
@@ -109,15 +102,12 @@ def open_tokens(path: str | os.PathLike, dtype: str | None) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r")
 
 
-def _import_datasets() -> Any:
-    try:
-        import datasets
-    except ImportError as err:
-        raise ImportError(
-            "data.hf_dataset needs the Hugging Face `datasets` package: pip install 'lightning-dos[hf]' "
-            "(or use data.paths / data.shards instead)"
-        ) from err
-    return datasets
+def manifest_sources(root: str | os.PathLike, manifest: dict[str, Any]) -> tuple[list, list]:
+    """(train, val) :class:`TokenWindows` sources of a prepared directory, one per shard, in manifest order."""
+    sources: dict[str, list] = {"train": [], "val": []}
+    for shard in manifest["shards"]:
+        sources[shard["split"]].append((str(Path(root) / shard["file"]), manifest["dtype"], 0, int(shard["tokens"])))
+    return sources["train"], sources["val"]
 
 
 class TextDataModule(pl.LightningDataModule):
@@ -132,7 +122,8 @@ class TextDataModule(pl.LightningDataModule):
         shards: A glob of pre-tokenised shards: ``.npy`` (1-D integer) or raw ``.bin`` uint16 token files.
             Several shards are split by file, a single shard by its tail.
         tokenizer: A ``tokenizer.json`` path or a Hugging Face hub tokenizer name. None trains a byte-level
-            BPE on the corpus (cached). Not used with ``shards``.
+            BPE on the corpus (cached). Not used with ``shards``; with ``dataset`` it must be the tokenizer the
+            directory was prepared with (it is checked), and None uses the directory's own.
         bpe_vocab_size: Vocabulary size of the BPE trained when ``tokenizer`` is None.
         max_bytes: Read at most this many bytes of text (None: everything); bounds tokenizer training and
             tokenisation time.
@@ -140,11 +131,13 @@ class TextDataModule(pl.LightningDataModule):
         batch_size: Windows per batch, per device.
         num_workers: DataLoader worker processes.
         val_fraction: Fraction of documents (or shards) held out for validation; at least one.
-        seed: Seeds the train/val split and the train shuffle order.
-        cache_dir: Where tokenizers and token caches live. None: ``$LIGHTNING_DOS_CACHE`` or
+        seed: Seeds the train/val split and the train order (epoch ``e`` is shuffled with ``seed + e``).
+        cache_dir: Where tokenizers and prepared token caches live. None: ``$LIGHTNING_DOS_CACHE`` or
             ``~/.cache/lightning-dos``.
         hf_config: The configuration name of ``hf_dataset`` (e.g. ``wikitext-103-raw-v1``), if it has several.
         shards_vocab_size: Vocabulary size reported for ``shards`` (their token ids must be below it).
+        dataset: A directory written by ``lightning-dos prepare --out DIR``: its manifest fixes the vocabulary,
+            the train/val split and the shards (``paths``, ``max_bytes``, ``val_fraction`` do not apply).
     """
 
     def __init__(
@@ -165,65 +158,65 @@ class TextDataModule(pl.LightningDataModule):
         cache_dir: str | None = None,
         hf_config: str | None = None,
         shards_vocab_size: int = 50304,
+        dataset: str | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        chosen = [key for key, value in (("paths", paths), ("hf_dataset", hf_dataset), ("shards", shards))
-                  if value is not None]
+        chosen = [key for key, value in (("paths", paths), ("hf_dataset", hf_dataset), ("shards", shards),
+                                         ("dataset", dataset)) if value is not None]
         if len(chosen) > 1:
             raise ValueError(f"{' and '.join('data.' + k for k in chosen)} are set together; they are alternative "
-                             "corpora: set only one of data.paths, data.hf_dataset, data.shards")
-        _check_int("data.seq_len", seq_len, 1)
-        _check_int("data.batch_size", batch_size, 1)
-        _check_int("data.num_workers", num_workers, 0)
+                             "corpora: set only one of data.paths, data.hf_dataset, data.shards, data.dataset")
+        check_int("data.seq_len", seq_len, 1)
+        check_int("data.batch_size", batch_size, 1)
+        check_int("data.num_workers", num_workers, 0)
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"data.val_fraction must be strictly between 0 and 1, got {val_fraction} (e.g. 0.05)")
         if max_bytes is not None:
-            _check_int("data.max_bytes", max_bytes, 1, hint=" (or null to read the whole corpus)")
-        if shards is None and tokenizer is None:
-            _check_int("data.bpe_vocab_size", bpe_vocab_size, 257, hint=" (256 bytes + <|endoftext|>)")
+            check_int("data.max_bytes", max_bytes, 1, hint=" (or null to read the whole corpus)")
+        if shards is None and dataset is None and tokenizer is None:
+            check_int("data.bpe_vocab_size", bpe_vocab_size, 257, hint=" (256 bytes + <|endoftext|>)")
         if shards is not None and tokenizer is not None:
             raise ValueError("data.tokenizer is not used with data.shards (shards are already token ids): remove "
                              "data.tokenizer and set data.shards_vocab_size to the shards' vocabulary size")
-        _check_int("data.shards_vocab_size", shards_vocab_size, 1)
+        check_int("data.shards_vocab_size", shards_vocab_size, 1)
 
         self.paths, self.hf_dataset, self.hf_config = paths, hf_dataset, hf_config
-        self.hf_split, self.hf_text_field, self.shards = hf_split, hf_text_field, shards
+        self.hf_split, self.hf_text_field, self.shards, self.dataset = hf_split, hf_text_field, shards, dataset
         self.tokenizer, self.bpe_vocab_size, self.max_bytes = tokenizer, bpe_vocab_size, max_bytes
         self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers
         self.val_fraction, self.seed, self.shards_vocab_size = val_fraction, seed, shards_vocab_size
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
 
-        # Resolve the corpus now so a wrong path fails before any training starts.
-        self._files: list[Path] | None = None
-        self._shard_files: list[Path] | None = None
-        if shards is not None:
-            self._shard_files = _resolve_shards(shards)
-        elif hf_dataset is not None:
-            _import_datasets()
-        elif paths is not None:
-            if isinstance(paths, list | tuple) and len(paths) == 0:
-                raise ValueError("data.paths is an empty list: list files/directories/globs, or omit data.paths "
-                                 "to train on the Python standard library")
-            self._files = resolve_paths(paths)
-            self._check_document_count()
-        else:
-            self._files = stdlib_source_files()
-            if not self._files:
-                raise ValueError("the Python standard library's .py files were not found here; set data.paths")
-
         self._tokenizer_obj: Tokenizer | None = None
-        self._hf_data: Any = None
         self._token_dir: Path | None = None
         self.train_dataset: TokenWindows | None = None
         self.val_dataset: TokenWindows | None = None
+        # Resolve the corpus now so a wrong path, directory or tokenizer fails before any training starts.
+        self._corpus: Corpus | None = None
+        self._shard_files: list[Path] | None = None
+        self._manifest: dict[str, Any] | None = None
+        if shards is not None:
+            self._shard_files = _resolve_shards(shards)
+        elif dataset is not None:
+            self._token_dir = Path(os.path.expanduser(dataset))
+            self._manifest = read_manifest(self._token_dir, key="data.dataset")
+            if tokenizer is not None:
+                self._tokenizer_obj = load_tokenizer(tokenizer)
+                self._check_dataset_tokenizer(self._tokenizer_obj)
+        elif hf_dataset is not None:
+            self._corpus = Corpus.from_hf(hf_dataset, hf_config, hf_split, hf_text_field, max_bytes, names=DATA_NAMES)
+        else:
+            self._corpus = Corpus.from_paths(paths, max_bytes, names=DATA_NAMES)
+            if paths is not None:
+                self._check_document_count()
 
     # ----------------------------------------------------------------------------------------- corpus
     def _check_document_count(self) -> None:
         """Fail at construction, from file sizes alone, if the split by document cannot have two sides."""
-        assert self._files is not None
+        assert self._corpus is not None and self._corpus.files is not None
         budget, n_docs = self.max_bytes, 0
-        for path in self._files:
+        for path in self._corpus.files:
             size = path.stat().st_size
             if size == 0:
                 continue
@@ -237,64 +230,30 @@ class TextDataModule(pl.LightningDataModule):
                              "the train/val split is by document (one file = one document) and needs at least 2: "
                              "add files to data.paths or raise data.max_bytes")
 
-    def _load_hf(self) -> Any:
-        if self._hf_data is None:
-            datasets = _import_datasets()
-            try:
-                data = datasets.load_dataset(self.hf_dataset, self.hf_config, split=self.hf_split)
-            except Exception as err:
-                raise RuntimeError(f"data.hf_dataset: could not load {self.hf_dataset!r} (data.hf_config="
-                                   f"{self.hf_config!r}, data.hf_split={self.hf_split!r}): {err}") from err
-            columns = list(getattr(data, "column_names", None) or [])
-            if self.hf_text_field not in columns:
-                raise ValueError(f"data.hf_text_field: {self.hf_dataset!r} has no column {self.hf_text_field!r}; "
-                                 f"set data.hf_text_field to one of {columns}")
-            self._hf_data = data
-        return self._hf_data
-
-    def _documents(self) -> Iterator[str]:
-        """The corpus as a deterministic stream of document texts, cut at ``max_bytes``."""
-        if self._files is not None:
-            for _, text in read_documents(self._files, self.max_bytes):
-                yield text
-            return
-        remaining = self.max_bytes
-        for batch in self._load_hf().iter(batch_size=1024):
-            for text in batch[self.hf_text_field]:
-                if not text:
-                    continue  # empty rows (e.g. blank lines) would be documents made only of EOS
-                if remaining is not None:
-                    raw = text.encode("utf-8")[:remaining]
-                    remaining -= len(raw)
-                    text = raw.decode("utf-8", errors="ignore")
-                yield text
-                if remaining is not None and remaining <= 0:
-                    return
-
-    def _corpus_id(self) -> Any:
-        if self._files is not None:
-            return {"files": corpus_fingerprint(self._files), "max_bytes": self.max_bytes}
-        data = self._load_hf()
-        return {"hf": [self.hf_dataset, self.hf_config, self.hf_split, self.hf_text_field],
-                "fingerprint": getattr(data, "_fingerprint", None), "rows": len(data), "max_bytes": self.max_bytes}
-
-    def _source_key(self) -> str:
-        return "data.paths" if self._files is not None else "data.hf_dataset"
+    def _check_dataset_tokenizer(self, tokenizer: Tokenizer) -> None:
+        assert self._manifest is not None and self._token_dir is not None
+        expected, got = self._manifest["tokenizer"]["sha256"], tokenizer_digest(tokenizer)
+        if got != expected:
+            own = self._token_dir / self._manifest["tokenizer"]["file"]
+            raise ValueError(f"data.tokenizer ({self.tokenizer!r}, sha256 {got[:12]}...) is not the tokenizer "
+                             f"data.dataset ({self.dataset!r}) was prepared with (sha256 {expected[:12]}...): its "
+                             f"token ids would mean other text. Remove data.tokenizer (the dataset's own {own} is "
+                             "used), or prepare the dataset again with --tokenizer set to this tokenizer")
 
     # -------------------------------------------------------------------------------------- tokenizer
     def get_tokenizer(self) -> Tokenizer:
-        """The tokenizer in use: loaded from ``data.tokenizer``, or trained on the corpus once and cached."""
+        """The tokenizer in use: ``data.tokenizer``, the prepared dataset's own, or a BPE trained once and cached."""
         if self.shards is not None:
             raise ValueError("data.shards are already token ids, so there is no tokenizer; to decode them, load "
                              "the tokenizer they were made with")
         if self._tokenizer_obj is None:
-            if self._files is not None:
-                self._tokenizer_obj = get_tokenizer(self.tokenizer, self._files, self.bpe_vocab_size,
-                                                    self.max_bytes, self.cache_dir)
+            if self._manifest is not None:
+                assert self._token_dir is not None
+                self._tokenizer_obj = Tokenizer.from_file(str(self._token_dir / self._manifest["tokenizer"]["file"]))
             else:
-                self._tokenizer_obj = get_tokenizer(self.tokenizer, None, self.bpe_vocab_size, self.max_bytes,
-                                                    self.cache_dir, documents=self._documents,
-                                                    corpus_id=self._corpus_id() if self.tokenizer is None else None)
+                assert self._corpus is not None
+                self._tokenizer_obj = obtain_tokenizer(self._corpus, self.tokenizer, self.bpe_vocab_size,
+                                                       self.cache_dir)
         return self._tokenizer_obj
 
     @property
@@ -302,99 +261,38 @@ class TextDataModule(pl.LightningDataModule):
         """Vocabulary size for the model's embedding; works before prepare_data (it trains/loads the tokenizer)."""
         if self.shards is not None:
             return self.shards_vocab_size
+        if self._manifest is not None:
+            return int(self._manifest["tokenizer"]["vocab_size"])
         return self.get_tokenizer().get_vocab_size(with_added_tokens=True)
 
     # ------------------------------------------------------------------------------------ token cache
     def token_cache_dir(self) -> Path:
-        """The directory holding this configuration's tokenised train/val splits."""
+        """The prepared directory holding this configuration's train/val shards (``data.dataset`` if set)."""
+        if self.shards is not None:
+            raise ValueError("data.shards are read in place; there is no token cache")
         if self._token_dir is None:
-            key_parts = [_TOKEN_CACHE_VERSION, self._corpus_id(), tokenizer_digest(self.get_tokenizer()),
-                         self.seed, self.val_fraction]
+            assert self._corpus is not None
+            key_parts = [_TOKEN_CACHE_VERSION, self._corpus.corpus_id(), tokenizer_digest(self.get_tokenizer()),
+                         self.seed, self.val_fraction, DEFAULT_SHARD_TOKENS]
             key = hashlib.sha256(json.dumps(key_parts, sort_keys=True, default=str).encode("utf-8")).hexdigest()
             self._token_dir = self.cache_dir / "tokens" / key[:20]
         return self._token_dir
 
     def prepare_data(self) -> None:
-        """Tokenise the corpus once into train/val memmaps under ``cache_dir`` (skipped if cached)."""
-        if self.shards is not None:
-            return  # shards are already tokens; they are validated in setup
+        """Tokenise the corpus once into a prepared directory under ``cache_dir`` (skipped if it is complete)."""
+        if self.shards is not None or self.dataset is not None:
+            return  # already tokens: checked at construction and in setup
         out = self.token_cache_dir()
-        if (out / "meta.json").is_file():
+        if (out / MANIFEST_NAME).is_file():
             rank_zero_info(f"token cache found: {out}")
             return
         with cache_lock(out.with_name(out.name + ".lock")):
-            if not (out / "meta.json").is_file():  # another process may have built it while this one waited
-                self._tokenise(out)
-
-    def _tokenise(self, out: Path) -> None:
-        tokenizer = self.get_tokenizer()
-        eos = eos_token_id(tokenizer)
-        dtype = token_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
-        # A first, cheap pass counts documents: the split needs the count before any token is written.
-        n_docs = n_bytes = 0
-        for text in self._documents():
-            n_docs += 1
-            n_bytes += len(text.encode("utf-8"))
-        if n_docs < 2:
-            raise ValueError(f"{self._source_key()}: the corpus has {n_docs} document(s) within data.max_bytes="
-                             f"{self.max_bytes}; the train/val split is by document and needs at least 2: add "
-                             "documents or raise data.max_bytes")
-        _, val_idx = split_indices(n_docs, self.val_fraction, self.seed)
-        is_val = np.zeros(n_docs, dtype=bool)
-        is_val[val_idx] = True
-        rank_zero_info(f"corpus: {n_docs} documents, {n_bytes / 1e6:.2f} MB of text; "
-                       f"{n_docs - len(val_idx)} train / {len(val_idx)} val documents")
-
-        out.mkdir(parents=True, exist_ok=True)
-        tmp = {split: out / f".{split}.bin.tmp-{os.getpid()}" for split in ("train", "val")}
-        counts = {"train": 0, "val": 0}
-        try:
-            handles = {split: open(path, "wb") for split, path in tmp.items()}
-            try:
-                progress = tqdm(total=n_docs, desc="tokenising", unit="doc")
-                batch: list[str] = []
-                index = 0
-                for text in self._documents():
-                    batch.append(text)
-                    if len(batch) == _ENCODE_BATCH:
-                        index = self._write_batch(tokenizer, batch, index, is_val, eos, dtype, handles, counts)
-                        progress.update(len(batch))
-                        batch = []
-                if batch:
-                    index = self._write_batch(tokenizer, batch, index, is_val, eos, dtype, handles, counts)
-                    progress.update(len(batch))
-                progress.close()
-            finally:
-                for handle in handles.values():
-                    handle.close()
-            if index != n_docs:
-                raise RuntimeError(f"{self._source_key()}: the corpus changed while it was being tokenised "
-                                   f"({n_docs} then {index} documents); run again")
-            for split, path in tmp.items():
-                os.replace(path, out / f"{split}.bin")
-        finally:
-            for path in tmp.values():
-                path.unlink(missing_ok=True)
-        meta = {"dtype": dtype.name, "train_tokens": counts["train"], "val_tokens": counts["val"],
-                "train_documents": int(n_docs - len(val_idx)), "val_documents": len(val_idx),
-                "corpus_bytes": n_bytes, "eos_id": eos, "vocab_size": tokenizer.get_vocab_size(with_added_tokens=True),
-                "seed": self.seed, "val_fraction": self.val_fraction}
-        # Written last: its presence marks the cache complete.
-        atomic_write_bytes(out / "meta.json", json.dumps(meta, indent=2).encode("utf-8"))
-        rank_zero_info(f"tokenised into {out}: {counts['train']:,} train / {counts['val']:,} val tokens")
-
-    @staticmethod
-    def _write_batch(tokenizer: Tokenizer, batch: list[str], index: int, is_val: np.ndarray, eos: int,
-                     dtype: np.dtype, handles: dict[str, Any], counts: dict[str, int]) -> int:
-        for encoding in tokenizer.encode_batch(batch, add_special_tokens=False):
-            split = "val" if index < len(is_val) and is_val[index] else "train"
-            ids = np.empty(len(encoding.ids) + 1, dtype=dtype)
-            ids[:-1] = encoding.ids
-            ids[-1] = eos  # each document ends with EOS, so documents are separated by it
-            handles[split].write(ids.tobytes())
-            counts[split] += len(ids)
-            index += 1
-        return index
+            if not (out / MANIFEST_NAME).is_file():  # another process may have built it while this one waited
+                # None: prepare_corpus finds the same cached BPE, so its manifest matches `lightning-dos prepare`'s
+                given = self.get_tokenizer() if self.tokenizer is not None else None
+                prepare_corpus(out, corpus=self._corpus, tokenizer=given, bpe_vocab_size=self.bpe_vocab_size,
+                               val_fraction=self.val_fraction, seed=self.seed, shard_tokens=DEFAULT_SHARD_TOKENS,
+                               cache_dir=self.cache_dir, names=DATA_NAMES)
 
     # ------------------------------------------------------------------------------------------ setup
     def setup(self, stage: str | None = None) -> None:
@@ -403,29 +301,32 @@ class TextDataModule(pl.LightningDataModule):
             return
         if self._shard_files is not None:
             train_sources, val_sources = self._shard_sources()
-            source_key = "data.shards"
+            grow = "add shards to data.shards"
         else:
             out = self.token_cache_dir()
-            if not (out / "meta.json").is_file():
-                self.prepare_data()  # setup called directly (outside a Trainer): build the cache here
-            meta = json.loads((out / "meta.json").read_text())
-            rank_zero_info(f"corpus: {meta['train_documents'] + meta['val_documents']:,} documents, "
-                           f"{meta['corpus_bytes'] / 1e6:.2f} MB of text (token cache {out})")
-            train_sources = [(str(out / "train.bin"), meta["dtype"], 0, meta["train_tokens"])]
-            val_sources = [(str(out / "val.bin"), meta["dtype"], 0, meta["val_tokens"])]
-            source_key = "data.max_bytes"
+            if self._manifest is not None:
+                manifest, grow = self._manifest, "prepare a larger data.dataset"
+            else:
+                if not (out / MANIFEST_NAME).is_file():
+                    self.prepare_data()  # setup called directly (outside a Trainer): build the cache here
+                manifest, grow = read_manifest(out, key="data.cache_dir"), "raise data.max_bytes"
+            totals = manifest["totals"]
+            rank_zero_info(f"corpus: {totals['documents']:,} documents, {totals['bytes'] / 1e6:.2f} MB of text "
+                           f"(prepared tokens in {out})")
+            train_sources, val_sources = manifest_sources(out, manifest)
         train = TokenWindows(train_sources, self.seq_len)
         val = TokenWindows(val_sources, self.seq_len)
         for name, dataset in (("train", train), ("val", val)):
             if len(dataset) == 0:
                 raise ValueError(
                     f"data.seq_len: the {name} split has {dataset.num_tokens} tokens, fewer than one window of "
-                    f"data.seq_len + 1 = {self.seq_len + 1}; lower data.seq_len or add data (raise {source_key})"
+                    f"data.seq_len + 1 = {self.seq_len + 1} (in any one shard); lower data.seq_len or add data "
+                    f"({grow})"
                 )
         if len(train) < self.batch_size:
             raise ValueError(f"data.batch_size: the train split has {len(train)} windows of data.seq_len="
                              f"{self.seq_len}, fewer than one batch of {self.batch_size}; lower data.batch_size "
-                             f"or data.seq_len, or add data (raise {source_key})")
+                             f"or data.seq_len, or add data ({grow})")
         self.train_dataset, self.val_dataset = train, val
         rank_zero_info(f"data: {train.num_tokens:,} train tokens ({len(train):,} windows), "
                        f"{val.num_tokens:,} val tokens ({len(val):,} windows) of seq_len {self.seq_len}")
@@ -453,14 +354,24 @@ class TextDataModule(pl.LightningDataModule):
         return [sources[i] for i in train_idx], [sources[i] for i in val_idx]
 
     # ------------------------------------------------------------------------------------ dataloaders
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> ResumableDataLoader:
+        """Shuffled windows in a seeded order per epoch, split over ranks, resumable mid-epoch from a checkpoint."""
         if self.train_dataset is None:
             self.setup("fit")
+        assert self.train_dataset is not None
+        trainer = getattr(self, "trainer", None)
+        num_replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        sampler = ResumableSampler(self.train_dataset, num_replicas=num_replicas, rank=rank, seed=self.seed)
+        if len(sampler) < self.batch_size:
+            raise ValueError(f"data.batch_size: each of {num_replicas} ranks gets {len(sampler)} train windows, "
+                             f"fewer than one batch of {self.batch_size}; lower data.batch_size or data.seq_len, or "
+                             "add data")
+        # The workers' base seed is drawn from this generator, as before, so the global RNG stream is untouched.
         generator = torch.Generator()
-        generator.manual_seed(self.seed)  # same seed -> same batch order
-        return DataLoader(self.train_dataset, batch_size=self.batch_size, shuffle=True, generator=generator,
-                          drop_last=True, num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
-                          persistent_workers=self.num_workers > 0)
+        generator.manual_seed(self.seed)
+        return ResumableDataLoader(self.train_dataset, batch_size=self.batch_size, sampler=sampler, drop_last=True,
+                                   generator=generator, num_workers=self.num_workers,
+                                   pin_memory=torch.cuda.is_available(), persistent_workers=self.num_workers > 0)
 
     def val_dataloader(self) -> DataLoader:
         if self.val_dataset is None:
@@ -468,11 +379,6 @@ class TextDataModule(pl.LightningDataModule):
         return DataLoader(self.val_dataset, batch_size=self.batch_size, shuffle=False, drop_last=False,
                           num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
                           persistent_workers=self.num_workers > 0)
-
-
-def _check_int(key: str, value: Any, minimum: int, hint: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-        raise ValueError(f"{key} must be an integer >= {minimum}{hint}, got {value!r}")
 
 
 def _resolve_shards(pattern: str) -> list[Path]:

@@ -59,6 +59,11 @@ def cache_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
+def default_cache_dir() -> Path:
+    """``$LIGHTNING_DOS_CACHE`` if set, else ``~/.cache/lightning-dos``."""
+    return Path(os.environ.get("LIGHTNING_DOS_CACHE") or Path.home() / ".cache" / "lightning-dos").expanduser()
+
+
 def corpus_fingerprint(files: Iterable[Path]) -> list[tuple[str, int, int]]:
     """(path, size, mtime_ns) per file: cheap to compute, and changes whenever a file is edited."""
     out = []
@@ -87,8 +92,11 @@ def train_bpe(documents_iter: Iterable[str], vocab_size: int, path: str | os.Pat
     return tokenizer
 
 
-def load_tokenizer(spec: str) -> Tokenizer:
-    """Load a tokenizer from a ``tokenizer.json`` path (or a directory holding one), else a hub name."""
+def load_tokenizer(spec: str, key: str = "data.tokenizer") -> Tokenizer:
+    """Load a tokenizer from a ``tokenizer.json`` path (or a directory holding one), else a hub name.
+
+    ``key`` is the option named in errors.
+    """
     local = Path(os.path.expanduser(spec))
     if local.is_dir() and (local / "tokenizer.json").is_file():
         local = local / "tokenizer.json"
@@ -96,28 +104,29 @@ def load_tokenizer(spec: str) -> Tokenizer:
         try:
             return Tokenizer.from_file(str(local))
         except Exception as err:
-            raise ValueError(f"data.tokenizer: {spec!r} is not a valid tokenizer.json ({err})") from err
-    if spec.endswith(".json") or spec.startswith((".", "/", "~")):
-        raise FileNotFoundError(f"data.tokenizer: {spec!r} does not exist; pass an existing tokenizer.json, "
-                                "or omit data.tokenizer to train a BPE on the corpus")
+            raise ValueError(f"{key}: {spec!r} is not a valid tokenizer.json ({err}); pass a tokenizer.json "
+                             f"saved by the `tokenizers` library, or omit {key} to train a BPE on the corpus") from err
+    if local.is_dir() or spec.endswith(".json") or spec.startswith((".", "/", "~")):
+        raise FileNotFoundError(f"{key}: {spec!r} does not exist (or is a directory without a tokenizer.json); pass "
+                                f"an existing tokenizer.json, or omit {key} to train a BPE on the corpus")
     try:
         return Tokenizer.from_pretrained(spec)
     except Exception as err:
         raise OSError(
-            f"data.tokenizer: could not fetch {spec!r} from the Hugging Face hub ({type(err).__name__}: {err}); "
+            f"{key}: could not fetch {spec!r} from the Hugging Face hub ({type(err).__name__}: {err}); "
             "the hub may be unreachable from this machine or the name may be wrong. Pass a local tokenizer.json "
-            "instead (data.tokenizer: path/to/tokenizer.json), or omit data.tokenizer to train a BPE on the corpus"
+            f"instead ({key} path/to/tokenizer.json), or omit {key} to train a BPE on the corpus"
         ) from err
 
 
-def eos_token_id(tokenizer: Tokenizer) -> int:
-    """Id of the end-of-document token placed between documents."""
+def eos_token_id(tokenizer: Tokenizer, key: str = "data.tokenizer") -> int:
+    """Id of the end-of-document token placed between documents (``key`` is the option named in errors)."""
     for token in _EOS_CANDIDATES:
         token_id = tokenizer.token_to_id(token)
         if token_id is not None:
             return token_id
-    raise ValueError(f"data.tokenizer: the tokenizer has none of the end-of-document tokens {_EOS_CANDIDATES}; "
-                     "use a tokenizer that defines one, or omit data.tokenizer to train a BPE on the corpus")
+    raise ValueError(f"{key}: the tokenizer has none of the end-of-document tokens {_EOS_CANDIDATES}; "
+                     f"use a tokenizer that defines one, or omit {key} to train a BPE on the corpus")
 
 
 def tokenizer_digest(tokenizer: Tokenizer) -> str:

@@ -1,26 +1,26 @@
 """Owns decoder-only pretraining of a :class:`~lightning_dos.models.gpt.GPT` as a LightningModule.
 
-Next-token cross-entropy, AdamW with warm-up + cosine learning rate, and throughput logging (tokens/s,
-TFLOP/s, MFU). The network is built in ``configure_model`` so that a sharding strategy (DeepSpeed ZeRO-3)
-can construct it already partitioned; the optimizer comes from :func:`lightning_dos.optim.adamw`, which
-picks DeepSpeed's CPU Adam when the strategy offloads optimizer state.
+Next-token cross-entropy, AdamW with warm-up + cosine learning rate, and the FLOPs per token that
+:class:`~lightning_dos.callbacks.PerfMetrics` turns into TFLOP/s and MFU (the callback logs throughput under
+every strategy, so the module does not). The network is built in ``configure_model`` so that a sharding
+strategy (DeepSpeed ZeRO-3) can construct it already partitioned; the optimizer comes from
+:func:`lightning_dos.optim.adamw`, which picks DeepSpeed's CPU Adam when the strategy offloads optimizer state.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import time
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
-from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import MeanMetric
 
-from lightning_dos.models.gpt import GPT, GPTConfig, flops_per_token
+from lightning_dos.models.gpt import GPT, GPTConfig
+from lightning_dos.models.gpt import flops_per_token as _flops_per_token
 from lightning_dos.optim import adamw, weight_decay_groups
 
 __all__ = ["GPTModule", "lr_factor"]
@@ -38,17 +38,6 @@ def lr_factor(step: int, warmup_steps: int, max_steps: int, min_lr_ratio: float)
         return min_lr_ratio
     progress = (step - warmup_steps) / (max_steps - warmup_steps)
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def _compute_dtype(precision: str) -> torch.dtype:
-    """The matmul dtype behind a Lightning precision string such as ``"bf16-mixed"``."""
-    if "bf16" in precision:
-        return torch.bfloat16
-    if precision.startswith("16"):
-        return torch.float16
-    if precision.startswith("64"):
-        return torch.float64
-    return torch.float32
 
 
 class GPTModule(pl.LightningModule):
@@ -73,8 +62,9 @@ class GPTModule(pl.LightningModule):
         weight_decay: Decoupled weight decay for matrices and embeddings; norms and biases get none.
         betas: AdamW moment coefficients.
         eps: AdamW denominator epsilon.
-        peak_flops: Peak FLOP/s of one device, for model FLOPs utilisation (MFU); None looks it up from the
-            device and precision, and MFU is not logged when it is unknown.
+        peak_flops: Peak FLOP/s of one device, for the model FLOPs utilisation (``perf/mfu``) that
+            :class:`~lightning_dos.callbacks.PerfMetrics` logs; None lets the callback look it up from the device
+            and precision (MFU is not logged when it is unknown, e.g. on a CPU).
     """
 
     def __init__(
@@ -125,8 +115,7 @@ class GPTModule(pl.LightningModule):
         )
         self.model: GPT | None = None
         self.val_loss = MeanMetric()
-        self._last_step_time: float | None = None
-        self._peak_flops: float | None = peak_flops
+        self.peak_flops: float | None = peak_flops
 
     def configure_model(self) -> None:
         # called inside the strategy's sharded-construction context, and possibly more than once
@@ -146,32 +135,11 @@ class GPTModule(pl.LightningModule):
         loss = self._loss(batch)
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
-        self._log_throughput(batch[0])
         return loss
 
-    def _log_throughput(self, x: torch.Tensor) -> None:
-        now = time.perf_counter()
-        last, self._last_step_time = self._last_step_time, now
-        if last is None:
-            return
-        batch_size, seq_len = x.shape
-        tokens_per_s = batch_size * seq_len * self.trainer.world_size / (now - last)
-        flops_per_s = tokens_per_s * flops_per_token(self.config, seq_len)
-        self.log("train/tokens_per_s", tokens_per_s)
-        self.log("train/tflops_per_s", flops_per_s / 1e12)
-        if self._peak_flops:
-            self.log("train/mfu", flops_per_s / (self._peak_flops * self.trainer.world_size))
-
-    def on_fit_start(self) -> None:
-        if self._peak_flops is None:
-            self._peak_flops = get_available_flops(self.device, _compute_dtype(str(self.trainer.precision)))
-
-    def on_train_epoch_start(self) -> None:
-        # the gap since the last step (validation, epoch turnover) is not training time
-        self._last_step_time = None
-
-    def on_validation_start(self) -> None:
-        self._last_step_time = None
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token at sequence length ``seq_len`` (read by ``PerfMetrics`` for TFLOP/s and MFU)."""
+        return _flops_per_token(self.config, seq_len)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self.val_loss.update(self._loss(batch), weight=batch[1].numel())
