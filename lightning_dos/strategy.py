@@ -10,6 +10,7 @@ the same code users run.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 from collections.abc import Sequence
@@ -96,7 +97,7 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         if stage != 3:
             raise MisconfigurationException(
                 f"stage: deep_optimizer_states needs ZeRO stage 3, got {stage}; set stage: 3 "
-                "(or use strategy: deepspeed_stage_{stage} for plain DeepSpeed)"
+                f"(or use strategy: deepspeed_stage_{stage} for plain DeepSpeed)"
             )
         if not offload_optimizer:
             raise MisconfigurationException(
@@ -105,6 +106,8 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             )
         if cost_overrides:
             CostParams().with_values(cost_overrides, key="cost_overrides")  # unknown names fail here, early
+        if isinstance(config, dict):
+            config = copy.deepcopy(config)  # defaults are filled into a copy: the caller's dict stays as given
         self.memory_budget_gib = memory_budget_gib
         self.buffers = buffers
         self.cost_overrides = dict(cost_overrides or {})

@@ -21,6 +21,7 @@ from lightning_dos.callbacks import DOSMetricsLogger, ValLossReport
 from lightning_dos.cli import DOSLightningCLI
 from lightning_dos.data import SyntheticDataModule, TextDataModule
 from lightning_dos.loggers import DOSWandbLogger
+from lightning_dos.models.gpt import num_params
 
 # the tests pass args while pytest's own arguments sit in sys.argv
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
@@ -34,8 +35,15 @@ LOGGER_FRAGMENTS = sorted((ROOT / "configs" / "logger").glob("*.yaml"))
 EXPECTED_RECIPES: dict[str, tuple[str, type, str]] = {
     "debug": ("debug", TextDataModule, "fraction"),
     "quickstart": ("gpt-10m", TextDataModule, "auto"),
+    "gpt2-124m": ("gpt2-124m", TextDataModule, "auto"),
+    "gpt2-350m": ("gpt2-350m", TextDataModule, "auto"),
+    "llama-1b": ("llama-1b", TextDataModule, "auto"),
+    "llama-3b": ("llama-3b", TextDataModule, "auto"),
     "gpt-2.7b": ("gpt-2.7b", SyntheticDataModule, "auto"),
 }
+#: The header every recipe starts with (litgpt's and nanoGPT's habit): what it is for, where it runs, what it measured,
+#: how to launch it, and its derived numbers.
+HEADER_FIELDS = ("Goal:", "Hardware:", "Measured:", "Launch:", "Derived:")
 # strategy fragment -> (strategy class, optimizer state offloaded, DeepSpeed's static-split ratio)
 EXPECTED_STRATEGIES: dict[str, tuple[type, bool, float | None]] = {
     "dos_auto": (DeepOptimizerStatesStrategy, True, None),
@@ -95,6 +103,32 @@ def test_every_key_has_a_comment(config: Path) -> None:
     for number, line in enumerate(lines, 1):
         if re.match(r"^\s*[\w.-]+:\s*[^\s#]", line):  # a key with a value (section headers hold only keys)
             assert " # " in line, f"{config.name}:{number}: key without a comment: {line.strip()}"
+
+
+def _header(recipe: Path) -> str:
+    lines = recipe.read_text().splitlines()
+    return "\n".join(line for line in lines[: next(i for i, line in enumerate(lines) if not line.startswith("#"))])
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_recipe_header(recipe: Path) -> None:
+    header = _header(recipe)
+    for field in HEADER_FIELDS:
+        assert f"# {field}" in header, f"{recipe.name}: the header has no {field} line"
+    assert f"--config recipes/{recipe.name}" in header, f"{recipe.name}: the launch line names another file"
+    assert "MEASURED" not in header, f"{recipe.name}: the Measured line is a placeholder"
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_recipe_derived_numbers(recipe: Path) -> None:
+    """The header's parameter count and tokens per step are those of the model and data the recipe builds."""
+    cli = _cli(recipe)
+    derived = _header(recipe).split("# Derived:", 1)[1]
+    params = int(re.search(r"([\d,]+) parameters", derived).group(1).replace(",", ""))
+    assert params == num_params(cli.model.config)
+    batch, seq_len, tokens = re.search(r"(\d+) x (\d+) = ([\d,]+) tokens per step", derived).groups()
+    assert (int(batch), int(seq_len)) == (cli.datamodule.batch_size, cli.datamodule.seq_len)
+    assert int(tokens.replace(",", "")) == int(batch) * int(seq_len)
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)

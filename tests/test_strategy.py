@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import lightning.pytorch as pl
@@ -44,9 +45,19 @@ def test_resolved_config_has_dos_defaults() -> None:
 
 def test_user_config_is_completed_not_overridden() -> None:
     config = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
+    given = copy.deepcopy(config)
     s = DeepOptimizerStatesStrategy(config=config, sub_group_size=1000)
     assert s.config["zero_optimization"]["offload_optimizer"]["pin_memory"] is True
     assert s.config["zero_optimization"]["sub_group_size"] == 1000
+    assert config == given  # the caller's dict is left as it was: the strategy completes a copy
+    DeepOptimizerStatesStrategy(config=config, sub_group_size=2000)  # so the same dict serves a second strategy
+    assert config == given
+
+
+def test_the_stage_error_names_the_stage_asked_for() -> None:
+    with pytest.raises(MisconfigurationException) as info:
+        DeepOptimizerStatesStrategy(stage=2)
+    assert "strategy: deepspeed_stage_2" in str(info.value) and "{stage}" not in str(info.value)
 
 
 def test_auto_sub_group_size_gives_several_subgroups() -> None:

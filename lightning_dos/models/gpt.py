@@ -40,11 +40,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gpt2-124m": dict(n_layer=12, n_embd=768, n_head=12, style="gpt2", block_size=1024, tie_embeddings=True),
     "gpt2-350m": dict(n_layer=24, n_embd=1024, n_head=16, style="gpt2", block_size=1024, tie_embeddings=True),
     # LLaMA-style (RMSNorm, rotary, grouped-query attention, SwiGLU, untied output); at a 50304-token vocabulary:
-    # 1.18B (TinyLlama's shape), 3.13B (Llama 3.2 3B's shape) and 5.37B parameters (Llama 2 7B's width, 28 layers)
+    # 1.18B (TinyLlama's shape) and 3.13B parameters (Llama 3.2 3B's shape, the largest measured to train on a 128 GB
+    # host: docs/recipes.md says what ran out of host memory above it)
     "llama-1b": dict(n_layer=22, n_embd=2048, n_head=32, n_kv_head=4, intermediate_size=5632),
     "llama-3b": dict(n_layer=28, n_embd=3072, n_head=24, n_kv_head=8, intermediate_size=8192),
-    "llama-5b": dict(n_layer=28, n_embd=4096, n_head=32, n_kv_head=8, intermediate_size=11008),
-    "llama-6b": dict(n_layer=32, n_embd=4096, n_head=32, n_kv_head=8, intermediate_size=11008),
 }
 
 
