@@ -4,7 +4,6 @@ split, (x, y) windows and shuffling, pre-tokenised shards, and the synthetic ben
 
 from __future__ import annotations
 
-import random
 import sys
 import types
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from text_corpus import document, write_corpus
 
 import lightning_dos.data.prepare as prepare_module
 import lightning_dos.data.text as text_module
@@ -28,26 +28,17 @@ from lightning_dos.data import (
     train_bpe,
 )
 
-WORDS = ("alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud tensor "
-         "gradient shard window token offload interleave optimizer state memory device host").split()
 N_DOCS = 40
 
 
 def _document(i: int) -> str:
-    # A unique marker per document lets the tests tell which split each document landed in.
-    rng = random.Random(i)
-    lines = [f"doc{i:03d} " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14))) for _ in range(12)]
-    return "\n".join(lines) + "\n"
+    # a unique marker per document lets the tests tell which split each document landed in
+    return document(i)
 
 
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
-    root = tmp_path / "corpus"
-    for i in range(N_DOCS):
-        sub = root / f"part{i % 3}"
-        sub.mkdir(parents=True, exist_ok=True)
-        (sub / f"doc{i:03d}.txt").write_text(_document(i), encoding="utf-8")
-    return root
+    return write_corpus(tmp_path / "corpus", N_DOCS, parts=3)
 
 
 def _module(corpus: Path, cache: Path, **overrides) -> TextDataModule:

@@ -8,7 +8,6 @@ import fcntl
 import hashlib
 import json
 import os
-import random
 import sys
 import types
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from text_corpus import document, write_corpus
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -35,26 +35,16 @@ from lightning_dos.data import (
 )
 from lightning_dos.data.prepare import main
 
-WORDS = ("alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud tensor "
-         "gradient shard window token offload interleave optimizer state memory device host").split()
 N_DOCS = 30
 
 
 def _document(i: int) -> str:
-    rng = random.Random(1000 + i)
-    lines = [f"doc{i:03d} " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12)))
-             for _ in range(rng.randint(3, 9))]
-    return "\n".join(lines) + "\n"
+    return document(i, seed=1000, words=(4, 12), lines=(3, 9))
 
 
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
-    root = tmp_path / "corpus"
-    for i in range(N_DOCS):
-        sub = root / f"part{i % 2}"
-        sub.mkdir(parents=True, exist_ok=True)
-        (sub / f"doc{i:03d}.txt").write_text(_document(i), encoding="utf-8")
-    return root
+    return write_corpus(tmp_path / "corpus", N_DOCS, parts=2, text=_document)
 
 
 def _prepare(corpus: Path, out: Path, cache: Path, **overrides) -> dict:
