@@ -19,9 +19,11 @@ from typing import Any, Optional
 
 import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 import lightning_dos  # noqa: F401  (registers "deep_optimizer_states" and the baselines by name)
 from lightning_dos.callbacks import default_callbacks
+from lightning_dos.checkpoint import newest_complete, validate_resume_path
 from lightning_dos.data import TextDataModule
 from lightning_dos.models import GPTModule
 from lightning_dos.run_info import configure_run
@@ -102,6 +104,20 @@ class DOSLightningCLI(LightningCLI):
                 trainer.callbacks.insert(0, callback)
         configure_run(trainer)
         return trainer
+
+    def before_fit(self) -> None:
+        """``--ckpt_path last`` means the newest *complete* checkpoint in the checkpoint folders (a crash may have left
+        ``last.ckpt`` dangling or a checkpoint half-written); any other path is checked before the engine is built."""
+        config = self.config_init[self.subcommand]
+        ckpt_path = config.get("ckpt_path")
+        if ckpt_path == "last":
+            folders = [cb.dirpath for cb in self.trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)]
+            newest = newest_complete(folders)
+            if newest is not None:
+                rank_zero_info(f"ckpt_path last: resuming from {newest}")
+                config["ckpt_path"] = str(newest)
+        elif ckpt_path is not None and ckpt_path not in ("best", "hpc") and not str(ckpt_path).startswith("registry"):
+            validate_resume_path(ckpt_path)
 
 
 def main(args: Optional[Sequence[str]] = None) -> Any:

@@ -1,16 +1,19 @@
-"""Owns the base of every DeepSpeed strategy here: CPU-only machines, and the module state ZeRO-3 leaves behind.
+"""Owns the base of every DeepSpeed strategy here: CPU-only machines, module state, atomic checkpoints.
 
 DeepSpeed itself runs on CPUs (its CPU accelerator, gloo); Lightning 2.6's strategy refuses them in three
 places: ``setup_environment`` (CUDA only), ``setup_distributed`` (device indices must be 0..n-1, a CPU's is
 None) and ``deepspeed.initialize(args.device_rank=root_device.index)`` (None crashes DeepSpeed). The mixin
-answers all three, gives subclasses one hook around ``deepspeed.initialize``, and moves the module's state that
-ZeRO-3 does not place (metrics, buffers) to the device, which no code path of Lightning or DeepSpeed does.
+answers all three, gives subclasses one hook around ``deepspeed.initialize``, moves the module's state that ZeRO-3
+does not place (metrics, buffers) to the device, which no code path of Lightning or DeepSpeed does, and saves
+checkpoints atomically (:mod:`lightning_dos.checkpoint`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -19,6 +22,7 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.strategies import DeepSpeedStrategy
 from typing_extensions import override
 
+from lightning_dos.checkpoint import partial_path, publish, remove_partials, validate_resume_path
 from lightning_dos.module_device import move_module_state
 
 
@@ -82,6 +86,28 @@ class CPUSupportMixin(DeepSpeedStrategy):
         move_module_state(model, self.root_device)
         self.after_initialize(engine, ds_optimizer)
         return engine, ds_optimizer
+
+    @override
+    def save_checkpoint(self, checkpoint: dict, filepath: Any, storage_options: Optional[Any] = None) -> None:
+        """DeepSpeed's sharded save, into ``<filepath>.partial`` and then published at ``filepath`` in one rename, with
+        every file fsynced first (:mod:`lightning_dos.checkpoint`): a crash never leaves a checkpoint that looks
+        complete and is not."""
+        filepath = self.broadcast(os.fspath(filepath))
+        partial = partial_path(filepath)
+        if self.is_global_zero:
+            remove_partials(Path(filepath).parent)  # what an earlier crash left; nothing else writes here now
+        self.barrier("dos_checkpoint_begin")
+        super().save_checkpoint(checkpoint, partial, storage_options)
+        self.barrier("dos_checkpoint_written")  # every rank's shard is on disk
+        if self.is_global_zero:
+            publish(partial, filepath, {"global_step": checkpoint.get("global_step"), "epoch": checkpoint.get("epoch")})
+        self.barrier("dos_checkpoint_published")
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> dict[str, Any]:
+        if not (self.load_full_weights and self.zero_stage_3):
+            validate_resume_path(checkpoint_path)  # one clear error, before DeepSpeed reads anything
+        return super().load_checkpoint(checkpoint_path, weights_only)
 
     @override
     def _initialize_deepspeed_inference(self, model: torch.nn.Module) -> None:

@@ -41,10 +41,31 @@ def recipe_copy(recipe: Path, out: Path, *, max_steps: int, every_n_train_steps:
     return path
 
 
+DEBUG = ROOT / "recipes" / "debug.yaml"
+
+
+def debug_with_checkpoints(out: Path, max_steps: int, horizon: int = 6, every: int = 2, **trainer: Any) -> Path:
+    """The debug recipe with a checkpoint every ``every`` steps, stopping at ``max_steps``, its learning-rate schedule
+    planned for ``horizon`` steps whatever the stop (so a stopped and a whole run share it)."""
+    checkpoint = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                  "init_args": {"filename": "{step}", "every_n_train_steps": every, "save_top_k": 1,
+                                "save_last": "link"}}
+    config = recipe_copy(DEBUG, out, max_steps=max_steps, enable_checkpointing=True, callbacks=[checkpoint],
+                         val_check_interval=100, num_sanity_val_steps=0, **trainer)
+    config.write_text(config.read_text().replace("model:\n", f"model:\n  max_steps: {horizon}\n", 1))
+    return config
+
+
 def fit(config: Path, *extra: str, timeout: float = 600,
         env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``lightning-dos fit --config config extra...`` in a fresh process, from the config's folder."""
-    command = [sys.executable, "-m", "lightning_dos", "fit", "--config", str(config), *extra]
+    return run_fit([sys.executable, "-m", "lightning_dos"], config, *extra, timeout=timeout, env=env)
+
+
+def run_fit(program: list[str], config: Path, *extra: str, timeout: float = 600,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``program fit --config config extra...`` (``program``: the command line of ``lightning-dos`` or a stand-in)."""
+    command = [*program, "fit", "--config", str(config), *extra]
     return subprocess.run(command, cwd=config.parent, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
 

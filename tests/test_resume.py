@@ -9,23 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from recipe_run import ROOT, fit, metrics, recipe_copy, series
+from recipe_run import debug_with_checkpoints, fit, metrics, series
 
 pytestmark = pytest.mark.slow
-
-DEBUG = ROOT / "recipes" / "debug.yaml"
-CHECKPOINT = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-              "init_args": {"filename": "{step}", "every_n_train_steps": 2, "save_top_k": 1, "save_last": "link"}}
-
-
-def _debug_with_checkpoints(out: Path, max_steps: int, **trainer: object) -> Path:
-    """The debug recipe stopping at ``max_steps``, its learning-rate schedule planned for 6 steps whatever the stop."""
-    config = recipe_copy(DEBUG, out, max_steps=max_steps, enable_checkpointing=True,
-                         callbacks=[dict(CHECKPOINT, init_args=dict(CHECKPOINT["init_args"]))],
-                         val_check_interval=100, num_sanity_val_steps=0, **trainer)
-    text = config.read_text().replace("model:\n", "model:\n  max_steps: 6\n", 1)
-    config.write_text(text)
-    return config
 
 
 def _ok(result) -> None:
@@ -33,18 +19,18 @@ def _ok(result) -> None:
 
 
 def test_resume_continues_like_an_uninterrupted_run(tmp_path: Path) -> None:
-    whole = _debug_with_checkpoints(tmp_path / "whole", max_steps=6)
+    whole = debug_with_checkpoints(tmp_path / "whole", max_steps=6)
     _ok(fit(whole))
     expected = series(metrics(tmp_path / "whole", "debug"), "train/loss")
     assert sorted(expected) == list(range(6))
 
-    stopped = _debug_with_checkpoints(tmp_path / "parts", max_steps=4)
+    stopped = debug_with_checkpoints(tmp_path / "parts", max_steps=4)
     _ok(fit(stopped))
     last = tmp_path / "parts" / "checkpoints" / "last.ckpt"
     assert last.is_symlink() and last.resolve().name == "step=4.ckpt"  # a sharded ZeRO checkpoint: a directory
     assert (last / "checkpoint").is_dir()
 
-    resumed = _debug_with_checkpoints(tmp_path / "parts", max_steps=6)
+    resumed = debug_with_checkpoints(tmp_path / "parts", max_steps=6)
     result = fit(resumed, "--ckpt_path", "last")
     _ok(result)
     assert "resumed the plan state" in result.stdout + result.stderr
@@ -58,13 +44,13 @@ def test_resume_continues_like_an_uninterrupted_run(tmp_path: Path) -> None:
 
 
 def test_resume_keeps_autos_plan_state(tmp_path: Path) -> None:
-    config = _debug_with_checkpoints(tmp_path, max_steps=4)
+    config = debug_with_checkpoints(tmp_path, max_steps=4)
     _ok(fit(config, "--trainer.strategy.init_args.plan", "auto"))
     state = _plan_state(tmp_path / "checkpoints" / "last.ckpt")
     assert state["plan"] == "auto" and state["auto_steps"] == 4  # past the two probe steps
     assert state["calibrator"]["observations"] == 4
 
-    config = _debug_with_checkpoints(tmp_path, max_steps=6)
+    config = debug_with_checkpoints(tmp_path, max_steps=6)
     result = fit(config, "--trainer.strategy.init_args.plan", "auto", "--ckpt_path", "last")
     _ok(result)
     assert "resumed the plan state" in result.stdout + result.stderr

@@ -1,4 +1,5 @@
-"""Data parallelism: two gloo ranks on the host, each planning its own partition, match vanilla at world size 2."""
+"""Data parallelism: two gloo ranks on the host, each planning its own partition, match vanilla at world size 2, and
+save one sharded checkpoint together."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from parity import rel, subprocess_env
+
+from lightning_dos.checkpoint import describe, partial_path
 
 SCRIPT = Path(__file__).parent / "scripts" / "two_ranks.py"
 
@@ -42,6 +45,12 @@ def test_two_ranks_match_vanilla(tmp_path: Path) -> None:
         m_dos = torch.load(tmp_path / "dos" / f"masters_rank{rank}.pt")
         m_van = torch.load(tmp_path / "vanilla" / f"masters_rank{rank}.pt")
         assert m_dos["full"].shape == m_van["full"].shape and rel(m_dos["full"], m_van["full"]) <= 1e-5
+    # the checkpoint both ranks saved was published once both shards were written
+    for name in ("vanilla", "dos"):
+        checkpoint = tmp_path / name / "step=4.ckpt"
+        assert describe(checkpoint) == "complete" and not partial_path(checkpoint).exists()
+        shards = sorted(p.name for p in (checkpoint / "checkpoint").iterdir() if p.name.endswith("optim_states.pt"))
+        assert shards == [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(2)]
     # each rank updated only its own partition (about half of the parameters), yet both see the whole model
     a = torch.load(tmp_path / "dos" / "masters_rank0.pt")
     b = torch.load(tmp_path / "dos" / "masters_rank1.pt")

@@ -1,4 +1,5 @@
-"""Train the tiny LM with two CPU ranks (gloo) under one strategy; each rank saves its losses and fp32 masters.
+"""Train the tiny LM with two CPU ranks (gloo) under one strategy; each rank saves its losses and fp32 masters, and
+together they save a sharded checkpoint.
 
 Usage: python tests/scripts/two_ranks.py PLAN OUT_DIR   (PLAN "vanilla" for ZeRO-3 offload, else a DOS plan)
 Lightning re-runs this script for rank 1, as it does for any multi-process CPU run.
@@ -37,6 +38,7 @@ def main() -> None:
     )
     trainer.fit(TinyLM(), train_dataloaders=token_loader(8))
     rank = trainer.global_rank
+    trainer.save_checkpoint(out / "step=4.ckpt")  # a collective: each rank writes its shard, rank 0 publishes
     opt = trainer.strategy.model.optimizer
     partition = torch.cat([t.detach().float().clone() for t in opt.fp32_partitioned_groups_flat])
     # whole fp32 masters, gathered from both ranks (a collective): raw partitions end in uninitialised padding
