@@ -1,10 +1,12 @@
 """Owns the W&B logger the recipes use: online when a key exists, offline otherwise, CSV when wandb is missing.
 
-``DOSWandbLogger`` is Lightning's ``WandbLogger`` with two safety nets, so a recipe naming it runs on every
+``DOSWandbLogger`` is Lightning's ``WandbLogger`` with three safety nets, so a recipe naming it runs on every
 machine without a prompt or a crash: with no W&B API key (no ``WANDB_API_KEY``, no ``wandb login`` entry
-in the netrc file) and no ``WANDB_MODE``, it logs offline and says how to sync later; and where ``wandb`` is
+in the netrc file) and no ``WANDB_MODE``, it logs offline and says how to sync later; where ``wandb`` is
 not installed the same name is a ``CSVLogger`` taking the same arguments, and says so in one line (the
-choice is made once, when this module is imported).
+choice is made once, when this module is imported); and when W&B fails during a run (unreachable, an error while
+logging, a full disk), training goes on and everything from then on is logged to CSV under
+``<save_dir>/<recipe>/version_N``, with one warning (tables and images, which CSV cannot hold, are dropped).
 
 Its ``name`` is the recipe (as a ``CSVLogger``'s name is the experiment its versions belong to); the W&B run
 itself is named, grouped and tagged by :func:`lightning_dos.run_info.configure_run` (the CLI calls it), which
@@ -17,6 +19,7 @@ from __future__ import annotations
 import netrc
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 from urllib.parse import urlsplit
@@ -24,6 +27,7 @@ from urllib.parse import urlsplit
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
+from typing_extensions import override
 
 __all__ = ["DOSWandbLogger", "has_wandb_api_key", "wandb_available"]
 
@@ -162,15 +166,86 @@ if wandb_available():
         @property
         @rank_zero_experiment
         def experiment(self) -> Any:
-            """The wandb run (created on first use); announces the offline fallback once, naming the run directory."""
+            """The wandb run (created on first use); announces the offline fallback once, naming the run directory.
+            If W&B cannot start the run (unreachable, out of disk), the CSV stand-in's writer (:attr:`failed_over`)."""
+            if self._csv is not None:
+                return self._csv.experiment
             if self._experiment is None:
                 self._wandb_init.update(self._identity)
-            run = super().experiment
+            try:
+                run = super().experiment
+            except Exception as err:  # noqa: BLE001  (wandb raises many kinds; training must go on)
+                return self._fail_over("starting the run", err).experiment
             if self.offline_fallback and not self._announced:
                 self._announced = True
                 run_dir = Path(run.dir).parent if getattr(run, "dir", None) else Path(self.save_dir or ".") / "wandb"
                 _say(f"W&B: no API key found, logging offline to {run_dir} (sync later with `wandb sync {run_dir}`)")
             return run
+
+        # ---------------------------------------------------------------- when W&B fails, training goes on
+        _csv: Optional[CSVLogger] = None
+
+        @property
+        def failed_over(self) -> Optional[CSVLogger]:
+            """The CSV logger taking this logger's metrics since W&B failed (None while W&B works)."""
+            return self._csv
+
+        def _fail_over(self, what: str, err: BaseException) -> CSVLogger:
+            """From now on log to CSV under ``<save_dir>/<recipe>/version_N``; say so once."""
+            if self._csv is None:
+                self._csv = CSVLogger(save_dir=self.save_dir or ".", name=self._recipe or "lightning_logs")
+                rank_zero_warn(f"W&B: {what} failed ({type(err).__name__}: {err}); training goes on and logs to CSV "
+                               f"under {self._csv.log_dir} from here (W&B keeps what it had)")
+            return self._csv
+
+        def _guard(self, what: str, call: Any, fallback: Any = None) -> None:
+            if self._csv is None:
+                try:
+                    call()
+                    return
+                except Exception as err:  # noqa: BLE001
+                    self._fail_over(what, err)
+            if fallback is not None:
+                fallback(self._csv)
+
+        @override
+        @rank_zero_only
+        def log_metrics(self, metrics: Mapping[str, float], step: Optional[int] = None) -> None:
+            self._guard("logging metrics", lambda: super(DOSWandbLogger, self).log_metrics(metrics, step),
+                        lambda csv: csv.log_metrics(metrics, step))
+
+        @override
+        @rank_zero_only
+        def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+            self._guard("logging the run config", lambda: super(DOSWandbLogger, self).log_hyperparams(params),
+                        lambda csv: csv.log_hyperparams(params))
+
+        @override
+        @rank_zero_only
+        def log_table(self, *args: Any, **kwargs: Any) -> None:
+            # tables and images have no CSV form: after a failure they are dropped (the warning said so)
+            self._guard("logging a table", lambda: super(DOSWandbLogger, self).log_table(*args, **kwargs))
+
+        @override
+        @rank_zero_only
+        def log_image(self, *args: Any, **kwargs: Any) -> None:
+            self._guard("logging an image", lambda: super(DOSWandbLogger, self).log_image(*args, **kwargs))
+
+        @override
+        def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+            self._guard("logging a checkpoint", lambda: super(DOSWandbLogger, self).after_save_checkpoint(
+                checkpoint_callback))
+
+        @override
+        @rank_zero_only
+        def save(self) -> None:
+            self._guard("saving", lambda: super(DOSWandbLogger, self).save(), lambda csv: csv.save())
+
+        @override
+        @rank_zero_only
+        def finalize(self, status: str) -> None:
+            self._guard("finishing the run", lambda: super(DOSWandbLogger, self).finalize(status),
+                        lambda csv: csv.finalize(status))
 
 else:
 
