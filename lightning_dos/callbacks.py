@@ -1,5 +1,5 @@
 """Owns the callbacks the ``lightning-dos`` CLI adds to every run: the validation-loss report, the ``perf/*``
-metrics every strategy logs, and DOS telemetry.
+metrics every strategy logs, the stop at a non-finite loss, and DOS telemetry.
 
 ``ValLossReport`` answers "did it learn?" in one line at the end of fit. ``PerfMetrics`` logs iteration
 time, throughput and peak memory under any strategy (vanilla Lightning included), so runs of different
@@ -23,8 +23,8 @@ from typing_extensions import override
 
 from lightning_dos.bench.memory import ru_maxrss_bytes
 
-__all__ = ["DOSMetricsLogger", "PerfMetrics", "ValLossReport", "batch_tokens", "default_callbacks", "host_in_use_gib",
-           "peak_host_gib"]
+__all__ = ["DOSMetricsLogger", "NonFiniteLossGuard", "PerfMetrics", "ValLossReport", "batch_tokens",
+           "default_callbacks", "host_in_use_gib", "peak_host_gib"]
 
 GIB = 1024**3
 
@@ -285,6 +285,41 @@ class DOSMetricsLogger(Callback):
                 plt.close(fig)
 
 
+class NonFiniteLossGuard(Callback):
+    """Stops training at the first non-finite training loss, naming the step, instead of training on NaN weights.
+
+    Under bf16 and fp32 nothing skips an update: a NaN or infinite loss gives NaN gradients, the update of that step
+    runs with them, and every later step trains a broken model. Under fp16, DeepSpeed's dynamic loss scaling skips
+    the update of a step whose gradients overflow and lowers the scale, so a non-finite loss is only counted here
+    (``skipped``). The check reads a loss already computed for the step (one scalar; the update phase has ended by
+    then, so it waits for nothing that has not finished).
+    """
+
+    def __init__(self) -> None:
+        self.skipped = 0
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if not isinstance(loss, torch.Tensor):
+            return
+        value = float(loss.detach().float())
+        if math.isfinite(value):
+            return
+        step = trainer.global_step - 1  # the optimizer step this batch belonged to (the counter has moved on)
+        if str(trainer.precision).startswith("16"):
+            self.skipped += 1
+            return
+        raise FloatingPointError(
+            f"train/loss is {value} at step {step} (batch {batch_idx} of epoch {trainer.current_epoch}); under "
+            f"{trainer.precision} no loss scaling skips that update, so the weights are no longer finite. Resume from "
+            "the last checkpoint (--ckpt_path last) with a lower learning rate or gradient_clip_val, or look at the "
+            "data of this batch"
+        )
+
+
 def default_callbacks() -> list[Callback]:
     """The callbacks every CLI run gets (unless the config already has one of the same type)."""
-    return [ValLossReport(), PerfMetrics(), DOSMetricsLogger()]
+    return [ValLossReport(), PerfMetrics(), NonFiniteLossGuard(), DOSMetricsLogger()]
