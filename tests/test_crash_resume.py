@@ -112,7 +112,10 @@ def _resume_and_compare(out: Path, uninterrupted: dict[int, float]) -> int:
     Returns the first step it trained (0: nothing was resumable)."""
     result = fit(debug_with_checkpoints(out, max_steps=STEPS, every=1), "--ckpt_path", "last")
     _ok(result)
-    resumed = series(metrics(out, "debug"), "train/loss")
+    try:
+        resumed = series(metrics(out, "debug"), "train/loss")
+    except FileNotFoundError:  # the resumed run logged nothing: there was nothing left to train
+        resumed = {}
     if not resumed:  # the stopped run had finished: its last checkpoint is the end
         assert newest_complete([out / "checkpoints"]).name == f"step={STEPS}.ckpt"
         return STEPS
@@ -139,7 +142,8 @@ def test_killed_while_writing_a_checkpoint(tmp_path: Path, uninterrupted: dict[i
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_killed_at_a_random_point(tmp_path: Path, uninterrupted: dict[int, float], seed: int) -> None:
-    """SIGKILL after a seeded delay from the first checkpoint's appearance: between checkpoints or inside one."""
+    """SIGKILL after a seeded delay (0-1 s) from the first checkpoint's appearance: between checkpoints or inside one
+    (or, on a fast machine, after the end: then the resume has nothing left to train)."""
     config = debug_with_checkpoints(tmp_path, max_steps=STEPS, every=1)
     command = [sys.executable, "-m", "lightning_dos", "fit", "--config", str(config)]
     process = subprocess.Popen(command, cwd=config.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -148,8 +152,8 @@ def test_killed_at_a_random_point(tmp_path: Path, uninterrupted: dict[int, float
     deadline = time.monotonic() + 300
     while not (folder.is_dir() and any(folder.iterdir())) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    time.sleep(random.Random(seed).uniform(0.0, 1.5))
+    time.sleep(random.Random(seed).uniform(0.0, 1.0))
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=60)
     first = _resume_and_compare(tmp_path, uninterrupted)
-    assert 1 <= first <= STEPS
+    assert 0 <= first <= STEPS  # 0: killed before the first checkpoint was published, so it started over
