@@ -37,6 +37,12 @@ STRATEGY_NAME = "deep_optimizer_states"
 AUTO_SUB_GROUP_MAX = 100_000_000
 #: ``sub_group_size="auto"`` aims for at least this many subgroups per rank, so the planner has choices.
 AUTO_SUB_GROUP_COUNT = 16
+#: ``param_persistence="auto"`` on several ranks keeps the 16-bit parameters whole when a whole copy takes at most this
+#: share of the device memory free when the engine is built (activations and the device lane need the rest).
+AUTO_PERSISTENCE_SHARE = 0.25
+#: A persistence threshold above any parameter's size: every parameter persists.
+PERSIST_ALL = 10**15
+_PERSISTENCE_KEYS = ("stage3_param_persistence_threshold", "param_persistence_threshold")
 
 
 class DeepOptimizerStatesStrategy(CPUSupportMixin):
@@ -61,6 +67,13 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         cost_overrides: fixed values for performance-model parameters (e.g. ``{"h2d_bytes_per_s": 25e9}``);
             calibration never changes an overridden parameter. See ``docs/performance-model.md``.
         pin_memory: keep offloaded optimizer state in page-locked memory (2-3x faster transfers).
+        param_persistence: whether ZeRO-3 keeps the 16-bit parameters whole on the device between steps instead of
+            gathering and releasing each layer's in every forward and backward (on one GPU that fetch-and-release
+            roughly doubles forward and backward). ``"auto"``: yes on one rank (its partition is the whole model
+            already, so persisting costs no memory), and on several ranks when a whole 16-bit copy takes at most a
+            quarter of the device memory free when the engine is built; ``True``/``False``: always/never; an int:
+            DeepSpeed's ``stage3_param_persistence_threshold`` (parameters of at most that many elements persist).
+            A persistence threshold in ``config`` wins.
         stage, offload_optimizer: must stay 3 and True; they exist so a mistaken override is reported
             clearly instead of silently ignored.
         config: a DeepSpeed config dict or JSON path; it must keep ZeRO stage 3 and ``offload_optimizer``
@@ -79,6 +92,7 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         buffers: Optional[int] = None,
         cost_overrides: Optional[dict[str, float]] = None,
         pin_memory: bool = True,
+        param_persistence: Union[str, bool, int] = "auto",
         stage: int = 3,
         offload_optimizer: bool = True,
         offload_parameters: bool = False,
@@ -106,6 +120,12 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             )
         if cost_overrides:
             CostParams().with_values(cost_overrides, key="cost_overrides")  # unknown names fail here, early
+        if not (param_persistence == "auto" or isinstance(param_persistence, bool)
+                or (isinstance(param_persistence, int) and param_persistence >= 0)):
+            raise ValueError(f"param_persistence: {param_persistence!r}; set 'auto', true, false, or a number of "
+                             "elements >= 0 (parameters of at most that many elements stay whole on the device)")
+        self.param_persistence = param_persistence
+        self.persistence_threshold: Optional[int] = None  # what prepare_config decided (None: DeepSpeed's default)
         if isinstance(config, dict):
             config = copy.deepcopy(config)  # defaults are filled into a copy: the caller's dict stays as given
         self.memory_budget_gib = memory_budget_gib
@@ -148,9 +168,16 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
     # ------------------------------------------------------------------ engine construction
     @override
     def prepare_config(self, model: torch.nn.Module) -> None:
+        zero = self.config["zero_optimization"]
         if self._auto_sub_group_size:
-            sub = auto_sub_group_size(_partition_numel(model, self.world_size))
-            self.config["zero_optimization"]["sub_group_size"] = sub
+            zero["sub_group_size"] = auto_sub_group_size(_partition_numel(model, self.world_size))
+        if any(key in zero for key in _PERSISTENCE_KEYS):
+            return  # the user's DeepSpeed config decides
+        free = _free_device_bytes(self.root_device)
+        self.persistence_threshold = persistence_threshold(
+            self.param_persistence, self.world_size, _model_bytes(model, self.precision_plugin.precision), free)
+        if self.persistence_threshold is not None:
+            zero["stage3_param_persistence_threshold"] = self.persistence_threshold
 
     @override
     def initialize_context(self) -> contextlib.AbstractContextManager:
@@ -176,7 +203,8 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             # under gradient accumulation DeepSpeed's own gradient path runs: every gradient reaches the host
             device_gradients=int(self.config.get("gradient_accumulation_steps", 1)) == 1,
         )
-        rank_zero_info(manager.describe())
+        persistent = self.persistence_threshold == PERSIST_ALL
+        rank_zero_info(manager.describe() + ("; 16-bit parameters kept whole on the device" if persistent else ""))
         return manager
 
     # ------------------------------------------------------------------ hooks
@@ -233,6 +261,34 @@ def _validate_sub_group_size(value: Union[int, str]) -> bool:
             "(a few 1e7 to 1e8 per subgroup) or 'auto'"
         )
     return False
+
+
+def persistence_threshold(setting: Union[str, bool, int], world_size: int, model_bytes: int,
+                          free_bytes: Optional[int]) -> Optional[int]:
+    """DeepSpeed's ``stage3_param_persistence_threshold`` for ``param_persistence=setting`` (None: its default).
+
+    ``"auto"`` persists everything on one rank, and on several when a whole 16-bit copy of the model
+    (``model_bytes``) takes at most :data:`AUTO_PERSISTENCE_SHARE` of the free device memory (unknown: no).
+    """
+    if setting is True or (setting == "auto" and (world_size == 1 or (
+            free_bytes is not None and model_bytes <= AUTO_PERSISTENCE_SHARE * free_bytes))):
+        return PERSIST_ALL
+    if setting == "auto" or setting is False:
+        return None
+    return int(setting)
+
+
+def _model_bytes(model: torch.nn.Module, precision: str) -> int:
+    """Bytes of a whole copy of the model's parameters in the training precision (2 for 16-bit, else 4)."""
+    numel = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+    return numel * (2 if ("16" in str(precision)) else 4)
+
+
+def _free_device_bytes(device: torch.device) -> Optional[int]:
+    if device.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(device)
+    return int(free)
 
 
 def auto_sub_group_size(partition_numel: int) -> int:

@@ -14,7 +14,7 @@ from parity import make_strategy, rel, train
 import lightning_dos
 from lightning_dos import DeepOptimizerStatesStrategy, ZeRO3OffloadStrategy
 from lightning_dos._versions import check_versions
-from lightning_dos.strategy import AUTO_SUB_GROUP_MAX, auto_sub_group_size
+from lightning_dos.strategy import AUTO_SUB_GROUP_MAX, PERSIST_ALL, auto_sub_group_size, persistence_threshold
 
 
 def test_import_registers_names_idempotently() -> None:
@@ -215,3 +215,39 @@ def test_dispatch_starts_the_device_lane_prefetches_before_the_update_phase() ->
     assert with_lead < without
     reference = train(None, steps=3)
     assert rel(run.masters, reference.masters) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    ("setting", "world", "model_bytes", "free", "expected"),
+    [
+        ("auto", 1, 10 * 2**30, None, PERSIST_ALL),  # one rank: its partition is the whole model already
+        ("auto", 2, 10 * 2**30, 40 * 2**30, PERSIST_ALL),  # a whole copy takes a quarter of the free memory
+        ("auto", 2, 10 * 2**30 + 1, 40 * 2**30, None),  # a byte more: DeepSpeed's default
+        ("auto", 8, 2**30, None, None),  # free memory unknown (no CUDA device): DeepSpeed's default
+        (True, 8, 2**40, 1, PERSIST_ALL),
+        (False, 1, 1, 2**40, None),
+        (123_456, 4, 1, 1, 123_456),
+    ],
+)
+def test_persistence_rule(setting: object, world: int, model_bytes: int, free: int | None,
+                          expected: int | None) -> None:
+    assert persistence_threshold(setting, world, model_bytes, free) == expected
+
+
+@pytest.mark.parametrize("bad", ["always", -1, 1.5])
+def test_bad_persistence_is_one_clear_error(bad: object) -> None:
+    with pytest.raises(ValueError, match="param_persistence: .*set 'auto', true, false"):
+        DeepOptimizerStatesStrategy(param_persistence=bad)
+
+
+def test_one_rank_keeps_every_16_bit_parameter_whole_and_a_config_threshold_wins() -> None:
+    run = train(0.5, steps=2, clip=0.05)
+    opt = run.strategy.model.optimizer
+    params = list(run.strategy.model.module.parameters())
+    assert run.strategy.persistence_threshold == PERSIST_ALL
+    assert len(opt.persistent_parameters) == len(params) and all(p.ds_persist for p in params)
+    config = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                    "stage3_param_persistence_threshold": 0}}
+    run = train(None, steps=2, clip=0.05, strategy=DeepOptimizerStatesStrategy(plan=0.5, sub_group_size=2000,
+                                                                               config=config))
+    assert run.strategy.persistence_threshold is None and not run.strategy.model.optimizer.persistent_parameters
