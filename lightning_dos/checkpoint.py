@@ -9,6 +9,9 @@ Here every rank writes into ``<name>.partial``; once all have, rank zero fsyncs 
 :data:`COMPLETE_MARKER` last, and renames the directory to ``<name>`` (a rename within a directory is atomic). A
 directory without the marker is never resumed from, and ``--ckpt_path last`` means the newest complete checkpoint in
 the checkpoint folders, whatever ``last.ckpt`` points to at that moment.
+
+A sharded checkpoint loads only at the world size that wrote it; ``lightning-dos to-universal CKPT OUT`` (``main``)
+rewrites it in DeepSpeed's universal layout, which these strategies load at any world size.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 __all__ = ["COMPLETE_MARKER", "PARTIAL_SUFFIX", "describe", "newest_complete", "partial_path", "publish",
-           "remove_partials", "validate_resume_path"]
+           "remove_partials", "to_universal", "validate_resume_path"]
 
 #: Written last into a published checkpoint: its presence means every shard is on disk.
 COMPLETE_MARKER = "dos_complete.json"
@@ -101,17 +104,20 @@ def _info(path: Path) -> Optional[dict[str, Any]]:
 
 def describe(path: str | os.PathLike) -> str:
     """What ``path`` is, as a resume source: ``"complete"`` (published here), ``"deepspeed"`` (a ZeRO-3 checkpoint
-    written without this module: DeepSpeed's ``latest`` file marks it finished), ``"incomplete"``, ``"zero12"`` (a
-    ZeRO stage 1/2 or non-ZeRO DeepSpeed checkpoint), ``"file"`` (a single-file checkpoint), ``"missing"`` or
-    ``"other"``."""
+    written without this module: DeepSpeed's ``latest`` file marks it finished), ``"universal"`` (DeepSpeed's
+    world-size-independent layout: ``lightning-dos to-universal``), ``"incomplete"``, ``"zero12"`` (a ZeRO stage 1/2
+    or non-ZeRO DeepSpeed checkpoint), ``"file"`` (a single-file checkpoint), ``"missing"`` or ``"other"``."""
     path = Path(path)
     if not path.exists():
         return "missing"
     if path.is_file():
         return "file"
-    if _info(path) is not None:
-        return "complete"
+    info = _info(path)
+    if info is not None:
+        return "universal" if info.get("universal") else "complete"
     tags = [p for p in path.iterdir() if p.is_dir()]
+    if (path / "latest_universal").is_file() and any((tag / "zero").is_dir() for tag in tags):
+        return "universal"
     if any((tag / _ZERO3_SHARD).is_file() for tag in tags):
         return "deepspeed" if (path / "latest").is_file() else "incomplete"
     if any((tag / _ZERO12_MODEL).is_file() for tag in tags):
@@ -141,7 +147,7 @@ def newest_complete(folders: Iterable[str | os.PathLike]) -> Optional[Path]:
 def validate_resume_path(path: str | os.PathLike, key: str = "ckpt_path") -> None:
     """Raise one clear error, naming ``key``, when ``path`` cannot be resumed under a ZeRO-3 strategy here."""
     kind = describe(path)
-    if kind in ("complete", "deepspeed"):
+    if kind in ("complete", "deepspeed", "universal"):
         return
     fixes = {
         "missing": "does not exist; pass a checkpoint directory (e.g. runs/<recipe>/checkpoints/step=100.ckpt) or "
@@ -155,3 +161,45 @@ def validate_resume_path(path: str | os.PathLike, key: str = "ckpt_path") -> Non
                  "wrote",
     }
     raise (FileNotFoundError if kind == "missing" else ValueError)(f"{key}: {os.fspath(path)} {fixes[kind]}")
+
+
+def to_universal(checkpoint: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """Rewrite the sharded checkpoint ``checkpoint`` in DeepSpeed's universal layout at ``out``, published like a
+    checkpoint (written into ``<out>.partial``, marked complete, renamed). Returns ``out``."""
+    from lightning_dos.zero.universal import convert_to_universal
+
+    checkpoint, out = Path(checkpoint), Path(out)
+    validate_resume_path(checkpoint, key="CHECKPOINT")
+    if describe(checkpoint) == "universal":
+        raise ValueError(f"CHECKPOINT: {checkpoint} is universal already; resume from it directly")
+    if out.exists():
+        raise FileExistsError(f"OUT: {out} exists; choose another folder or remove it")
+    tag = (checkpoint / "latest").read_text().strip() if (checkpoint / "latest").is_file() else "checkpoint"
+    partial = partial_path(out)
+    _remove(partial)
+    partial.mkdir(parents=True)
+    convert_to_universal(checkpoint / tag, partial / tag)
+    info = _info(checkpoint) or {}
+    publish(partial, out, {"global_step": info.get("global_step"), "universal": True, "from": str(checkpoint)})
+    return out
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    """``lightning-dos to-universal CHECKPOINT OUT``: a checkpoint that resumes at any world size."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(
+        prog="lightning-dos to-universal",
+        description="Rewrite a sharded ZeRO-3 checkpoint (written at one world size) in DeepSpeed's universal layout, "
+                    "which resumes at any world size: lightning-dos fit ... --ckpt_path OUT")
+    parser.add_argument("checkpoint", help="a checkpoint directory, e.g. runs/<recipe>/checkpoints/step=100.ckpt")
+    parser.add_argument("out", help="the folder to write (must not exist)")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    try:
+        out = to_universal(args.checkpoint, args.out)
+    except (FileNotFoundError, FileExistsError, ValueError) as err:
+        print(f"lightning-dos to-universal: error: {err}", file=sys.stderr)
+        return 2
+    print(f"universal checkpoint written to {out}; resume with --ckpt_path {out} at any number of devices")
+    return 0

@@ -39,6 +39,7 @@ TOOL_COMMANDS = {
     "bench": "lightning_dos.bench",  # strategies compared in one run
     "prepare": "lightning_dos.data.prepare",  # a corpus tokenised into sharded token files
     "compare": "lightning_dos.compare",  # runs of different strategies drawn side by side
+    "to-universal": "lightning_dos.checkpoint",  # a checkpoint that resumes at any world size
 }
 #: Seed used when a config sets none, so two runs of one recipe give the same losses.
 DEFAULT_SEED = 1234

@@ -22,7 +22,7 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.strategies import DeepSpeedStrategy
 from typing_extensions import override
 
-from lightning_dos.checkpoint import partial_path, publish, remove_partials, validate_resume_path
+from lightning_dos.checkpoint import describe, partial_path, publish, remove_partials, validate_resume_path
 from lightning_dos.module_device import move_module_state
 
 
@@ -105,9 +105,15 @@ class CPUSupportMixin(DeepSpeedStrategy):
 
     @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> dict[str, Any]:
-        if not (self.load_full_weights and self.zero_stage_3):
-            validate_resume_path(checkpoint_path)  # one clear error, before DeepSpeed reads anything
-        return super().load_checkpoint(checkpoint_path, weights_only)
+        if self.load_full_weights and self.zero_stage_3:
+            return super().load_checkpoint(checkpoint_path, weights_only)
+        validate_resume_path(checkpoint_path)  # one clear error, before DeepSpeed reads anything
+        if describe(checkpoint_path) != "universal":
+            return super().load_checkpoint(checkpoint_path, weights_only)
+        from lightning_dos.zero.universal import loading_universal
+
+        with loading_universal(self.deepspeed_engine):  # written at another world size: DeepSpeed re-shards it
+            return super().load_checkpoint(checkpoint_path, weights_only)
 
     @override
     def _initialize_deepspeed_inference(self, model: torch.nn.Module) -> None:

@@ -193,9 +193,10 @@ class OptimizerStateManager:
         ``sub_group_size`` or model), or another format; the run then plans as a new one would."""
         if (state.get("version") != PLAN_STATE_VERSION or state.get("plan") != self.spec.source
                 or list(state.get("sizes", ())) != list(self.sizes)):
-            log.warning("deep_optimizer_states: the checkpoint's plan state (plan %r, %d subgroups) is not this run's "
-                        "(plan %r, %d subgroups); planning starts afresh", state.get("plan"),
-                        len(state.get("sizes", ())), self.spec.source, len(self.sizes))
+            log.warning("deep_optimizer_states: the checkpoint's plan state (plan %r, %d subgroups of %s parameters) "
+                        "is not this run's (plan %r, %d subgroups of %s: another plan, world size or sub_group_size); "
+                        "planning starts afresh", state.get("plan"), len(state.get("sizes", ())),
+                        f"{sum(state.get('sizes', ())):,}", self.spec.source, len(self.sizes), f"{sum(self.sizes):,}")
             return False
         calibrator = Calibrator(self._start_cost, overrides=self._cost_overrides)
         calibrator.load_state_dict(state["calibrator"])

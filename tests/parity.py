@@ -140,9 +140,15 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 
+#: What an in-process fit writes into ``os.environ`` for its process group, which a child must not inherit: the group
+#: keeps listening on MASTER_PORT until the process ends.
+RANK_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+                  "LOCAL_WORLD_SIZE", "CROSS_RANK", "CROSS_SIZE")
+
+
 def subprocess_env(**extra: str) -> dict[str, str]:
-    """The environment for a child run. conftest resets os.environ before every test (no rank variables left by
-    an in-process fit) and puts the repository on PYTHONPATH, so this is that environment plus ``extra``."""
+    """The environment for a child run: this test's, without the rank variables an in-process fit of the same test
+    left behind (conftest resets the environment only between tests), plus ``extra``."""
     import os
 
-    return {**os.environ, **extra}
+    return {**{k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}, **extra}

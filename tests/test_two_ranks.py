@@ -56,3 +56,43 @@ def test_two_ranks_match_vanilla(tmp_path: Path) -> None:
     b = torch.load(tmp_path / "dos" / "masters_rank1.pt")
     assert torch.equal(a["full"], b["full"])
     assert a["partition_numel"] < a["full"].numel() and b["partition_numel"] < b["full"].numel()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run_two_nodes(plan: str, out: Path) -> list[dict]:
+    """Two processes, one rank per "node", with the variables a cluster launcher (SLURM, torchrun) sets."""
+    port = str(_free_port())
+    procs = [subprocess.Popen([sys.executable, str(SCRIPT), plan, str(out)], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=subprocess_env(TWO_NODES="1", NODE_RANK=str(node), LOCAL_RANK="0", WORLD_SIZE="2",
+                                                 MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
+             for node in range(2)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.slow
+def test_two_nodes_match_vanilla(tmp_path: Path) -> None:
+    """The same strategy through Lightning's num_nodes: each node plans its own rank as the host's only one."""
+    vanilla = _run_two_nodes("vanilla", tmp_path / "vanilla")
+    dos = _run_two_nodes("0.5", tmp_path / "dos")
+    for rank in range(2):
+        assert dos[rank]["world_size"] == 2 and dos[rank]["node_rank"] == rank
+        assert dos[rank]["ranks_per_host"] == 1  # one rank on each node's host
+        assert len(dos[rank]["losses"]) == len(vanilla[rank]["losses"]) == 4
+        for a, b in zip(dos[rank]["losses"], vanilla[rank]["losses"]):
+            assert abs(a - b) <= 1e-5 * abs(b)
+        m_dos = torch.load(tmp_path / "dos" / f"masters_rank{rank}.pt")
+        m_van = torch.load(tmp_path / "vanilla" / f"masters_rank{rank}.pt")
+        assert rel(m_dos["full"], m_van["full"]) <= 1e-5
+    checkpoint = tmp_path / "dos" / "step=4.ckpt"
+    assert describe(checkpoint) == "complete"  # both nodes' shards, published once (one shared folder here)

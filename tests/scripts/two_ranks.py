@@ -1,8 +1,11 @@
 """Train the tiny LM with two CPU ranks (gloo) under one strategy; each rank saves its losses and fp32 masters, and
 together they save a sharded checkpoint.
 
-Usage: python tests/scripts/two_ranks.py PLAN OUT_DIR   (PLAN "vanilla" for ZeRO-3 offload, else a DOS plan)
-Lightning re-runs this script for rank 1, as it does for any multi-process CPU run.
+Usage: python tests/scripts/two_ranks.py PLAN OUT_DIR [CKPT]   (PLAN "vanilla" for ZeRO-3 offload, else a DOS plan;
+CKPT: a checkpoint to resume from)
+Lightning re-runs this script for rank 1, as it does for any multi-process CPU run. With TWO_NODES=1 and NODE_RANK,
+LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, as a cluster launcher sets them, it is one of two
+single-rank nodes.
 """
 
 from __future__ import annotations
@@ -22,10 +25,14 @@ from parity import LossRecorder, TinyLM, make_strategy, token_loader  # noqa: E4
 def main() -> None:
     plan_arg, out = sys.argv[1], Path(sys.argv[2])
     plan = None if plan_arg == "vanilla" else (float(plan_arg) if plan_arg[0].isdigit() else plan_arg)
+    # TWO_NODES=1: launched once per "node", with the variables a cluster launcher sets: two nodes of one rank each
+    # (not NODE_RANK itself: Lightning sets it for the rank it starts on one node too)
+    nodes = 2 if os.environ.get("TWO_NODES") == "1" else 1
     rec = LossRecorder()
     trainer = pl.Trainer(
         accelerator="cpu",
-        devices=2,
+        devices=2 // nodes,
+        num_nodes=nodes,
         strategy=make_strategy(plan),
         precision="32-true",
         max_steps=4,
@@ -36,25 +43,30 @@ def main() -> None:
         enable_model_summary=False,
         callbacks=[rec],
     )
-    trainer.fit(TinyLM(), train_dataloaders=token_loader(8))
+    ckpt_path = sys.argv[3] if len(sys.argv) > 3 else None  # resume (a universal checkpoint of another world size)
+    trainer.fit(TinyLM(), train_dataloaders=token_loader(8), ckpt_path=ckpt_path)
     rank = trainer.global_rank
     trainer.save_checkpoint(out / "step=4.ckpt")  # a collective: each rank writes its shard, rank 0 publishes
     opt = trainer.strategy.model.optimizer
     partition = torch.cat([t.detach().float().clone() for t in opt.fp32_partitioned_groups_flat])
     # whole fp32 masters, gathered from both ranks (a collective): raw partitions end in uninitialised padding
-    from deepspeed.utils import safe_get_full_fp32_param
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
-    full = torch.cat([safe_get_full_fp32_param(p).detach().float().flatten().cpu()
-                      for p in trainer.strategy.model.module.parameters()])
+    params = list(trainer.strategy.model.module.parameters())
+    full = torch.cat([safe_get_full_fp32_param(p).detach().float().flatten().cpu() for p in params])
+    exp_avg = torch.cat([safe_get_full_optimizer_state(p, "exp_avg").detach().float().flatten().cpu() for p in params])
     out.mkdir(parents=True, exist_ok=True)
-    torch.save({"full": full, "partition_numel": partition.numel()}, out / f"masters_rank{rank}.pt")
+    torch.save({"full": full, "exp_avg": exp_avg, "partition_numel": partition.numel()}, out / f"masters_rank{rank}.pt")
     manager = getattr(trainer.strategy, "manager", None)
     info = {
         "losses": rec.losses,
         "world_size": trainer.world_size,
         "ranks_per_host": manager.cost.ranks_per_host if manager else None,
         "subgroups": len(manager.sizes) if manager else None,
-        "device_subgroups": len(manager.records[-1].plan.device_subgroups()) if manager else None,
+        "device_subgroups": len(manager.records[-1].plan.device_subgroups()) if manager and manager.records else None,
+        "node_rank": trainer.node_rank,
+        "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "threads": torch.get_num_threads(),
     }
     (out / f"rank{rank}.json").write_text(json.dumps(info))
 
