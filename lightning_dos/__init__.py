@@ -2,7 +2,8 @@
 
 ``import lightning_dos`` checks the DeepSpeed and Lightning versions and registers the strategy name
 ``"deep_optimizer_states"`` with Lightning (idempotently), plus the baselines ``"zero3_offload"``,
-``"static_split_{0.25,0.5,0.75}"`` and ``"zero3"`` (no offload), so ``Trainer(strategy="deep_optimizer_states")``
+``"static_split_{0.25,0.5,0.75}"`` and ``"zero3"`` (no offload) and the peers ``"plain"``, ``"torchao_offload"``,
+``"superoffload"`` and ``"zenflow"`` (:mod:`lightning_dos.peers`), so ``Trainer(strategy="deep_optimizer_states")``
 works.
 """
 
@@ -13,26 +14,38 @@ check_versions()
 from lightning.pytorch.strategies import StrategyRegistry  # noqa: E402
 
 from lightning_dos.baselines import ZeRO3OffloadStrategy, ZeRO3Strategy  # noqa: E402
+from lightning_dos.peers import (  # noqa: E402
+    PlainStrategy,
+    SuperOffloadStrategy,
+    TorchaoOffloadStrategy,
+    ZenFlowStrategy,
+)
 from lightning_dos.strategy import STRATEGY_NAME, DeepOptimizerStatesStrategy  # noqa: E402
 
 __version__ = "0.1.0"
 
 
 def register() -> None:
-    """Register ``deep_optimizer_states`` with Lightning's strategy registry (safe to call repeatedly)."""
+    """Register ``deep_optimizer_states``, the baselines and the peers with Lightning's strategy registry (safe to
+    call repeatedly)."""
     if STRATEGY_NAME not in StrategyRegistry:
         DeepOptimizerStatesStrategy.register_strategies(StrategyRegistry)
-    for baseline in (ZeRO3OffloadStrategy, ZeRO3Strategy):
-        if baseline.strategy_name not in StrategyRegistry:
-            baseline.register_strategies(StrategyRegistry)
+    for other in (ZeRO3OffloadStrategy, ZeRO3Strategy, PlainStrategy, TorchaoOffloadStrategy, SuperOffloadStrategy,
+                  ZenFlowStrategy):
+        if other.strategy_name not in StrategyRegistry:
+            other.register_strategies(StrategyRegistry)
 
 
 register()
 
 __all__ = [
     "DeepOptimizerStatesStrategy",
+    "PlainStrategy",
+    "SuperOffloadStrategy",
+    "TorchaoOffloadStrategy",
     "ZeRO3OffloadStrategy",
     "ZeRO3Strategy",
+    "ZenFlowStrategy",
     "STRATEGY_NAME",
     "register",
     "__version__",

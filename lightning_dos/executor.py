@@ -91,6 +91,8 @@ class LaneTimings:
     """Device-lane prefetches issued before the update phase began (``UpdateExecutor.prefetch_ahead``)."""
     lead_s: float = 0.0
     """Host time from the issue of those prefetches (the dispatch) to the start of the update phase (0 without)."""
+    started_s: float = 0.0
+    """``time.perf_counter()`` when the update phase began: places its spans (relative to it) on another timeline."""
     events: list[dict[str, Any]] = field(default_factory=list)  # per-subgroup stage spans (s since start)
 
 
@@ -212,7 +214,7 @@ class UpdateExecutor:
         if len(lanes) != len(subgroups):
             raise ValueError(f"plan has {len(lanes)} lanes but the optimizer has {len(subgroups)} subgroups")
         t0 = time.perf_counter()
-        timings = LaneTimings()
+        timings = LaneTimings(started_s=t0)
         device_ids = _device_ids(lanes, order)
         host_ids = _lane_ids(lanes, host_order, Lane.HOST)
         ahead, self._ahead = self._ahead, None

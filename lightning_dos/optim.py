@@ -1,16 +1,33 @@
 """Owns the choice of AdamW implementation for a LightningModule's ``configure_optimizers``.
 
-Under a DeepSpeed strategy that offloads the optimizer, ZeRO needs DeepSpeed's ``DeepSpeedCPUAdam``
-(a plain torch optimizer is refused); everywhere else a torch AdamW is right. Models call
-:func:`adamw` and stay ignorant of how they are trained.
+A strategy that brings its own optimizer (torchao's ``CPUOffloadOptimizer`` under ``torchao_offload``,
+``ZenFlowCPUAdam`` under ``zenflow``: :class:`ProvidesAdamW`) builds it; under any other DeepSpeed strategy that
+offloads the optimizer, ZeRO needs DeepSpeed's ``DeepSpeedCPUAdam`` (a plain torch optimizer is refused); everywhere
+else a torch AdamW is right. Models call :func:`adamw` and stay ignorant of how they are trained.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+
+@runtime_checkable
+class ProvidesAdamW(Protocol):
+    """A strategy that builds the AdamW its training needs (:func:`adamw` asks it first)."""
+
+    def configure_adamw(
+        self,
+        param_groups: Iterable[dict[str, Any]] | Iterable[torch.nn.Parameter],
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        weight_decay: float,
+    ) -> torch.optim.Optimizer:
+        """AdamW with decoupled weight decay over ``param_groups``, as this strategy trains with it."""
+        ...
 
 
 def offloads_optimizer(trainer: Any) -> bool:
@@ -46,7 +63,11 @@ def adamw(
     eps: float = 1e-8,
     weight_decay: float = 0.1,
 ) -> torch.optim.Optimizer:
-    """AdamW with decoupled weight decay: ``DeepSpeedCPUAdam`` when the optimizer is offloaded, torch otherwise."""
+    """AdamW with decoupled weight decay: the strategy's own when it provides one (:class:`ProvidesAdamW`),
+    ``DeepSpeedCPUAdam`` when DeepSpeed offloads the optimizer, torch's otherwise."""
+    strategy = getattr(trainer, "strategy", None)
+    if isinstance(strategy, ProvidesAdamW):
+        return strategy.configure_adamw(param_groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
     if offloads_optimizer(trainer):
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 

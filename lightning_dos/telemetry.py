@@ -37,6 +37,21 @@ def plan_table_rows(plan: Plan, sizes: Sequence[int], params: CostParams) -> lis
     return rows
 
 
+def lane_bars(events: Sequence[dict[str, Any]], scale: float = 1e3,
+              offset: float = 0.0) -> list[list[tuple[float, float]]]:
+    """Per row of :data:`ROWS`, the ``(start, width)`` bars of every subgroup's stage in ``events``.
+
+    ``events`` are ``LaneTimings.events`` (stage spans in seconds since the update phase began, as tuples or lists);
+    each time is multiplied by ``scale`` (1e3: ms) and shifted by ``offset`` (in the scaled unit), e.g. to place the
+    update phase within its iteration.
+    """
+    rows = []
+    for lane, stage, _label, _color in ROWS:
+        rows.append([(offset + e[stage][0] * scale, (e[stage][1] - e[stage][0]) * scale)
+                     for e in events if e["lane"] == lane and stage in e])
+    return rows
+
+
 def timeline_figure(record: Any, title: str | None = None) -> Any:
     """A matplotlib figure of one update phase: one row per lane stage, one bar per subgroup."""
     import matplotlib
@@ -45,12 +60,7 @@ def timeline_figure(record: Any, title: str | None = None) -> Any:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 3.2))
-    for row, (lane, stage, _label, color) in enumerate(ROWS):
-        bars = [
-            (e[stage][0] * 1e3, (e[stage][1] - e[stage][0]) * 1e3)
-            for e in record.timings.events
-            if e["lane"] == lane and stage in e
-        ]
+    for row, ((_lane, _stage, _label, color), bars) in enumerate(zip(ROWS, lane_bars(record.timings.events))):
         if bars:
             ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=color, edgecolor="white", linewidth=0.5)
     ax.set_yticks(range(len(ROWS)), [label for *_, label, _ in ROWS])

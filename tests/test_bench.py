@@ -1,9 +1,11 @@
 """The bench harness: one end-to-end CPU run through ``main`` with real worker processes, plus its parts.
 
 The end-to-end test runs a tiny model under vanilla ZeRO-3 offload and DOS (auto, host, device and a lane list
-of the wrong length that must fail in its worker) and checks results.json, the report and the chart. The other
-tests cover the parent alone: argument resolution, statistics, aggregation, comparisons, failure classification
-(timeouts with a real child process) and a harness run whose launcher fails one configuration.
+of the wrong length that must fail in its worker) and checks results.json (the end-to-end headline, the
+synchronised phases, the iteration timeline), the report and both figures. The other tests cover the timer (no
+synchronisation in end-to-end iterations) and the parent alone: argument resolution, statistics, aggregation
+(exact end-to-end figures from hand-made end times), comparisons and claims, the timeline figure, failure
+classification (timeouts with a real child process) and a harness run whose launcher fails one configuration.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ from typing import Any
 import matplotlib.image
 import pytest
 
-from lightning_dos.bench import main
+from lightning_dos.bench import chart, main
 from lightning_dos.bench.arguments import parse_args
+from lightning_dos.bench.claims import E2E_CLAIM, check_claims
 from lightning_dos.bench.config import BenchConfig
-from lightning_dos.bench.harness import no_offload_skip_reason, run_bench
+from lightning_dos.bench.harness import no_offload_skip_reason, reusable_result, run_bench
 from lightning_dos.bench.launcher import classify_exit, launch
 from lightning_dos.bench.report import hardware_slug
-from lightning_dos.bench.results import aggregate, compare_to_baseline
+from lightning_dos.bench.results import aggregate, compare_to_baseline, e2e_samples
 from lightning_dos.bench.stats import spread
 from lightning_dos.bench.strategies import RunSpec, expand, plan_argument, schedule
 
@@ -34,7 +37,8 @@ TINY = ["--model", "debug", "--n-layer", "2", "--n-embd", "64", "--vocab-size", 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 RESULT_KEYS = {"label", "strategy", "plan", "status", "reason", "fwd_ms", "bwd_ms", "step_ms", "iteration_ms",
                "spread", "tokens_per_s", "tflops_per_s", "peak_gpu_gib", "peak_gpu_reserved_gib", "peak_host_gib",
-               "final_loss", "losses", "dos", "runs", "speedup_vs_zero3_offload", "loss_vs_zero3_offload"}
+               "final_loss", "losses", "dos", "runs", "speedup_vs_zero3_offload", "loss_vs_zero3_offload",
+               "e2e_iteration_ms", "e2e_tokens_per_s", "e2e_measured_iterations", "iteration_timeline"}
 
 
 # --- end to end ---------------------------------------------------------------------------------------------------
@@ -61,6 +65,9 @@ def test_bench_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert set(doc["versions"]) == {"python", "torch", "cuda", "lightning", "deepspeed", "lightning-dos"}
     assert doc["config"]["steps"] == 4 and doc["config"]["warmup"] == 1 and doc["config"]["out"] == str(out)
     assert doc["measurement"]["measured_iterations"] == [2, 3, 4]
+    # default --e2e-steps: half the 3 measured iterations, rounded down: iteration 2 end to end, 3-4 synchronised
+    assert doc["config"]["e2e_steps"] is None
+    assert (doc["measurement"]["e2e_iterations"], doc["measurement"]["phase_iterations"]) == ([2], [3, 4])
 
     by_label = {r["label"]: r for r in doc["results"]}
     assert list(by_label) == ["zero3_offload", "dos(auto)", "dos(host)", "dos(device)", "dos(host,device)"]
@@ -81,8 +88,17 @@ def test_bench_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
         for phase in ("fwd_ms", "bwd_ms", "step_ms", "iteration_ms"):
             assert result[phase] > 0, (label, phase)
             s = result["spread"][phase]
-            assert s["n"] == 3 and s["min"] <= s["p25"] <= s["median"] <= s["p75"] <= s["max"]
+            assert s["n"] == 2 and s["min"] <= s["p25"] <= s["median"] <= s["p75"] <= s["max"]  # synchronised only
         assert result["iteration_ms"] >= result["fwd_ms"]
+        # the headline: iteration 2, unsynchronised, from the raw end times (its phases were not timed)
+        raw = json.loads((out / result["runs"][0]["log"]).with_name("result.json").read_text())["iterations"]
+        assert [raw[phase][1] for phase in ("fwd_ms", "bwd_ms", "step_ms", "iteration_ms")] == [None] * 4
+        assert raw["fwd_ms"][2] is not None and raw["end_s"] == sorted(raw["end_s"]) and len(raw["end_s"]) == 4
+        assert result["e2e_iteration_ms"] == pytest.approx((raw["end_s"][1] - raw["end_s"][0]) * 1e3)
+        assert result["e2e_iteration_ms"] > 0
+        assert result["spread"]["e2e_iteration_ms"]["n"] == result["e2e_measured_iterations"] == 1
+        assert result["e2e_tokens_per_s"] == pytest.approx(64 / (result["e2e_iteration_ms"] / 1e3))
+        assert result["speedup_vs_zero3_offload"]["e2e_iteration"] > 0
         assert result["tokens_per_s"] == pytest.approx(64 / (result["iteration_ms"] / 1e3))
         assert result["tflops_per_s"] > 0
         assert result["peak_gpu_gib"] is None and result["peak_gpu_reserved_gib"] is None  # no GPU here
@@ -99,18 +115,38 @@ def test_bench_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
         assert abs(dos["final_loss"] - base["final_loss"]) < 1e-4
         assert dos["loss_vs_zero3_offload"]["max_abs_diff"] < 1e-4
         summary = dos["dos"]
-        assert summary["active"] and summary["subgroups"] >= 3 and summary["update_phases"] == 3
+        assert summary["active"] and summary["subgroups"] >= 3 and summary["update_phases"] == 2  # synchronised
         assert summary["update_ms"] > 0
+        # the timeline: the last iteration, its update phase placed inside its step, both lanes' spans recorded
+        timeline = dos["iteration_timeline"]
+        marks, update = timeline["marks_ms"], timeline["update"]
+        assert timeline["iteration"] == 4
+        assert 0 < marks["backward_start"] <= marks["backward_end"] <= marks["step_start"] <= marks["end"]
+        assert marks["step_start"] <= update["start_ms"] <= update["start_ms"] + update["total_ms"] <= marks["end"]
+        assert update["lanes"] == dos["dos"]["lanes"][-1] and update["events"]
+        assert {e["lane"] for e in update["events"]} == {lane for letter, lane in (("H", "host"), ("D", "device"))
+                                                         if letter in update["lanes"]}
     assert by_label["dos(device)"]["dos"]["device_fraction"] == 1.0
     assert by_label["dos(host)"]["dos"]["device_fraction"] == 0.0
     assert base["speedup_vs_zero3_offload"]["iteration"] == pytest.approx(1.0)
+    assert base["speedup_vs_zero3_offload"]["e2e_iteration"] == pytest.approx(1.0)
+    assert base["iteration_timeline"]["update"] is None and base["iteration_timeline"]["iteration"] == 4
+    assert next(c for c in doc["claims"] if c["claim"] == E2E_CLAIM)["value"] > 0
 
     report = (out / "report.md").read_text()
-    for text in ("## Hardware", "## Versions", "## Configuration", "Averaged: iterations 2-4", "## Results",
-                 "## Speedup vs zero3_offload", "## Loss agreement", "dos(auto)", "failed", "chart.png",
-                 "## Host threads"):
+    for text in ("## Hardware", "## Versions", "## Configuration", "end to end (what a user sees): iteration 2 ",
+                 "phase by phase (synchronised): iterations 3-4", "## Speedup vs zero3_offload", "## Loss agreement",
+                 "dos(auto)", "failed", "chart.png", "## Host threads", E2E_CLAIM,
+                 "](iteration_timeline.png)"):
         assert text in report, text
+    # what a user sees comes first, then the synchronised phases
+    assert report.index("## What a user sees: end-to-end time per iteration") < report.index(
+        "## Phase by phase (synchronised)") < report.index("## Speedup vs zero3_offload")
     assert (out / f"debug_cpu_{doc['date'][:10]}.md").read_text() == report
+    timeline_png = out / "iteration_timeline.png"
+    assert timeline_png.read_bytes()[:8] == PNG_SIGNATURE
+    image = matplotlib.image.imread(timeline_png)  # a panel per completed configuration: 4, the DOS ones taller
+    assert image.shape[0] > 900 and image.shape[1] > 1000
 
     png = out / "chart.png"
     assert png.read_bytes()[:8] == PNG_SIGNATURE
@@ -147,7 +183,74 @@ def test_phase_timer_charges_other_threads_cpu_to_the_phase_they_ran_in() -> Non
     assert len(timer.samples["fwd_ms"]) == 2 and min(timer.samples["fwd_ms"]) >= 100
 
 
+def _drive(timer: Any, loss: Any, during_step: Any = None) -> None:
+    """One iteration through the timer's hooks, calling ``during_step`` between the step's start and its end."""
+    timer.on_train_batch_start(None, None, None, 0)
+    timer.on_before_backward(None, None, loss)
+    timer.on_after_backward(None, None)
+    timer.on_before_optimizer_step(None, None, None)
+    if during_step is not None:
+        during_step()
+    timer.on_train_batch_end(None, None, {"loss": loss}, None, 0)
+
+
+def test_phase_timer_leaves_e2e_iterations_unsynchronised() -> None:
+    """An end-to-end iteration gets no synchronisation and no phase marks, only its end time; its loss stays a tensor
+    until the losses are read. The update phase that began in the last synchronised iteration is placed in it."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from lightning_dos.bench.timing import PhaseTimer
+
+    syncs: list[int] = []
+    manager = SimpleNamespace(records=[])
+
+    def update_phase() -> None:  # what the executor records: when the update phase began
+        manager.records.append(SimpleNamespace(timings=SimpleNamespace(started_s=time.perf_counter())))
+        time.sleep(0.002)
+
+    timer = PhaseTimer(synchronize=lambda: syncs.append(len(timer.ends)), e2e_iterations={1, 2})
+    timer.on_train_start(SimpleNamespace(strategy=SimpleNamespace(manager=manager)), None)
+    timer.on_train_start(SimpleNamespace(strategy=SimpleNamespace(manager=manager)), None)
+    assert syncs == [0, 0]
+    for k in range(4):
+        _drive(timer, torch.tensor(float(k)), during_step=update_phase)
+    # synchronised iterations 0 and 3: five marks each; the e2e iterations 1 and 2: none
+    assert syncs == [0, 0] + [0] * 5 + [3] * 5
+    assert [math.isnan(v) for v in timer.samples["fwd_ms"]] == [False, True, True, False]
+    assert all(math.isnan(v) for v in timer.host["bwd_other_cpu_ms"][1:3])
+    assert timer.ends == sorted(timer.ends) and len(timer.ends) == 4 and timer.ends[0] > 0
+    assert isinstance(timer._losses[1], torch.Tensor)  # not converted (a sync on a GPU) during training
+    assert timer.losses == [0.0, 1.0, 2.0, 3.0]
+    assert len(timer.update_starts) == 4  # one per update phase, e2e iterations included
+    last = timer.last_iteration()
+    assert last is not None and (last["iteration"], last["update_index"]) == (4, 3)
+    marks = last["marks_ms"]
+    assert marks["step_start"] <= last["update_start_ms"] <= marks["end"] and marks["end"] >= 2.0
+
+
 # --- command line and configurations ------------------------------------------------------------------------------
+
+
+def test_e2e_steps_default_and_validation(capsys: pytest.CaptureFixture[str]) -> None:
+    """By default half the measured iterations (rounded down) run end to end, right after the warm-up; --steps must
+    leave at least one synchronised iteration after them."""
+    assert [BenchConfig(steps=n, warmup=3).e2e_count for n in (4, 5, 6, 10, 11)] == [0, 1, 1, 3, 4]
+    config = BenchConfig(steps=10, warmup=3)
+    assert (list(config.e2e_iterations), list(config.phase_iterations)) == ([3, 4, 5], [6, 7, 8, 9])
+    zero = BenchConfig(steps=3, warmup=0, e2e_steps=2)
+    assert (list(zero.e2e_iterations), list(zero.phase_iterations)) == ([0, 1], [2])
+    with pytest.raises(ValueError, match=r"e2e_steps: 3 .* set --steps above --warmup \+ --e2e-steps \(6 or more\)"):
+        BenchConfig(steps=5, warmup=2, e2e_steps=3).validate()
+    with pytest.raises(ValueError, match="e2e_steps: -1 must be an integer >= 0"):
+        BenchConfig(e2e_steps=-1).validate()
+    BenchConfig(steps=6, warmup=2, e2e_steps=3).validate()
+    assert parse_args([*TINY, "--e2e-steps", "2"]).config.e2e_steps == 2
+    assert main([*TINY, "--e2e-steps", "3"]) == 2  # 4 steps, 1 of warm-up: none left to synchronise
+    assert "--warmup + --e2e-steps (5 or more)" in capsys.readouterr().err
+
+
 
 
 def test_defaults_target_a_gpu_host() -> None:
@@ -157,7 +260,7 @@ def test_defaults_target_a_gpu_host() -> None:
     assert config.steps == 10 and config.warmup == 3
     labels = [spec.label for spec in expand(config)]
     assert labels == ["zero3_offload", "static_split(0.25)", "static_split(0.5)", "static_split(0.75)", "dos(auto)",
-                      "no_offload"]
+                      "no_offload", "plain", "torchao_offload", "superoffload", "zenflow"]  # every peer, one bench
 
 
 def test_flags_override_a_config_file(tmp_path: Path) -> None:
@@ -211,6 +314,7 @@ def test_dry_run_lists_configurations(capsys: pytest.CaptureFixture[str]) -> Non
     assert main([*TINY, "--plans", "stride:2", "--dry-run"]) == 0
     printed = capsys.readouterr().out
     assert "dos(stride:2)" in printed and "static_split(0.5)" in printed and "no_offload" in printed
+    assert "1 warm-up, then 1 end to end (unsynchronised), then 2 phase by phase (synchronised)" in printed
 
 
 def test_repeats_are_interleaved() -> None:
@@ -245,15 +349,19 @@ def test_spread_uses_interpolated_percentiles() -> None:
     assert spread([]) is None
 
 
-def _raw(label: str, strategy: str, iteration: list[float], losses: list[float], repeat: int = 0) -> dict[str, Any]:
-    return {"status": "ok", "reason": None, "label": label, "strategy": strategy, "plan": None, "repeat": repeat,
-            "iterations": {"fwd_ms": [1.0] * len(iteration), "bwd_ms": [2.0] * len(iteration),
-                           "step_ms": [x - 3.0 for x in iteration], "iteration_ms": iteration, "loss": losses},
-            "peak_gpu_gib": None, "peak_host_gib": 1.0 + repeat, "dos": None, "device": {"type": "cpu"}}
+def _raw(label: str, strategy: str, iteration: list[float], losses: list[float], repeat: int = 0,
+         end_s: list[float] | None = None) -> dict[str, Any]:
+    raw = {"status": "ok", "reason": None, "label": label, "strategy": strategy, "plan": None, "repeat": repeat,
+           "iterations": {"fwd_ms": [1.0] * len(iteration), "bwd_ms": [2.0] * len(iteration),
+                          "step_ms": [x - 3.0 for x in iteration], "iteration_ms": iteration, "loss": losses},
+           "peak_gpu_gib": None, "peak_host_gib": 1.0 + repeat, "dos": None, "device": {"type": "cpu"}}
+    if end_s is not None:
+        raw["iterations"]["end_s"] = end_s
+    return raw
 
 
 def test_aggregate_pools_repeats_and_compares_with_vanilla() -> None:
-    config = BenchConfig(steps=3, warmup=1, micro_batch=2, seq_len=8)
+    config = BenchConfig(steps=3, warmup=1, e2e_steps=0, micro_batch=2, seq_len=8)
     model = {"flops_per_token": 1e9}
     base_spec, dos_spec = RunSpec("zero3_offload", "zero3_offload", 1.0), RunSpec("dos(auto)", "deep_optimizer_states",
                                                                                   "auto")
@@ -272,8 +380,75 @@ def test_aggregate_pools_repeats_and_compares_with_vanilla() -> None:
     assert dos["loss_vs_zero3_offload"]["max_abs_diff"] == pytest.approx(0.5)
 
 
+def test_e2e_headline_from_raw_end_times() -> None:
+    """The e2e figures of a hand-made raw result: iterations 2-3 (after one of warm-up) end to end, each
+    end_k - end_(k-1), pooled over the repeats; the phases from iterations 4-6 only; the speedup and the claim."""
+    config = BenchConfig(steps=6, warmup=1, e2e_steps=2, micro_batch=2, seq_len=8)
+    nan = float("nan")
+    phases = [99.0, nan, nan, 10.0, 12.0, 14.0]  # the worker writes NaN (null) for the e2e iterations' phases
+    spec = RunSpec("zero3_offload", "zero3_offload", 1.0)
+    # end times in seconds since training started: e2e samples 31.25 and 93.75 ms, then 62.5 and 62.5 ms
+    base = aggregate(spec, [
+        _raw("zero3_offload", "zero3_offload", phases, [1.0] * 6, end_s=[1.0, 1.03125, 1.125, 2.0, 3.0, 4.0]),
+        _raw("zero3_offload", "zero3_offload", phases, [1.0] * 6, 1, end_s=[0.5, 0.5625, 0.625, 9.0, 9.5, 9.75]),
+    ], config, {"flops_per_token": 1.0})
+    assert base["e2e_iteration_ms"] == 62.5 and base["e2e_measured_iterations"] == 4
+    assert base["spread"]["e2e_iteration_ms"] == {"n": 4, "min": 31.25, "p25": 54.6875, "median": 62.5,
+                                                  "p75": 70.3125, "max": 93.75}
+    assert base["e2e_tokens_per_s"] == 16 / 0.0625 == 256.0
+    assert [run["e2e_iteration_ms"] for run in base["runs"]] == [62.5, 62.5]
+    # synchronised: iterations 4-6 of both repeats (warm-up and the e2e window left out)
+    assert base["iteration_ms"] == 12.0 and base["measured_iterations"] == 6 and base["tokens_per_s"] == 16 / 0.012
+
+    dos_spec = RunSpec("dos(auto)", "deep_optimizer_states", "auto")
+    dos = aggregate(dos_spec, [_raw("dos(auto)", "deep_optimizer_states", phases, [1.0] * 6,
+                                    end_s=[1.0, 1.015625, 1.046875, 2.0, 3.0, 4.0])], config, {"flops_per_token": 1.0})
+    assert dos["e2e_iteration_ms"] == (15.625 + 31.25) / 2
+    compare_to_baseline([base, dos])
+    assert dos["speedup_vs_zero3_offload"]["e2e_iteration"] == 62.5 / 23.4375
+    claim = next(c for c in check_claims([base, dos]) if c["claim"] == E2E_CLAIM)
+    assert claim["value"] == 62.5 / 23.4375 and claim["status"] == "met"
+    assert claim["detail"] == "dos(auto) 23.4 ms vs zero3_offload 62.5 ms, end to end"
+
+    # no warm-up: the first end-to-end sample runs from the training start
+    first = BenchConfig(steps=2, warmup=0, e2e_steps=1)
+    assert e2e_samples({"end_s": [0.125, 0.25]}, first) == [125.0]
+    # no end times (a result from before they were recorded), or --e2e-steps 0: no headline, and no claim value
+    old = aggregate(spec, [_raw("zero3_offload", "zero3_offload", phases, [1.0] * 6)], config, {})
+    assert (old["e2e_iteration_ms"], old["e2e_tokens_per_s"], old["spread"]["e2e_iteration_ms"]) == (None, None, None)
+    assert next(c for c in check_claims([old, dos]) if c["claim"] == E2E_CLAIM)["status"] == "not measured"
+
+
+def test_iteration_timeline_places_the_update_lanes(tmp_path: Path) -> None:
+    """The update phase's lane spans (ms since it began) are shifted to where it began in the iteration; a
+    configuration without a DOS update phase gets fwd / bwd / step only; no timelines, no figure."""
+    from lightning_dos.telemetry import ROWS, lane_bars
+
+    events = [{"subgroup": 0, "lane": "host", "adam": [0.0, 3.0], "upload": [3.0, 4.0]},
+              {"subgroup": 1, "lane": "device", "prefetch": [-1.0, 1.0], "adam": [1.0, 2.0], "flush": [2.0, 5.0]}]
+    bars = dict(zip([(lane, stage) for lane, stage, *_ in ROWS], lane_bars(events, scale=1.0, offset=40.0)))
+    assert bars[("host", "adam")] == [(40.0, 3.0)] and bars[("host", "upload")] == [(43.0, 1.0)]
+    assert bars[("device", "prefetch")] == [(39.0, 2.0)] and bars[("device", "flush")] == [(42.0, 3.0)]
+    assert lane_bars([{"subgroup": 0, "lane": "host", "adam": (0.001, 0.002)}])[0] == [(1.0, 1.0)]
+
+    marks = {"backward_start": 10.0, "backward_end": 30.0, "step_start": 32.0, "end": 50.0}
+    dos = {"label": "dos(auto)", "status": "ok", "iteration_timeline": {
+        "iteration": 6, "marks_ms": marks, "update": {"start_ms": 40.0, "total_ms": 5.0, "lanes": "HD",
+                                                      "device_fraction": 0.5, "events": events}}}
+    vanilla = {"label": "zero3_offload", "status": "ok",
+               "iteration_timeline": {"iteration": 6, "marks_ms": marks, "update": None}}
+    failed = {"label": "dos(device)", "status": "oom", "iteration_timeline": None}
+    assert [chart.timeline_rows(r) for r in (dos, vanilla)] == [3 + len(ROWS), 3]
+    doc = {"config": {"model": "debug", "seq_len": 8, "micro_batch": 1, "precision": "32-true"},
+           "hardware": {}, "date": "2026-01-01T00:00:00", "results": [vanilla, dos, failed]}
+    path = chart.render_timeline(doc, tmp_path / "timeline.png")
+    assert path is not None and path.read_bytes()[:8] == PNG_SIGNATURE
+    assert chart.render_timeline({**doc, "results": [failed]}, tmp_path / "none.png") is None
+    assert not (tmp_path / "none.png").exists()
+
+
 def test_a_failed_repeat_marks_the_configuration() -> None:
-    config = BenchConfig(steps=3, warmup=1)
+    config = BenchConfig(steps=3, warmup=1, e2e_steps=0)
     spec = RunSpec("dos(auto)", "deep_optimizer_states", "auto")
     runs = [_raw("dos(auto)", "deep_optimizer_states", [9.0, 5.0, 7.0], [1.0, 1.0, 1.0]),
             {**spec.to_dict(), "repeat": 1, "status": "oom", "reason": "OutOfMemoryError: CUDA out of memory"}]
@@ -335,6 +510,9 @@ def test_harness_reports_a_failed_configuration_and_runs_the_rest(tmp_path: Path
     report = (tmp_path / "report.md").read_text()
     assert "**dos(host)**: failed: RuntimeError: injected" in report
     assert (tmp_path / "chart.png").read_bytes()[:8] == PNG_SIGNATURE
+    # no worker recorded a timeline (nor end times): no figure, no link, and the headline is not measured
+    assert not (tmp_path / "iteration_timeline.png").exists() and "iteration_timeline" not in report
+    assert "| zero3_offload | ok | – | – |" in report
 
 
 def test_an_interrupted_bench_reports_what_ran(tmp_path: Path) -> None:
@@ -401,7 +579,8 @@ def test_resume_reuses_finished_configurations_with_the_same_settings(tmp_path: 
                 raise KeyboardInterrupt
             run_dir.mkdir(parents=True, exist_ok=True)  # what the real launcher and worker leave behind
             (run_dir / "config.json").write_text(json.dumps({"bench": cfg.to_dict(), "run": spec.to_dict()}))
-            result = {**_raw(spec.label, spec.strategy, [9.0, 5.0, 7.0], [2.0, 1.5, 1.0]), "plan": spec.plan}
+            result = {**_raw(spec.label, spec.strategy, [9.0, 5.0, 7.0], [2.0, 1.5, 1.0], end_s=[0.5, 0.75, 1.0]),
+                      "plan": spec.plan}
             (run_dir / "result.json").write_text(json.dumps(result))
             return result
         return launcher
@@ -415,6 +594,16 @@ def test_resume_reuses_finished_configurations_with_the_same_settings(tmp_path: 
     assert [(r["label"], r["status"]) for r in second["results"]] == [
         ("zero3_offload", "ok"), ("dos(auto)", "ok"), ("dos(host)", "ok")]
     assert second["reused"] == ["dos(auto)", "zero3_offload"] and not second["interrupted"]
+    assert second["results"][0]["e2e_iteration_ms"] == 250.0  # iteration 2: 0.75 s - 0.5 s
+    # a result measured before end times were recorded has no headline: it is run again
+    run_dir = tmp_path / "runs" / "zero3_offload_r0"
+    assert reusable_result(config, RunSpec("zero3_offload", "zero3_offload", 1.0), run_dir) is not None
+    older = json.loads((run_dir / "result.json").read_text())
+    del older["iterations"]["end_s"]
+    (run_dir / "result.json").write_text(json.dumps(older))
+    assert reusable_result(config, RunSpec("zero3_offload", "zero3_offload", 1.0), run_dir) is None
+    (run_dir / "result.json").write_text(json.dumps({**older, "iterations": {**older["iterations"],
+                                                                             "end_s": [0.5, 0.75, 1.0]}}))
     assert "**Resumed** (`--resume`)" in (tmp_path / "report.md").read_text()
 
     # interrupted again, in the middle: what finished after the interrupted configuration is still reused

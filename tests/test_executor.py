@@ -68,9 +68,11 @@ def test_both_lanes_match_torch_adamw(lanes: str, buffers: int) -> None:
     expected = [_reference(sg, inv) for sg in subgroups]
     plan = [Lane.DEVICE if c == "D" else Lane.HOST for c in lanes]
     order = [4, 0, 1, 2, 3]  # a device-lane order other than ascending
+    before = time.perf_counter()
     timings = UpdateExecutor(torch.device("cpu")).run(
         plan, order, buffers, subgroups, torch.tensor(inv), _host_step_with_torch(subgroups, inv)
     )
+    assert before <= timings.started_s <= time.perf_counter() - timings.total_s  # when the phase began, host clock
     for sg, (m, a, v) in zip(subgroups, expected):
         torch.testing.assert_close(sg.master, m, rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(sg.exp_avg, a, rtol=1e-6, atol=1e-9)

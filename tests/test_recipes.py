@@ -16,7 +16,15 @@ import pytest
 import yaml
 from lightning.pytorch.loggers import CSVLogger
 
-from lightning_dos import DeepOptimizerStatesStrategy, ZeRO3OffloadStrategy, ZeRO3Strategy
+from lightning_dos import (
+    DeepOptimizerStatesStrategy,
+    PlainStrategy,
+    SuperOffloadStrategy,
+    TorchaoOffloadStrategy,
+    ZenFlowStrategy,
+    ZeRO3OffloadStrategy,
+    ZeRO3Strategy,
+)
 from lightning_dos.callbacks import DOSMetricsLogger, ValLossReport
 from lightning_dos.cli import DOSLightningCLI
 from lightning_dos.data import SyntheticDataModule, TextDataModule
@@ -44,14 +52,19 @@ EXPECTED_RECIPES: dict[str, tuple[str, type, str]] = {
 #: The header every recipe starts with (litgpt's and nanoGPT's habit): what it is for, where it runs, what it measured,
 #: how to launch it, and its derived numbers.
 HEADER_FIELDS = ("Goal:", "Hardware:", "Measured:", "Launch:", "Derived:")
-# strategy fragment -> (strategy class, optimizer state offloaded, DeepSpeed's static-split ratio)
-EXPECTED_STRATEGIES: dict[str, tuple[type, bool, float | None]] = {
-    "dos_auto": (DeepOptimizerStatesStrategy, True, None),
-    "zero3_offload": (ZeRO3OffloadStrategy, True, None),
-    "static_split_0.25": (ZeRO3OffloadStrategy, True, 0.25),
-    "static_split_0.5": (ZeRO3OffloadStrategy, True, 0.5),
-    "static_split_0.75": (ZeRO3OffloadStrategy, True, 0.75),
-    "no_offload": (ZeRO3Strategy, False, None),
+# strategy fragment -> (strategy class, ZeRO stage (None: not DeepSpeed), optimizer state offloaded by DeepSpeed,
+# DeepSpeed's static-split ratio)
+EXPECTED_STRATEGIES: dict[str, tuple[type, int | None, bool, float | None]] = {
+    "dos_auto": (DeepOptimizerStatesStrategy, 3, True, None),
+    "zero3_offload": (ZeRO3OffloadStrategy, 3, True, None),
+    "static_split_0.25": (ZeRO3OffloadStrategy, 3, True, 0.25),
+    "static_split_0.5": (ZeRO3OffloadStrategy, 3, True, 0.5),
+    "static_split_0.75": (ZeRO3OffloadStrategy, 3, True, 0.75),
+    "no_offload": (ZeRO3Strategy, 3, False, None),
+    "plain": (PlainStrategy, None, False, None),
+    "torchao_offload": (TorchaoOffloadStrategy, None, False, None),  # torchao offloads, DeepSpeed is not involved
+    "superoffload": (SuperOffloadStrategy, 3, True, None),
+    "zenflow": (ZenFlowStrategy, 2, True, None),
 }
 EXPECTED_LOGGERS: dict[str, type] = {"csv": CSVLogger, "wandb": DOSWandbLogger}
 
@@ -79,7 +92,8 @@ def _zero(cli: DOSLightningCLI) -> dict[str, Any]:
     return cli.trainer.strategy.config["zero_optimization"]
 
 
-def _check_recipe(cli: DOSLightningCLI, recipe: Path) -> None:
+def _check_recipe(cli: DOSLightningCLI, recipe: Path, stage: int | None = 3) -> None:
+    """The recipe's model and data, linked; ZeRO ``stage`` (None: a strategy without a DeepSpeed config)."""
     preset, data_class, _ = EXPECTED_RECIPES[recipe.stem]
     assert cli.model.hparams.name == preset
     assert cli.model.config.name == preset
@@ -87,7 +101,10 @@ def _check_recipe(cli: DOSLightningCLI, recipe: Path) -> None:
     # the links: the model's vocabulary and context length follow the data module
     assert cli.model.config.vocab_size == cli.datamodule.vocab_size
     assert cli.model.config.block_size == cli.datamodule.seq_len
-    assert _zero(cli)["stage"] == 3
+    if stage is None:
+        assert not hasattr(cli.trainer.strategy, "config")
+    else:
+        assert _zero(cli)["stage"] == stage
 
 
 def test_every_recipe_is_listed() -> None:
@@ -167,20 +184,32 @@ def test_gpt_2_7b_values() -> None:
 @pytest.mark.parametrize("fragment", STRATEGY_FRAGMENTS, ids=lambda p: p.stem)
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_strategy_fragment_overrides_recipe(recipe: Path, fragment: Path) -> None:
+    """Every fragment composes with every recipe, and only instantiates: torchao_offload needs neither torchao nor a
+    GPU here (it refuses them when fit starts), nor do superoffload (CUDA only) and zenflow."""
     cli = _cli(recipe, fragment)
-    _check_recipe(cli, recipe)
-    strategy_class, offloaded, ratio = EXPECTED_STRATEGIES[fragment.stem]
-    assert type(cli.trainer.strategy) is strategy_class
+    strategy_class, stage, offloaded, ratio = EXPECTED_STRATEGIES[fragment.stem]
+    _check_recipe(cli, recipe, stage)
+    strategy = cli.trainer.strategy
+    assert type(strategy) is strategy_class
+    recipe_clip = yaml.safe_load(recipe.read_text())["trainer"].get("gradient_clip_val")
+    # torchao_offload cannot clip, so its fragment turns the recipe's clipping off; every other one keeps it
+    assert cli.trainer.gradient_clip_val == (None if strategy_class is TorchaoOffloadStrategy else recipe_clip)
+    if stage is None:  # one device, nothing of DeepSpeed: the recipe's DOS arguments did not leak in
+        assert not hasattr(strategy, "plan_spec") and strategy.root_device.type == "cpu"
+        return
     zero = _zero(cli)
-    assert zero["stage"] == 3
     offload = zero.get("offload_optimizer")
     if offloaded:
         assert offload["device"] == "cpu" and offload["pin_memory"] is True
         assert offload.get("ratio", 1.0) == (ratio if ratio is not None else 1.0)
     else:
         assert not offload
+    assert bool(offload and offload.get("super_offload")) == (strategy_class is SuperOffloadStrategy)
+    assert ("zenflow" in zero) == (strategy_class is ZenFlowStrategy)
     if strategy_class is DeepOptimizerStatesStrategy:
-        assert cli.trainer.strategy.plan_spec.kind == "auto"  # the fragment's plan, not the recipe's
+        assert strategy.plan_spec.kind == "auto"  # the fragment's plan, not the recipe's
+    elif strategy_class is ZenFlowStrategy:  # ZeRO-2 has no subgroups; the fragment's ZenFlow settings
+        assert zero["zenflow"] == {"topk_ratio": 0.1, "update_interval": 4, "overlap_step": True}
     else:
         assert zero["sub_group_size"] == 100_000_000
 

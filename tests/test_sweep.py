@@ -121,6 +121,7 @@ def test_sweep_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert fourth["source"] == "trial" or (fourth["source"], fourth["lanes"]) == ("auto", auto["chosen"]["lanes"])
     assert auto["update_ms"] == pytest.approx(auto_its[3]["records"][0]["update_ms"]) and auto["update_ms"] > 0
     assert auto["iteration_ms"] == pytest.approx(raw["iterations"]["iteration_ms"][8])
+    assert None not in raw["iterations"]["iteration_ms"] and doc["config"]["e2e_steps"] == 0  # all synchronised
 
     targets = {t["target"]: t for t in budget["targets"]}
     assert list(targets) == [AUTO_VS_BEST, PREDICTION, NO_OOM, AUTO_VS_STRIDES]
@@ -290,6 +291,9 @@ def test_sweep_defaults_and_its_own_options() -> None:
     budget = resolve_budget("quarter", 1_000)
     process = sweep.process_config(budget)
     assert (process.steps, process.warmup, process.memory_budget_gib) == (58, 1, budget.gib)
+    # no end-to-end window: every iteration of a sweep process is synchronised (its figures are indexed by iteration)
+    assert sweep.bench.e2e_steps == 0 and process.e2e_steps == 0
+    assert list(process.phase_iterations) == list(range(1, 58))
     assert process.plans == [*DEFAULT_SWEEP_PLANS, "auto"] and process.strategies == ["deep_optimizer_states"]
     custom = parse_args(["--sweep", "--model", "gpt-1b", "--sweep-plans", "host", "stride:3", "--steps-per-plan", "4",
                          "--budgets", "quarter", "20", "--steps", "12", "--warmup", "1"]).sweep
@@ -302,7 +306,7 @@ def test_sweep_defaults_and_its_own_options() -> None:
                                   ["--sweep", "--sweep-plans", "auto"], ["--sweep", "--sweep-plans", "0.5", "0.5"],
                                   ["--sweep", "--steps-per-plan", "1"], ["--sweep", "--budgets", "half"],
                                   ["--sweep", "--memory-budget-gib", "4"], ["--sweep", "--steps", "2"],
-                                  ["--sweep", "--sweep-plans", "sideways"]])
+                                  ["--sweep", "--sweep-plans", "sideways"], ["--sweep", "--e2e-steps", "2"]])
 def test_bad_sweep_arguments_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     assert "error:" in capsys.readouterr().err

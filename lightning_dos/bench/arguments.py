@@ -32,7 +32,8 @@ EPILOG = """examples:
 #: Comparison options that mean nothing to a plan sweep (it picks its own strategies, plans and budgets).
 NOT_FOR_SWEEP = {"strategies": "--strategies", "ratios": "--ratios", "plans": "--plans (use --sweep-plans)",
                  "repeats": "--repeats", "force_no_offload": "--force-no-offload",
-                 "memory_budget_gib": "--memory-budget-gib (use --budgets)"}
+                 "memory_budget_gib": "--memory-budget-gib (use --budgets)",
+                 "e2e_steps": "--e2e-steps (the sweep times update phases, every iteration synchronised)"}
 #: Options of the plan sweep only.
 SWEEP_ONLY = {"sweep_plans": "--sweep-plans", "steps_per_plan": "--steps-per-plan", "budgets": "--budgets"}
 
@@ -96,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--steps", type=int, metavar="N", help="iterations per run, warm-up included (default 10)")
     train.add_argument("--warmup", type=int, metavar="N",
                        help="leading iterations left out of the statistics (default 3)")
+    train.add_argument("--e2e-steps", dest="e2e_steps", type=int, metavar="N",
+                       help="iterations after the warm-up timed end to end with no synchronisation (the headline); "
+                       "the rest are timed phase by phase, synchronised; --steps must exceed --warmup + N "
+                       "(default: half the measured iterations, rounded down)")
     train.add_argument("--repeats", type=int, metavar="N",
                        help="fresh-process runs of each configuration (default 1)")
     train.add_argument("--seed", type=int, metavar="N", help="model and data seed (default 1234)")
@@ -291,6 +296,7 @@ def parse_args(argv: list[str] | None) -> Invocation:
             # DOS only; the budgets say the memory budget, per process
             config.strategies, config.ratios, config.plans, config.repeats = ["deep_optimizer_states"], [], ["auto"], 1
             config.memory_budget_gib = None
+            config.e2e_steps = 0  # its figures are update phases and synchronised iterations, by index
             sweep = SweepConfig(bench=config, **sweep_given)
             sweep.validate()
         else:

@@ -2,8 +2,14 @@
 
 **chart.png**: left, the median fwd, bwd and step times stacked per configuration, with the median iteration time
 marked (medians do not add up exactly, and the gap between backward and the optimizer step is in none of the
-three); right, peak GPU memory (allocated, with reserved behind it), or peak host memory without a GPU.
-Configurations that did not complete are shown by their status.
+three) and the median end-to-end iteration (unsynchronised, what a user sees) beside it; right, peak GPU memory
+(allocated, with reserved behind it), or peak host memory without a GPU. Configurations that did not complete are
+shown by their status.
+
+**iteration_timeline.png**: one panel per configuration that completed, on one shared time axis (ms since the
+iteration began): the forward, backward and step spans of its last synchronised iteration and, for DOS, the update
+phase's two lanes (host: CPU Adam, upload; device: prefetch, Adam, flush; one bar per subgroup) placed where the
+update phase began.
 
 **sweep.png**: one panel per budget: the fraction plans' measured median update time against the device fraction
 they ran with (a line) and the manager's predictions for them (dashed), the stride plans as separate markers, and
@@ -52,15 +58,20 @@ def render(doc: dict[str, Any], path: str | Path) -> Path:
     marked = [(x, y) for x, y in zip(positions, iteration) if y is not None]
     if marked:
         times.scatter([x for x, _ in marked], [y for _, y in marked], marker="_", s=600, color="black", zorder=3,
-                      label="iteration (median)")
-    top = max([b for b in bottoms] + [y for _, y in marked] + [1.0])
+                      label="iteration, synchronised (median)")
+    e2e = [(x + 0.38, r["e2e_iteration_ms"]) for x, r in zip(positions, results) if r.get("e2e_iteration_ms")]
+    if e2e:
+        times.scatter([x for x, _ in e2e], [y for _, y in e2e], marker="D", s=30, color="#c44e52", zorder=3,
+                      label="end to end, unsynchronised (median)")
+    top = max([b for b in bottoms] + [y for _, y in marked] + [y for _, y in e2e] + [1.0])
     for x, r in zip(positions, results):
         if r["status"] != "ok" and r.get("iteration_ms") is None:
             times.text(x, top * 0.02, r["status"], ha="center", va="bottom", rotation=90, color="#c44e52")
+    times.set_ylim(0, top * 1.5)  # headroom: the legend above the tallest bar or marker
     times.set_ylabel("median time per iteration (ms)")
-    times.set_title("fwd / bwd / step (warm-up excluded)")
+    times.set_title("fwd / bwd / step (synchronised iterations)")
     times.set_xticks(positions, labels, rotation=30, ha="right")
-    times.legend(loc="best", fontsize="small", framealpha=0.8)
+    times.legend(loc="upper center", ncols=2, fontsize="small", framealpha=0.8)
     times.grid(axis="y", alpha=0.3)
 
     if _has_gpu_memory(results):
@@ -107,6 +118,75 @@ def save(fig: Any, path: str | Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+#: The phase rows of a configuration's timeline: label, the marks that bound it (ms since the iteration began; the
+#: start is 0), colour.
+TIMELINE_PHASES = (("forward", None, "backward_start", PHASE_COLOURS["fwd_ms"]),
+                   ("backward", "backward_start", "backward_end", PHASE_COLOURS["bwd_ms"]),
+                   ("step", "step_start", "end", PHASE_COLOURS["step_ms"]))
+
+
+#: Part the update phase's subgroups with white edges only when it takes at least this share of the iteration.
+SEPARATE_SUBGROUPS_SHARE = 0.05
+
+
+def _timeline_panel(ax: Any, result: dict[str, Any]) -> None:
+    from lightning_dos.telemetry import ROWS, lane_bars
+
+    timeline = result["iteration_timeline"]
+    marks = {"start": 0.0, **{k: v for k, v in timeline["marks_ms"].items() if v is not None}}
+    labels = []
+    for row, (label, start, end, colour) in enumerate(TIMELINE_PHASES):
+        begin, finish = marks.get(start or "start"), marks.get(end)
+        if begin is not None and finish is not None:
+            ax.broken_barh([(begin, finish - begin)], (row - 0.4, 0.8), facecolors=colour)
+        labels.append(label)
+    title = f"{result['label']}: iteration {timeline['iteration']}"
+    if marks.get("end") is not None:
+        title += f", {marks['end']:.1f} ms (synchronised)"
+    update = timeline.get("update")
+    if update is not None and update.get("start_ms") is not None:
+        first = len(labels)
+        # white edges part the subgroups, but would hide an update phase too short to show at this scale
+        edge = 0.5 if update["total_ms"] >= SEPARATE_SUBGROUPS_SHARE * max(marks.get("end", 0.0), 1e-9) else 0.0
+        for row, ((_, _, label, colour), bars) in enumerate(zip(ROWS, lane_bars(update["events"], scale=1.0,
+                                                                                offset=update["start_ms"]))):
+            if bars:
+                ax.broken_barh(bars, (first + row - 0.4, 0.8), facecolors=colour, edgecolor="white", linewidth=edge)
+            labels.append(label)
+        ax.axvline(update["start_ms"], color="grey", linestyle=":", linewidth=1)
+        title += (f"; update phase {update['total_ms']:.1f} ms from {update['start_ms']:.1f} ms, "
+                  f"{update['device_fraction']:.0%} of the parameters on the device lane")
+    ax.set_yticks(range(len(labels)), labels, fontsize="small")
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    ax.set_title(title, fontsize="small", loc="left")
+    ax.grid(axis="x", alpha=0.3)
+
+
+def timeline_rows(result: dict[str, Any]) -> int:
+    """Rows of a configuration's timeline panel: fwd, bwd, step, and the update phase's lane stages for DOS."""
+    from lightning_dos.telemetry import ROWS
+
+    update = (result.get("iteration_timeline") or {}).get("update")
+    return len(TIMELINE_PHASES) + (len(ROWS) if update is not None and update.get("start_ms") is not None else 0)
+
+
+def render_timeline(doc: dict[str, Any], path: str | Path) -> Path | None:
+    """Draw iteration_timeline.png of a results.json document to ``path``; None (nothing written) when no
+    configuration recorded a timeline."""
+    results = [r for r in doc["results"] if r.get("iteration_timeline")]
+    if not results:
+        return None
+    heights = [timeline_rows(r) for r in results]
+    fig, axes = plt.subplots(len(results), 1, sharex=True, squeeze=False,
+                             figsize=(11.0, 1.2 + 0.32 * sum(heights) + 0.45 * len(results)),
+                             gridspec_kw={"height_ratios": heights})
+    for ax, result in zip(axes[:, 0], results):
+        _timeline_panel(ax, result)
+    axes[-1, 0].set_xlabel("ms since the iteration began (last synchronised iteration of each configuration)")
+    fig.suptitle(f"One iteration on one time axis: {workload_title(doc)}", fontsize="medium")
+    return save(fig, path)
 
 
 # ------------------------------------------------------------------ plan sweep

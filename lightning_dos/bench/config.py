@@ -58,6 +58,9 @@ class BenchConfig:
     """Training iterations per run, warm-up included."""
     warmup: int = 3
     """Leading iterations excluded from every statistic."""
+    e2e_steps: int | None = None
+    """Iterations right after the warm-up timed end to end with no synchronisation (what a user sees); the rest are
+    timed phase by phase, synchronised. None: half the measured iterations, rounded down (0 with one measured)."""
     repeats: int = 1
     """Runs of each configuration, each in a fresh process, interleaved across configurations."""
     strategies: list[str] = field(default_factory=lambda: list(STRATEGIES))
@@ -114,6 +117,21 @@ class BenchConfig:
         return self.steps - self.warmup
 
     @property
+    def e2e_count(self) -> int:
+        """Measured iterations timed end to end: ``e2e_steps``, or half the measured ones (rounded down) if unset."""
+        return self.measured_steps // 2 if self.e2e_steps is None else self.e2e_steps
+
+    @property
+    def e2e_iterations(self) -> range:
+        """Indices (from 0) of the iterations timed end to end, unsynchronised: right after the warm-up."""
+        return range(self.warmup, self.warmup + self.e2e_count)
+
+    @property
+    def phase_iterations(self) -> range:
+        """Indices (from 0) of the iterations timed phase by phase, synchronised: every one after the e2e window."""
+        return range(self.warmup + self.e2e_count, self.steps)
+
+    @property
     def tokens_per_iteration(self) -> int:
         """Tokens one iteration trains on."""
         return self.micro_batch * self.seq_len
@@ -134,6 +152,14 @@ class BenchConfig:
         elif isinstance(self.steps, int) and self.warmup >= self.steps:
             problems.append(f"warmup: {self.warmup} leaves no measured iteration of {self.steps} steps; "
                             "set steps > warmup")
+        e2e = self.e2e_steps
+        if e2e is not None and (isinstance(e2e, bool) or not isinstance(e2e, int) or e2e < 0):
+            problems.append(f"e2e_steps: {e2e!r} must be an integer >= 0, or unset for half the measured iterations")
+        elif (e2e is not None and isinstance(self.steps, int) and isinstance(self.warmup, int)
+              and 0 <= self.warmup < self.steps <= self.warmup + e2e):
+            problems.append(f"e2e_steps: {e2e} end-to-end iterations after {self.warmup} of warm-up leave no "
+                            f"synchronised iteration of {self.steps} steps; set --steps above --warmup + --e2e-steps "
+                            f"({self.warmup + e2e + 1} or more) or lower --e2e-steps")
         bad = [s for s in self.strategies if s not in STRATEGIES]
         if bad or not self.strategies:
             problems.append(f"strategies: {self.strategies!r}; choose one or more of {', '.join(STRATEGIES)}")
@@ -285,8 +311,9 @@ class SweepConfig:
 
     def process_config(self, budget: Budget) -> BenchConfig:
         """The bench settings of the process of ``budget`` (every fixed plan and ``auto``, interleaved)."""
+        # e2e_steps=0: every iteration synchronised; the sweep's figures are update phases, indexed by iteration
         return dataclasses.replace(self.bench, memory_budget_gib=budget.gib, steps=self.process_steps,
-                                   warmup=PLAN_WARMUP, strategies=["deep_optimizer_states"],
+                                   warmup=PLAN_WARMUP, e2e_steps=0, strategies=["deep_optimizer_states"],
                                    plans=[*self.plans, "auto"])
 
     def validate(self) -> None:

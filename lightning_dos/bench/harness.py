@@ -7,8 +7,9 @@ SIGTERM stops the process running; the ones after it are reported as not run, an
 
 * **Strategy comparison** (:func:`run_bench`): every configuration of every strategy kind, each repeat in its own
   process, round-robin; the repeats are aggregated and compared against vanilla ``zero3_offload``, the claims
-  checked, and results.json, report.md (and its dated copy) and chart.png written. ``no_offload`` is not run when the
-  model states clearly cannot fit on the GPU; ``--resume`` reuses the configurations an earlier invocation finished.
+  checked, and results.json, report.md (and its dated copy), chart.png and iteration_timeline.png written.
+  ``no_offload`` is not run when the model states clearly cannot fit on the GPU; ``--resume`` reuses the
+  configurations an earlier invocation finished.
 * **Plan sweep** (:func:`run_sweep`): one process per memory budget runs every fixed plan in rounds and ``auto``
   started cold between them (:func:`~lightning_dos.bench.config.sweep_schedule`); ``auto`` shares the process and
   the time with the plans it is compared with. sweep.json, sweep.md and sweep.png are written after every budget,
@@ -35,6 +36,7 @@ from lightning_dos.bench.results import (
     aggregate,
     bench_document,
     compare_to_baseline,
+    e2e_samples,
     skipped,
     summarize_budget,
     sweep_document,
@@ -46,8 +48,8 @@ from lightning_dos.bench.worker import PROGRESS_FILE
 from lightning_dos.bench.workload import NO_OFFLOAD_BYTES_PER_PARAM, describe_model, prepare_text
 
 GPU_TIMING = ("GPU: torch.cuda.synchronize() is called at every phase boundary (bench mode), so each phase's "
-              "kernels are charged to it; this costs a little and removes overlap across boundaries, so "
-              "iteration times are slightly above an unsynchronised run's.")
+              "kernels are charged to it; this costs a little and removes overlap across boundaries, so these "
+              "iteration times are slightly above the unsynchronised end-to-end ones.")
 CPU_TIMING = "CPU: no device to synchronise; phase times are host wall-clock between the Lightning hooks."
 
 #: ``launcher(config, spec, run_dir)`` (a sweep's also gets ``extra=``): :func:`~lightning_dos.bench.launcher.launch`.
@@ -152,13 +154,22 @@ def run_line(index: int, total: int, result: dict[str, Any], config: BenchConfig
         head += " (reused from an earlier invocation)"
     if result["status"] != "ok":
         return f"{head}: {result['status'].upper()}: {result.get('reason')}{_elapsed(result)}"
-    it = {k: median(v[config.warmup:]) for k, v in result["iterations"].items()}
-    tokens_per_s = config.tokens_per_iteration / (it["iteration_ms"] / 1e3) if it["iteration_ms"] else None
+    iterations = result["iterations"]
+    it = {k: median([iterations[k][i] for i in config.phase_iterations if i < len(iterations[k])])
+          for k in ("fwd_ms", "bwd_ms", "step_ms", "iteration_ms")}
+    e2e = median(e2e_samples(iterations, config))
+    headline = it["iteration_ms"] if e2e is None else e2e
+    tokens_per_s = config.tokens_per_iteration / (headline / 1e3) if headline else None
     gpu = result.get("peak_gpu_gib")
     memory = (f"peak GPU {gpu:.2f} GiB, " if gpu is not None else "") + f"host {result['peak_host_gib']:.2f} GiB"
-    return (f"{head}: ok  iteration {it['iteration_ms']:.1f} ms (fwd {it['fwd_ms']:.1f} | bwd {it['bwd_ms']:.1f} | "
-            f"step {it['step_ms']:.1f})  {tokens_per_s or 0:,.0f} tokens/s  {memory}  "
-            f"loss {result['iterations']['loss'][-1]:.4f}{_elapsed(result)}")
+    e2e_text = f"e2e {e2e:.1f} ms/iteration, " if e2e is not None else ""
+    return (f"{head}: ok  {e2e_text}{tokens_per_s or 0:,.0f} tokens/s  synchronised {_num(it['iteration_ms'])} ms "
+            f"(fwd {_num(it['fwd_ms'])} | bwd {_num(it['bwd_ms'])} | step {_num(it['step_ms'])})  {memory}  "
+            f"loss {iterations['loss'][-1]:.4f}{_elapsed(result)}")
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 #: BenchConfig fields that choose which configurations run or how long they may take, not what they measure:
@@ -170,7 +181,8 @@ def reusable_result(config: BenchConfig, spec: RunSpec, run_dir: Path) -> dict[s
     """The result a finished earlier run left in ``run_dir``, if it measured ``spec`` under the same settings.
 
     Only a result with status ``ok`` counts, and only when its ``config.json`` names the same configuration and
-    the same measurement settings (every field but :data:`NOT_MEASUREMENT`); anything else is run again.
+    the same measurement settings (every field but :data:`NOT_MEASUREMENT`) and it has the end times its end-to-end
+    figures need; anything else is run again.
     """
     try:
         payload = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
@@ -179,6 +191,8 @@ def reusable_result(config: BenchConfig, spec: RunSpec, run_dir: Path) -> dict[s
         return None
     if result.get("status") != "ok" or payload.get("run") != spec.to_dict():
         return None
+    if config.e2e_count and "end_s" not in (result.get("iterations") or {}):
+        return None  # measured before end-to-end timing existed: it has no headline
     earlier, now = payload.get("bench", {}), config.to_dict()
     if any(earlier.get(key) != value for key, value in now.items() if key not in NOT_MEASUREMENT):
         return None
@@ -223,11 +237,17 @@ def run_bench(config: BenchConfig, out_dir: Path, launcher: Launcher = launch, p
 
 
 def write_bench_outputs(doc: dict[str, Any], base: dict[str, Any] | None, out_dir: Path) -> dict[str, Path]:
-    """results.json, chart.png, report.md and its dated copy; returns their paths by kind."""
+    """results.json, chart.png, iteration_timeline.png (when a configuration recorded one), report.md and its dated
+    copy; returns their paths by kind."""
     paths = {"results": out_dir / "results.json", "chart": out_dir / "chart.png", "report": out_dir / "report.md"}
     write_json(paths["results"], doc)
     chart.render(doc, paths["chart"])
-    text = report.render(doc, base, chart=paths["chart"].name)
+    timeline = out_dir / "iteration_timeline.png"
+    timeline.unlink(missing_ok=True)  # an earlier invocation's, in the same --out: never linked for this one
+    if chart.render_timeline(doc, timeline) is not None:
+        paths["timeline"] = timeline
+    text = report.render(doc, base, chart=paths["chart"].name,
+                         timeline=paths["timeline"].name if "timeline" in paths else None)
     paths["report"].write_text(text, encoding="utf-8")
     paths["named_report"] = out_dir / report.report_name(doc)
     paths["named_report"].write_text(text, encoding="utf-8")
@@ -239,6 +259,8 @@ def dry_run_text(config: BenchConfig) -> str:
     specs = expand(config)
     lines = ["resolved configuration:", json.dumps(config.to_dict(), indent=2), "",
              f"model: {json.dumps(describe_model(config))}", "",
+             f"iterations of each run: {config.warmup} warm-up, then {config.e2e_count} end to end (unsynchronised), "
+             f"then {len(config.phase_iterations)} phase by phase (synchronised)", "",
              f"{len(specs)} configurations x {config.repeats} repeat(s):"]
     lines += [f"  {spec.label:<24} strategy={spec.strategy} plan={spec.plan}" for spec in specs]
     return "\n".join(lines)

@@ -125,22 +125,47 @@ def _config_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _iterations_text(numbers: Sequence[int]) -> str:
+    """``iterations 2-4``, ``iteration 2`` or ``none`` (1-based, consecutive)."""
+    if not numbers:
+        return "none"
+    return f"iterations {numbers[0]}-{numbers[-1]}" if len(numbers) > 1 else f"iteration {numbers[0]}"
+
+
 def _measurement_lines(doc: dict[str, Any]) -> list[str]:
     m, cfg = doc["measurement"], doc["config"]
-    warm = m["warmup_iterations"]
     measured = m["measured_iterations"]
-    warm_text = f"iterations {warm[0]}-{warm[-1]}" if len(warm) > 1 else (f"iteration {warm[0]}" if warm else "none")
-    measured_text = f"iterations {measured[0]}-{measured[-1]}" if len(measured) > 1 else f"iteration {measured[0]}"
-    return [
+    e2e, phases = m.get("e2e_iterations") or [], m.get("phase_iterations", measured)
+    lines = [
         f"- Each configuration ran {cfg['steps']} iterations per repeat, {cfg['repeats']} repeat(s), each repeat in "
         "a fresh process; repeats were interleaved across configurations.",
-        f"- Warm-up excluded: {warm_text}. Averaged: {measured_text} of every successful repeat "
-        f"({len(measured)} per repeat), as the median; the spread is min / p25-p75 / max.",
-        f"- {m['timing']}",
-        "- tokens/s = tokens per iteration / median iteration time; TFLOP/s = model FLOPs per token x tokens/s.",
+        f"- Warm-up excluded: {_iterations_text(m['warmup_iterations'])}. Then, in the same process, every successful "
+        "repeat pooled, as the median (the spread is min / p25-p75 / max):",
+        f"  - end to end (what a user sees): {_iterations_text(e2e)} ({len(e2e)} per repeat); "
+        + (f"{m['e2e']}." if e2e and m.get("e2e") else "not measured (--e2e-steps 0)."),
+        f"  - phase by phase (synchronised): {_iterations_text(phases)} ({len(phases)} per repeat); {m['timing']}",
+        "- tokens/s = tokens per iteration / median iteration time (end to end in the first table, synchronised in "
+        "the second); TFLOP/s = model FLOPs per token x tokens/s.",
         "- Peak GPU memory is the caching allocator's peak (allocated; reserved in results.json) over the whole "
         "process; peak host memory is the larger of a 50 ms RSS sampler and the kernel's ru_maxrss.",
     ]
+    return lines
+
+
+def _e2e_table(results: Sequence[dict[str, Any]]) -> list[str]:
+    """The headline table: end-to-end iteration, tokens/s, peak memory and the end-to-end speedup."""
+    header = ("configuration", "status", "iteration ms (p25-p75)", "tokens/s", "peak GPU GiB", "peak host GiB",
+              f"vs {BASELINE}")
+    rows = []
+    for r in results:
+        spread = (r.get("spread") or {}).get("e2e_iteration_ms")
+        iteration = _num(r.get("e2e_iteration_ms"))
+        if spread:
+            iteration += f" ({_num(spread['p25'])}-{_num(spread['p75'])})"
+        speedup = (r.get("speedup_vs_zero3_offload") or {}).get("e2e_iteration")
+        rows.append((r["label"], r["status"], iteration, _num(r.get("e2e_tokens_per_s"), 0),
+                     _num(r["peak_gpu_gib"], 2), _num(r["peak_host_gib"], 2), _ratio(speedup)))
+    return _table(header, rows)
 
 
 def _results_table(results: Sequence[dict[str, Any]]) -> list[str]:
@@ -166,12 +191,13 @@ def _speedup_lines(results: Sequence[dict[str, Any]], base: dict[str, Any] | Non
         s, loss = r.get("speedup_vs_zero3_offload"), r.get("loss_vs_zero3_offload")
         if not s:
             continue
-        rows.append((r["label"], _ratio(s["iteration"]), _ratio(s["step"]), _ratio(s["bwd"])))
+        rows.append((r["label"], _ratio(s.get("e2e_iteration")), _ratio(s["iteration"]), _ratio(s["step"]),
+                     _ratio(s["bwd"])))
         loss_rows.append((r["label"], _num(r["final_loss"], 6), _sci(loss["final_abs_diff"]),
                           _sci(loss["final_rel_diff"]), _sci(loss["max_abs_diff"]), str(loss["iterations_compared"])))
     lines = [f"Ratios of `{BASELINE}` time to each configuration's time, both measured in this invocation "
-             "(> 1 is faster than vanilla offload).", ""]
-    lines += _table(("configuration", "iteration", "step", "bwd"), rows)
+             "(> 1 is faster than vanilla offload): end to end, then synchronised.", ""]
+    lines += _table(("configuration", "e2e iteration", "iteration (sync)", "step (sync)", "bwd (sync)"), rows)
     lines += ["", "## Loss agreement vs zero3_offload", "",
               "Same seed, data and initial weights: any difference comes from the update path (e.g. CPU Adam vs "
               "fused GPU Adam, or reduced precision).", ""]
@@ -193,8 +219,8 @@ def _dos_lines(results: Sequence[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     lines = ["## DOS update phase", "",
-             "Medians over the measured update phases, from the strategy's own records (update = makespan of "
-             "both lanes; busy = time each lane computed; GB moved per step).", ""]
+             "Medians over the update phases of the synchronised iterations, from the strategy's own records "
+             "(update = makespan of both lanes; busy = time each lane computed; GB moved per step).", ""]
     return lines + _table(("configuration", "plan", "subgroups", "device fraction", "update ms", "host busy ms",
                            "device busy ms", "H2D GB", "D2H GB", "demoted (max)"), rows) + [""]
 
@@ -209,9 +235,9 @@ def _host_thread_lines(results: Sequence[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     lines = ["## Host threads", "",
-             "Medians over the measured iterations, per phase: CPU ms of the process's threads other than the training "
-             "thread, and how often the training thread was switched out involuntarily. The forward and backward are "
-             "bound by the training thread; other threads taking its core slow them.", ""]
+             "Medians over the synchronised iterations, per phase: CPU ms of the process's threads other than the "
+             "training thread, and how often the training thread was switched out involuntarily. The forward and "
+             "backward are bound by the training thread; other threads taking its core slow them.", ""]
     header = ("configuration", *(key.replace("_other_cpu_ms", " other CPU ms").replace("_", " ") for key in HOST_KEYS))
     return lines + _table(header, rows) + [""]
 
@@ -238,8 +264,9 @@ def _claim_lines(claims: Sequence[dict[str, Any]]) -> list[str]:
     return lines + [""]
 
 
-def render(doc: dict[str, Any], base: dict[str, Any] | None, chart: str | None = "chart.png") -> str:
-    """The markdown report of a results.json document."""
+def render(doc: dict[str, Any], base: dict[str, Any] | None, chart: str | None = "chart.png",
+           timeline: str | None = None) -> str:
+    """The markdown report of a results.json document; ``chart`` and ``timeline`` are the images to link, if any."""
     hw, results = doc["hardware"], doc["results"]
     device = hw.get("gpu_name") or "CPU"
     lines = [f"# lightning-dos bench: {doc['config']['model']} on {device}", "",
@@ -254,10 +281,20 @@ def render(doc: dict[str, Any], base: dict[str, Any] | None, chart: str | None =
     lines += _config_lines(doc)
     lines += ["", "## How it was measured", ""]
     lines += _measurement_lines(doc)
-    lines += ["", "## Results", ""]
+    lines += ["", "## What a user sees: end-to-end time per iteration", "",
+              "Median wall time per iteration with no synchronisation added (as in a training run), pooled over "
+              f"the end-to-end iterations; the last column is the `{BASELINE}` time over each configuration's.", ""]
+    lines += _e2e_table(results)
+    lines += ["", "## Phase by phase (synchronised)", "",
+              "Medians over the synchronised iterations: the device is synchronised at every phase boundary, so "
+              "each phase's work is charged to it; iterations take a little longer than end to end.", ""]
     lines += _results_table(results)
     if chart:
         lines += ["", f"![fwd / bwd / step per configuration, and peak memory]({chart})"]
+    if timeline:
+        lines += ["", "One synchronised iteration per configuration on one time axis: forward, backward, step and, "
+                  "for DOS, the update phase's host and device lanes.", "",
+                  f"![forward, backward and the update phase's lanes of one iteration]({timeline})"]
     lines += ["", f"## Speedup vs {BASELINE}", ""]
     lines += _speedup_lines(results, base)
     lines += [""]

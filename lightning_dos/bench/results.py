@@ -1,9 +1,14 @@
 """Owns turning workers' raw measurements into figures and the output documents of both modes (pure Python).
 
 **Strategy comparison** (results.json): one result per configuration pools the measured iterations (warm-up
-excluded) of all its successful repeats and reports medians with their spread, throughput, peak memory, the final
-loss and, for DOS, a summary of the manager's update records; comparisons against the vanilla ``zero3_offload`` run
-of the same invocation (speedups as ratios, loss agreement) are added here, so report and chart only format.
+excluded) of all its successful repeats. The headline, what a user sees: ``e2e_iteration_ms``, the median over the
+end-to-end window (``BenchConfig.e2e_iterations``, unsynchronised) of ``end_k - end_(k-1)`` (:func:`e2e_samples`),
+and ``e2e_tokens_per_s``. Then, from the synchronised iterations after that window only
+(``BenchConfig.phase_iterations``): fwd / bwd / step / iteration medians with their spread, throughput, host-thread
+accounting and, for DOS, a summary of the manager's update records of those same iterations. Also peak memory, the
+final loss and the last synchronised iteration's timeline. Comparisons against the vanilla ``zero3_offload`` run of
+the same invocation (speedups as ratios, end to end included; loss agreement) are added here, so report and chart
+only format.
 
 **Plan sweep** (sweep.json): per fixed plan, the median update-phase makespan of its iterations after the first
 (warm-up), the median of the manager's predictions for those same update phases (made just before each, from the
@@ -40,6 +45,11 @@ from lightning_dos.planning.plan import parse_plan
 from lightning_dos.planning.trials import TRIAL_SOURCE
 
 SCHEMA_VERSION = 1
+#: How the headline was measured, for results.json and the report.
+E2E_NOTE = ("no synchronisation at all in these iterations (no phase marks, losses read after training); each "
+            "sample is the wall time from the previous iteration's end to this one's (time.perf_counter at "
+            "on_train_batch_end), so it includes loading the batch and any overlap of host and device work that a "
+            "training loop gets")
 
 #: Status order from best to worst; a configuration reports its worst repeat.
 STATUSES = ("ok", "skipped", "timeout", "oom", "failed")
@@ -58,13 +68,41 @@ def _worst(statuses: Sequence[str]) -> str:
     return max(statuses, key=lambda s: STATUSES.index(s) if s in STATUSES else len(STATUSES))
 
 
-def summarize_dos(runs: Sequence[dict[str, Any]], warmup: int) -> dict[str, Any] | None:
-    """Medians of the DOS manager's measured update records, pooled over ``runs``; None without records."""
-    records = [r["dos"] for r in runs if r.get("dos")]
-    if not records:
+def _pick(values: Sequence[Any] | None, indices: Sequence[int]) -> list[Any]:
+    """``values`` at ``indices`` (those present)."""
+    values = values or []
+    return [values[i] for i in indices if i < len(values)]
+
+
+def e2e_samples(iterations: dict[str, Any], config: BenchConfig) -> list[float]:
+    """The end-to-end ms of each iteration ``k`` of ``config.e2e_iterations``: ``end_k - end_(k-1)`` from the raw
+    ``end_s`` (seconds since training started, so with no warm-up the first is measured from the training start).
+
+    It includes what runs between two iterations (the next batch's loading, Lightning's bookkeeping), as in any
+    training loop. Empty without ``end_s`` (results from before it was recorded).
+    """
+    ends = iterations.get("end_s") or []
+    samples = []
+    for k in config.e2e_iterations:
+        previous = ends[k - 1] if 0 < k <= len(ends) else 0.0
+        if k < len(ends) and ends[k] is not None and previous is not None:
+            samples.append((ends[k] - previous) * 1e3)
+    return samples
+
+
+def summarize_dos(runs: Sequence[dict[str, Any]], indices: Sequence[int]) -> dict[str, Any] | None:
+    """Medians of the DOS manager's update records of iterations ``indices``, pooled over ``runs``; None without
+    records. A run whose records are not one per iteration contributes all of them after the first index's."""
+    with_dos = [r for r in runs if r.get("dos")]
+    if not with_dos:
         return None
-    steps = [step for record in records for step in record["steps"][warmup:]]
-    first = records[0]
+    steps = []
+    for r in with_dos:
+        record_steps = r["dos"]["steps"]
+        ran = len((r.get("iterations") or {}).get("iteration_ms") or [])
+        aligned = len(record_steps) == ran  # one update phase per iteration: the records follow the iterations
+        steps += _pick(record_steps, indices) if aligned else record_steps[min(indices, default=0):]
+    first = with_dos[0]["dos"]
     summary: dict[str, Any] = {
         "active": first["active"],
         "subgroups": first["subgroups"],
@@ -81,12 +119,12 @@ def summarize_dos(runs: Sequence[dict[str, Any]], warmup: int) -> dict[str, Any]
     return summary
 
 
-def summarize_host_threads(ok: Sequence[dict[str, Any]], warmup: int) -> dict[str, float | None]:
-    """Medians over the measured iterations of :class:`~lightning_dos.bench.timing.PhaseTimer`'s host accounting:
+def summarize_host_threads(ok: Sequence[dict[str, Any]], indices: Sequence[int]) -> dict[str, float | None]:
+    """Medians over iterations ``indices`` of :class:`~lightning_dos.bench.timing.PhaseTimer`'s host accounting:
     per phase, the other threads' CPU ms and the training thread's involuntary switches (None where not recorded)."""
     out: dict[str, float | None] = {}
     for key in HOST_KEYS:
-        values = [v for r in ok for v in (r["iterations"].get(key) or [])[warmup:]
+        values = [v for r in ok for v in _pick(r["iterations"].get(key), indices)
                   if v is not None and math.isfinite(v)]
         out[key] = median(values) if values else None
     return out
@@ -108,14 +146,23 @@ def aggregate(spec: RunSpec, runs: Sequence[dict[str, Any]], config: BenchConfig
         "repeats": len(runs),
         "repeats_ok": len(ok),
     }
-    spreads = {phase: spread([v for r in ok for v in r["iterations"][phase][config.warmup:]]) for phase in PHASES}
+    tokens = config.tokens_per_iteration
+    result["tokens_per_iteration"] = tokens
+    # the headline: end to end, unsynchronised
+    e2e = spread([v for r in ok for v in e2e_samples(r["iterations"], config)])
+    result["e2e_iteration_ms"] = None if e2e is None else e2e.median
+    result["e2e_tokens_per_s"] = tokens / (e2e.median / 1e3) if e2e is not None and e2e.median > 0 else None
+    result["e2e_measured_iterations"] = 0 if e2e is None else e2e.n
+    # phase by phase: the synchronised iterations only
+    phase_indices = config.phase_iterations
+    spreads = {phase: spread([v for r in ok for v in _pick(r["iterations"][phase], phase_indices)])
+               for phase in PHASES}
     for phase in PHASES:
         result[phase] = None if spreads[phase] is None else spreads[phase].median
     result["spread"] = {phase: None if s is None else s.to_dict() for phase, s in spreads.items()}
+    result["spread"]["e2e_iteration_ms"] = None if e2e is None else e2e.to_dict()
     result["measured_iterations"] = 0 if spreads["iteration_ms"] is None else spreads["iteration_ms"].n
     iteration_ms = result["iteration_ms"]
-    tokens = config.tokens_per_iteration
-    result["tokens_per_iteration"] = tokens
     result["tokens_per_s"] = tokens / (iteration_ms / 1e3) if iteration_ms else None
     flops = model.get("flops_per_token")
     result["tflops_per_s"] = result["tokens_per_s"] * flops / 1e12 if result["tokens_per_s"] and flops else None
@@ -124,8 +171,9 @@ def aggregate(spec: RunSpec, runs: Sequence[dict[str, Any]], config: BenchConfig
     losses = ok[0]["iterations"]["loss"] if ok else []
     result["final_loss"] = losses[-1] if losses else None
     result["losses"] = losses
-    result["dos"] = summarize_dos(ok, config.warmup)
-    result["host_threads"] = summarize_host_threads(ok, config.warmup)
+    result["dos"] = summarize_dos(ok, phase_indices)
+    result["host_threads"] = summarize_host_threads(ok, phase_indices)
+    result["iteration_timeline"] = next((r["iteration_timeline"] for r in ok if r.get("iteration_timeline")), None)
     result["device"] = ok[0].get("device") if ok else None
     result["runs"] = [
         {
@@ -135,7 +183,9 @@ def aggregate(spec: RunSpec, runs: Sequence[dict[str, Any]], config: BenchConfig
             "returncode": r.get("returncode"),
             "elapsed_s": r.get("elapsed_s"),
             "log": r.get("log"),
-            "iteration_ms": median(r["iterations"]["iteration_ms"][config.warmup:]) if r.get("iterations") else None,
+            "e2e_iteration_ms": median(e2e_samples(r["iterations"], config)) if r.get("iterations") else None,
+            "iteration_ms": median(_pick(r["iterations"]["iteration_ms"], phase_indices))
+            if r.get("iterations") else None,
             "final_loss": r["iterations"]["loss"][-1] if r.get("iterations") else None,
         }
         for r in runs
@@ -157,7 +207,8 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
 def compare_to_baseline(results: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Add ``speedup_vs_zero3_offload`` and ``loss_vs_zero3_offload`` to every result; return the baseline.
 
-    Speedups are ratios baseline time / configuration time (> 1 is faster than vanilla offload). Loss agreement
+    Speedups are ratios baseline time / configuration time (> 1 is faster than vanilla offload): ``e2e_iteration``
+    end to end (None where either has no end-to-end figure), the others synchronised. Loss agreement
     is the absolute and relative difference of the final loss and the largest absolute difference over all
     iterations, both runs' first successful repeat.
     """
@@ -168,6 +219,7 @@ def compare_to_baseline(results: list[dict[str, Any]]) -> dict[str, Any] | None:
             r["loss_vs_zero3_offload"] = None
             continue
         r["speedup_vs_zero3_offload"] = {
+            "e2e_iteration": _ratio(base.get("e2e_iteration_ms"), r.get("e2e_iteration_ms")),
             "iteration": _ratio(base["iteration_ms"], r["iteration_ms"]),
             "step": _ratio(base["step_ms"], r["step_ms"]),
             "bwd": _ratio(base["bwd_ms"], r["bwd_ms"]),
@@ -189,6 +241,7 @@ def bench_document(hardware: dict[str, Any], versions: dict[str, Any], config: B
              results: list[dict[str, Any]], date: str, timing_note: str) -> dict[str, Any]:
     """The results.json document."""
     measured = list(range(config.warmup + 1, config.steps + 1))
+    e2e = [k + 1 for k in config.e2e_iterations]
     return {
         "schema_version": SCHEMA_VERSION,
         "date": date,
@@ -199,8 +252,11 @@ def bench_document(hardware: dict[str, Any], versions: dict[str, Any], config: B
         "measurement": {
             "warmup_iterations": list(range(1, config.warmup + 1)),
             "measured_iterations": measured,
+            "e2e_iterations": e2e,
+            "phase_iterations": [k + 1 for k in config.phase_iterations],
             "statistic": "median over the measured iterations of all successful repeats; spread = min, p25, p75, "
                          "max",
+            "e2e": E2E_NOTE,
             "timing": timing_note,
         },
         "baseline": BASELINE,

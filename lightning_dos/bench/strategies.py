@@ -5,6 +5,12 @@ configurations it contributes for a bench's settings (:class:`RunSpec`, one repo
 strategy a worker builds for one of them. Adding a strategy to the comparison is adding one entry; the harness,
 the workers, results, report and chart take every kind from here. No torch import here (``build`` imports lazily,
 in the worker).
+
+Beside DOS and its DeepSpeed baselines, the peers a user could pick instead (:mod:`lightning_dos.peers`) are kinds
+too, all in the default list so that one bench on the GPU host compares every one: ``plain`` (one GPU, nothing
+offloaded), ``torchao_offload``, ``superoffload`` and ``zenflow``. A peer that cannot run here (no CUDA device,
+torchao not installed: ``pip install 'lightning-dos[peers]'``) still gets its row, with status ``failed`` and the
+first line of the error that says why, raised by its strategy before the model is built.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ class RunSpec:
     strategy: str
     """Strategy kind, one of :data:`STRATEGIES`."""
     plan: PlanValue
-    """DOS plan as given, the static-split ratio (1.0 for zero3_offload), or None for no_offload."""
+    """DOS plan as given, the static-split ratio (1.0 for zero3_offload), or None for no_offload and the peers."""
     repeat: int = 0
     """Index of this repeat, from 0."""
 
@@ -111,6 +117,35 @@ def _no_offload(config: BenchConfig, spec: RunSpec) -> Any:
     return ZeRO3Strategy(sub_group_size=config.sub_group_size)
 
 
+def _plain(config: BenchConfig, spec: RunSpec) -> Any:
+    from lightning_dos.peers import PlainStrategy
+
+    return PlainStrategy()
+
+
+def _torchao_offload(config: BenchConfig, spec: RunSpec) -> Any:
+    from lightning_dos.peers import TorchaoOffloadStrategy
+
+    return TorchaoOffloadStrategy()  # the bench never clips, which torchao_offload requires
+
+
+def _superoffload(config: BenchConfig, spec: RunSpec) -> Any:
+    from lightning_dos.peers import SuperOffloadStrategy
+
+    return SuperOffloadStrategy(sub_group_size=config.sub_group_size, pin_memory=config.pin_memory)
+
+
+def _zenflow(config: BenchConfig, spec: RunSpec) -> Any:
+    from lightning_dos.peers import ZenFlowStrategy
+
+    return ZenFlowStrategy(pin_memory=config.pin_memory)  # ZeRO-2: there are no subgroups to size
+
+
+def _one_row(name: str) -> Callable[[BenchConfig], list[RunSpec]]:
+    """The rows of a kind with one configuration, labelled by its name."""
+    return lambda config: [RunSpec(label=name, strategy=name, plan=None)]
+
+
 #: Every strategy kind, in the order they run and are reported (the baseline first).
 KINDS: dict[str, StrategyKind] = {kind.name: kind for kind in (
     StrategyKind(
@@ -127,6 +162,18 @@ KINDS: dict[str, StrategyKind] = {kind.name: kind for kind in (
     StrategyKind(
         "no_offload", "ZeRO-3 with everything on the GPU", lambda config: [
             RunSpec(label="no_offload", strategy="no_offload", plan=None)], _no_offload, keeps_states_on_device=True),
+    StrategyKind(
+        "plain", "peer: no ZeRO, no offload, torch AdamW on one GPU (the floor one GPU can reach)",
+        _one_row("plain"), _plain, keeps_states_on_device=True),
+    StrategyKind(
+        "torchao_offload", "peer: torchao's CPUOffloadOptimizer on one CUDA GPU, no clipping (lightning-dos[peers])",
+        _one_row("torchao_offload"), _torchao_offload),
+    StrategyKind(
+        "superoffload", "peer: DeepSpeed SuperOffload, ZeRO-3 offload with super_offload (CUDA only)",
+        _one_row("superoffload"), _superoffload),
+    StrategyKind(
+        "zenflow", "peer: DeepSpeed ZenFlow at ZeRO-2, optimizer offloaded (approximate: defers unimportant columns)",
+        _one_row("zenflow"), _zenflow),
 )}
 #: Strategy kind names, in report order.
 STRATEGIES = tuple(KINDS)

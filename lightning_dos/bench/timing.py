@@ -14,6 +14,16 @@ after the closure, right before ``engine.step``, so:
 On a GPU every boundary calls ``torch.cuda.synchronize()`` first, so each phase's kernels are charged to it.
 That costs a little and removes any overlap across a boundary; bench mode accepts both.
 
+**End to end** (``e2e_iterations``): those iterations are not split and not synchronised at all. Their only
+timestamp is ``time.perf_counter()`` in ``on_train_batch_end`` (every iteration's end goes to ``ends``, seconds since
+``on_train_start``), their phase and host samples are NaN, and every loss is kept as a detached tensor until
+:attr:`PhaseTimer.losses` is read after training, so nothing waits for the device: the time a user's training
+loop sees. An e2e sample is the difference of consecutive ends (``lightning_dos.bench.results.e2e_samples``).
+
+For the iteration timeline the timer reads when each DOS update phase began (each of the manager's records holds
+its ``LaneTimings.started_s``) and keeps the marks of the last synchronised iteration
+(:meth:`PhaseTimer.last_iteration`).
+
 Where the host's time went, per phase (fwd, bwd, step), from the kernel's accounting: ``<phase>_other_cpu_ms``,
 the CPU time of the process's *other* threads (process CPU time minus the training thread's: e.g. an OpenMP pool
 still spinning, copy or logging threads), and ``<phase>_preempted``, how often the training thread was switched
@@ -26,7 +36,7 @@ from __future__ import annotations
 import math
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import lightning.pytorch as pl
@@ -55,20 +65,35 @@ def host_counters() -> tuple[float, float, float]:
 
 
 class PhaseTimer(pl.Callback):
-    """Records fwd / bwd / step / iteration milliseconds and the loss of every training iteration.
+    """Records fwd / bwd / step / iteration milliseconds, the end time and the loss of every training iteration.
 
     Args:
-        synchronize: called before each timestamp; ``None`` synchronises the module's device.
+        synchronize: called before each timestamp of a synchronised iteration; ``None`` synchronises the module's
+            device.
+        e2e_iterations: indices (from 0) of the iterations timed end to end: no marks, no synchronisation.
     """
 
-    def __init__(self, synchronize: Callable[[], None] | None = None) -> None:
+    def __init__(self, synchronize: Callable[[], None] | None = None,
+                 e2e_iterations: Collection[int] = ()) -> None:
         self._synchronize = synchronize
+        self.e2e_iterations = frozenset(e2e_iterations)
         self._marks: dict[str, float] = {}
         self.samples: dict[str, list[float]] = {phase: [] for phase in PHASES}
         self.host: dict[str, list[float]] = {key: [] for key in HOST_KEYS}
         """Per iteration: the other threads' CPU ms and the training thread's involuntary switches, per phase."""
-        self.losses: list[float] = []
+        self.ends: list[float] = []
+        """Per iteration: seconds from ``on_train_start`` (or the first iteration's start) to its end."""
+        self._manager: Any = None  # the DOS manager, whose records say when each update phase began
+        self._losses: list[Any] = []
         self._cpu: dict[str, tuple[float, float, float]] = {}
+        self._origin: float | None = None
+        self._e2e = False
+        self._last: tuple[int, dict[str, float]] | None = None
+
+    @property
+    def losses(self) -> list[float]:
+        """Every iteration's loss as a float; read after training (a tensor's conversion waits for its device)."""
+        return [float(loss) for loss in self._losses]
 
     def _mark(self, name: str) -> None:
         if self._synchronize is not None:
@@ -85,23 +110,60 @@ class PhaseTimer(pl.Callback):
         if self._synchronize is None:
             self._synchronize = device_synchronizer(trainer.strategy.root_device)
 
+    @property
+    def update_starts(self) -> list[float]:
+        """``perf_counter`` at the start of every DOS update phase so far (empty for other strategies)."""
+        records = getattr(self._manager, "records", None) or []
+        return [record.timings.started_s for record in records]
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._manager = getattr(trainer.strategy, "manager", None)
+        if self._synchronize is not None:
+            self._synchronize()  # before any iteration: the first end-to-end sample starts from an idle device
+        self._origin = time.perf_counter()
+
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
+        self._e2e = len(self.ends) in self.e2e_iterations
         self._marks.clear()
+        if self._e2e:
+            return
         self._mark("start")
+        if self._origin is None:
+            self._origin = self._marks["start"]
 
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
-        self._mark("backward_start")
+        if not self._e2e:
+            self._mark("backward_start")
 
     def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._mark("backward_end")
+        if not self._e2e:
+            self._mark("backward_end")
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                  optimizer: torch.optim.Optimizer) -> None:
-        self._mark("step_start")
+        if not self._e2e:
+            self._mark("step_start")
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        if self._e2e:
+            end = time.perf_counter()
+            if self._origin is None:
+                self._origin = end
+            for values in (*self.samples.values(), *self.host.values()):
+                values.append(math.nan)
+        else:
+            end = self._record_phases()
+        self.ends.append(end - self._origin)
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if isinstance(loss, torch.Tensor):
+            self._losses.append(loss.detach())  # converted after training: float() here would wait for the device
+        else:
+            self._losses.append(math.nan if loss is None else float(loss))
+
+    def _record_phases(self) -> float:
+        """Close a synchronised iteration: its phase and host samples; the time it ended."""
         self._mark("end")
         self.samples["iteration_ms"].append(self._span_ms("start", "end"))
         for phase, (start, end) in PHASE_MARKS.items():
@@ -113,5 +175,22 @@ class PhaseTimer(pl.Callback):
                 preempted = b[2] - a[2]
             self.host[f"{phase}_other_cpu_ms"].append(other)
             self.host[f"{phase}_preempted"].append(preempted)
-        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        self.losses.append(float(loss) if loss is not None else math.nan)
+        self._last = (len(self.ends), dict(self._marks))
+        return self._marks["end"]
+
+    def last_iteration(self) -> dict[str, Any] | None:
+        """The last synchronised iteration: its number (from 1), its marks in ms since it started, and the update
+        phase that began within it (``update_index`` into :attr:`update_starts`, ``update_start_ms``), if any."""
+        if self._last is None:
+            return None
+        index, marks = self._last
+        start, end = marks["start"], marks["end"]
+        inside = [i for i, t in enumerate(self.update_starts) if start <= t <= end]
+        update = inside[-1] if inside else None
+        return {
+            "iteration": index + 1,
+            "marks_ms": {name: (t - start) * 1e3 for name, t in marks.items() if name != "start"},
+            "update_index": update,
+            "update_start_ms": None if update is None else (self.update_starts[update] - start) * 1e3,
+        }
+

@@ -2,8 +2,9 @@
 
 Reads the bench settings and the configuration from ``CONFIG`` (JSON), trains the model for ``steps`` iterations
 under that configuration's strategy with a :class:`~lightning_dos.bench.timing.PhaseTimer`, and writes the raw
-measurements to ``RESULT`` (JSON): per-iteration phase times and losses, peak host and GPU memory, and for DOS the
-manager's per-update records. Statistics are computed by the parent, not here. A fresh process per configuration
+measurements to ``RESULT`` (JSON): per-iteration phase times (NaN, written as null, for the iterations timed end
+to end), end times and losses, peak host and GPU memory, the last synchronised iteration's timeline, and for DOS
+the manager's per-update records. Statistics are computed by the parent, not here. A fresh process per configuration
 gives each one a fresh CUDA context and memory peak.
 
 With a ``sweep`` entry in ``CONFIG`` (``{"plans": [...], "steps_per_plan": N, "auto_steps": A}``) the process is a
@@ -102,6 +103,29 @@ def save_timeline(strategy: Any, workdir: Path) -> str | None:
     return str(path)
 
 
+def iteration_timeline(timer: Any, strategy: Any) -> dict[str, Any] | None:
+    """The last synchronised iteration on one time axis (ms since it started): its phase marks and, for DOS, the
+    update phase that ran in it, placed where it began, with every subgroup's stage spans per lane.
+
+    None before any synchronised iteration; ``update`` is None for other strategies, or when the update phase
+    cannot be matched to the manager's records (one record per update phase the timer saw begin).
+    """
+    last = timer.last_iteration()
+    if last is None:
+        return None
+    index, start_ms = last.pop("update_index"), last.pop("update_start_ms")
+    manager = getattr(strategy, "manager", None)
+    update = None
+    if manager is not None and index is not None and len(manager.records) == len(timer.update_starts):
+        record = manager.records[index]
+        t = record.timings
+        events = [{key: [v * 1e3 for v in value] if isinstance(value, (tuple, list)) else value
+                   for key, value in event.items()} for event in t.events]
+        update = {"start_ms": start_ms, "total_ms": t.total_s * 1e3, "lanes": record.plan.lane_letters(),
+                  "device_fraction": record.device_fraction, "events": events}
+    return {**last, "update": update}
+
+
 def build_trainer(config: BenchConfig, strategy: Any, workdir: Path, callbacks: list[Any]) -> Any:
     """The bench's Trainer: one device, ``config.steps`` iterations, no validation, logging or checkpoints."""
     return pl.Trainer(
@@ -127,10 +151,13 @@ def fit_and_measure(
     workdir: Path,
     callbacks: Sequence[Any] = (),
     on_strategy: Callable[[Any], None] | None = None,
+    timeline: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
     """Train ``config.steps`` iterations under ``spec``; the trainer and the measurements every run reports.
 
+    The iterations of ``config.e2e_iterations`` are timed end to end, unsynchronised; the others phase by phase.
     ``on_strategy`` sees the strategy as soon as it exists, so a caller can still report from it if training fails.
+    ``timeline`` adds the last synchronised iteration's timeline (:func:`iteration_timeline`).
     """
     import lightning_dos  # noqa: F401  (registers the strategies)
     from lightning_dos.bench.environment import device_info
@@ -145,7 +172,7 @@ def fit_and_measure(
             on_strategy(strategy)
         module = build_module(config)
         data = build_data(config, module.config.vocab_size)
-        timer = PhaseTimer()
+        timer = PhaseTimer(e2e_iterations=config.e2e_iterations)
         trainer = build_trainer(config, strategy, workdir, [timer, *callbacks])
         fit_started = time.perf_counter()
         trainer.fit(module, datamodule=data)
@@ -154,22 +181,25 @@ def fit_and_measure(
     ran = len(timer.samples["iteration_ms"])
     if ran < config.steps:
         raise RuntimeError(f"only {ran} of {config.steps} iterations ran; the data ran out or training stopped early")
-    return trainer, {
+    result = {
         "status": "ok",
         "reason": None,
         **spec.to_dict(),
         "device": device_info(device),
-        "iterations": {**timer.samples, "loss": timer.losses, **timer.host},
+        "iterations": {**timer.samples, "end_s": timer.ends, "loss": timer.losses, **timer.host},
         **gpu_peaks(device),
         **sampler.summary(),
         "fit_s": fit_s,
         "wall_s": time.perf_counter() - started,
     }
+    if timeline:
+        result["iteration_timeline"] = iteration_timeline(timer, trainer.strategy)
+    return trainer, result
 
 
 def run(config: BenchConfig, spec: RunSpec, workdir: Path) -> dict[str, Any]:
     """Train ``config.steps`` iterations under ``spec`` and return the raw measurements."""
-    trainer, result = fit_and_measure(config, spec, workdir)
+    trainer, result = fit_and_measure(config, spec, workdir, timeline=True)
     return {
         **result,
         "dos": dos_records(trainer.strategy),

@@ -73,8 +73,17 @@ class SyntheticDataModule(pl.LightningDataModule):
         return self._vocab_size
 
     def train_dataloader(self) -> DataLoader:
-        # No shuffle: the windows are already random, and a fixed order keeps benchmark runs comparable.
-        return DataLoader(self.train_dataset, batch_size=self.batch_size, shuffle=False, drop_last=True)
+        """Windows in index order, split over ranks, resumable mid-epoch: the same batches under every strategy."""
+        from lightning_dos.data.loader import ResumableDataLoader, ResumableSampler
+
+        trainer = getattr(self, "trainer", None)
+        num_replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        # No shuffle: the windows are already random. The sampler is a DistributedSampler, so Lightning does not put
+        # its own shuffling one in its place under a distributed strategy (DeepSpeed) while a single-device strategy
+        # keeps this order: without it, the two saw different batches.
+        sampler = ResumableSampler(self.train_dataset, num_replicas=num_replicas, rank=rank, seed=self.seed,
+                                   shuffle=False)
+        return ResumableDataLoader(self.train_dataset, batch_size=self.batch_size, sampler=sampler, drop_last=True)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_dataset, batch_size=self.batch_size, shuffle=False, drop_last=False)
