@@ -25,6 +25,11 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
+from lightning_dos.activations.options import (
+    DEFAULT_KEEP_LAST_LAYERS,
+    DEFAULT_MIN_TENSOR_BYTES,
+    STRATEGY_KEYS,
+)
 from lightning_dos.cpu_support import CPUSupportMixin
 from lightning_dos.planning.perf_model import CostParams
 from lightning_dos.planning.plan import parse_plan
@@ -74,10 +79,21 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             quarter of the device memory free when the engine is built; ``True``/``False``: always/never; an int:
             DeepSpeed's ``stage3_param_persistence_threshold`` (parameters of at most that many elements persist).
             A persistence threshold in ``config`` wins.
+        bind_cores: with several ranks on one host, give each rank's process (its CPU Adam and torch's CPU threads)
+            its own block of the host's cores, NUMA node by NUMA node (``lightning_dos.host_binding``), so one rank's
+            update phase does not take another's cores. Nothing changes with one rank per host.
         stage, offload_optimizer: must stay 3 and True; they exist so a mistaken override is reported
             clearly instead of silently ignored.
         config: a DeepSpeed config dict or JSON path; it must keep ZeRO stage 3 and ``offload_optimizer``
             on the CPU. ``sub_group_size`` and ``pin_memory`` from this strategy fill keys it leaves out.
+        activation_offload: where the activations saved for backward go during each training step: ``None`` (stay on
+            the device, the default), ``"host"`` (pinned host memory) or ``"nvme"`` (files under
+            ``activation_nvme_path``). Installs :class:`~lightning_dos.activations.ActivationOffloadCallback`; see
+            ``docs/activation-offload.md``.
+        activation_nvme_path: an existing, writable directory on a local disk with at least 1 GiB free, for
+            ``activation_offload="nvme"`` only (DeepSpeed's own ``nvme_path`` is for parameter/optimizer offload).
+        activation_min_tensor_bytes: saved storages smaller than this many bytes stay on the device.
+        activation_keep_last_layers: the last this-many transformer blocks keep their activations on the device.
         **kwargs: any other argument of Lightning's ``DeepSpeedStrategy``.
     """
 
@@ -93,12 +109,19 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         cost_overrides: Optional[dict[str, float]] = None,
         pin_memory: bool = True,
         param_persistence: Union[str, bool, int] = "auto",
+        bind_cores: bool = True,
         stage: int = 3,
         offload_optimizer: bool = True,
         offload_parameters: bool = False,
         config: Optional[Union[str, Path, dict[str, Any]]] = None,
+        activation_offload: Optional[str] = None,
+        activation_nvme_path: Optional[Union[str, Path]] = None,
+        activation_min_tensor_bytes: int = DEFAULT_MIN_TENSOR_BYTES,
+        activation_keep_last_layers: int = DEFAULT_KEEP_LAST_LAYERS,
         **kwargs: Any,
     ) -> None:
+        self.activation_offload_callback = _activation_offload_callback(
+            activation_offload, activation_nvme_path, activation_min_tensor_bytes, activation_keep_last_layers)
         self.plan_spec = parse_plan(plan)
         self._auto_sub_group_size = _validate_sub_group_size(sub_group_size)
         if memory_budget_gib is not None and memory_budget_gib < 0:
@@ -125,6 +148,8 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             raise ValueError(f"param_persistence: {param_persistence!r}; set 'auto', true, false, or a number of "
                              "elements >= 0 (parameters of at most that many elements stay whole on the device)")
         self.param_persistence = param_persistence
+        self.bind_cores = bool(bind_cores)
+        self.bound_cores: Optional[list[int]] = None  # this rank's cores, once bound
         self.persistence_threshold: Optional[int] = None  # what prepare_config decided (None: DeepSpeed's default)
         if isinstance(config, dict):
             config = copy.deepcopy(config)  # defaults are filled into a copy: the caller's dict stays as given
@@ -158,12 +183,37 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
 
     @override
     def setup(self, trainer: pl.Trainer) -> None:
+        self._install_activation_offload(trainer)
         callback = next((cb for cb in trainer.callbacks if isinstance(cb, _DispatchCallback)), None)
         if callback is None:
             trainer.callbacks.append(_DispatchCallback(self))
         else:
             callback.strategy = self
         super().setup(trainer)
+
+    def _install_activation_offload(self, trainer: pl.Trainer) -> None:
+        """Add the ``activation_offload`` callback to the trainer (once; a second one would hook every save twice)."""
+        ours = self.activation_offload_callback
+        if ours is None or any(cb is ours for cb in trainer.callbacks):
+            return
+        from lightning_dos.activations import ActivationOffloadCallback
+
+        if any(isinstance(cb, ActivationOffloadCallback) for cb in trainer.callbacks):
+            raise MisconfigurationException(
+                "activation_offload: set on the strategy, and the trainer already has an ActivationOffloadCallback; "
+                "keep one: remove activation_offload from the strategy or the callback from the trainer")
+        trainer.callbacks.append(ours)
+
+    @override
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        if self.bind_cores:
+            from lightning_dos.host_binding import bind_rank_cores
+
+            self.bound_cores = bind_rank_cores(self.local_rank, self.num_processes)
+            if self.bound_cores is not None:
+                log.info("deep_optimizer_states: rank %d of %d on this host runs on cores %s", self.local_rank,
+                         self.num_processes, self.bound_cores)
 
     # ------------------------------------------------------------------ engine construction
     @override
@@ -251,6 +301,19 @@ class _DispatchCallback(Callback):
 
 
 # ---------------------------------------------------------------------- config helpers
+def _activation_offload_callback(placement: Optional[str], nvme_path: Optional[Union[str, Path]],
+                                 min_tensor_bytes: int, keep_last_layers: int) -> Optional[Callback]:
+    """The activation-offload callback the ``activation_*`` arguments ask for (None: off); one ``ValueError`` naming
+    each bad argument and its fix otherwise."""
+    from lightning_dos.activations import OFFLOAD_PLACEMENTS, ActivationOffloadCallback, validate_options
+
+    validate_options(placement, nvme_path, min_tensor_bytes, keep_last_layers, keys=STRATEGY_KEYS,
+                     placements=(None, *OFFLOAD_PLACEMENTS))
+    if placement is None:
+        return None
+    return ActivationOffloadCallback(placement, nvme_path, min_tensor_bytes, keep_last_layers, keys=STRATEGY_KEYS)
+
+
 def _validate_sub_group_size(value: Union[int, str]) -> bool:
     """Return whether the size is ``"auto"``; raise for anything that is not a positive integer."""
     if value == "auto":

@@ -4,6 +4,7 @@ save one sharded checkpoint together."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -39,12 +40,17 @@ def test_two_ranks_match_vanilla(tmp_path: Path) -> None:
         assert dos[rank]["world_size"] == 2
         assert dos[rank]["ranks_per_host"] == 2  # the cost model knows the host is shared
         assert 0 < dos[rank]["device_subgroups"] < dos[rank]["subgroups"]
+        # each rank got its own block of the host's cores (bind_cores), and torch's threads follow it
+        assert dos[rank]["threads"] == len(dos[rank]["cores"])
         assert len(dos[rank]["losses"]) == len(vanilla[rank]["losses"]) == 4
         for a, b in zip(dos[rank]["losses"], vanilla[rank]["losses"]):
             assert abs(a - b) <= 1e-5 * abs(b)
         m_dos = torch.load(tmp_path / "dos" / f"masters_rank{rank}.pt")
         m_van = torch.load(tmp_path / "vanilla" / f"masters_rank{rank}.pt")
         assert m_dos["full"].shape == m_van["full"].shape and rel(m_dos["full"], m_van["full"]) <= 1e-5
+    if len(os.sched_getaffinity(0)) >= 2:  # CI has 2 cores: one each (a 1-core machine leaves them unbound, warned)
+        assert not set(dos[0]["cores"]) & set(dos[1]["cores"])
+        assert sorted(dos[0]["cores"] + dos[1]["cores"]) == sorted(os.sched_getaffinity(0))
     # the checkpoint both ranks saved was published once both shards were written
     for name in ("vanilla", "dos"):
         checkpoint = tmp_path / name / "step=4.ckpt"
