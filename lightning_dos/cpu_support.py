@@ -88,6 +88,15 @@ class CPUSupportMixin(DeepSpeedStrategy):
         return engine, ds_optimizer
 
     @override
+    def teardown(self) -> None:
+        module, engine = self.lightning_module, self.model
+        super().teardown()
+        if module is not None and engine is not None and engine is not module:
+            from lightning_dos.zero.engine_release import release_engine
+
+            release_engine(engine, module)  # else DeepSpeed keeps the engine, and all it holds, until the process ends
+
+    @override
     def save_checkpoint(self, checkpoint: dict, filepath: Any, storage_options: Optional[Any] = None) -> None:
         """DeepSpeed's sharded save, into ``<filepath>.partial`` and then published at ``filepath`` in one rename, with
         every file fsynced first (:mod:`lightning_dos.checkpoint`): a crash never leaves a checkpoint that looks
@@ -141,3 +150,19 @@ class CPUSupportMixin(DeepSpeedStrategy):
             dist_init_required=False,
         )
         self.model = engine
+
+
+def offload_config_problems(config: Optional[dict[str, Any]], stage: int) -> list[str]:
+    """Every way ``config`` is not ZeRO ``stage`` with the optimizer state offloaded to the CPU, one line each with
+    its fix (empty: it is)."""
+    zero = (config or {}).get("zero_optimization")
+    if not isinstance(zero, dict):
+        return [f"zero_optimization: missing; set zero_optimization.stage: {stage} with offload_optimizer.device: cpu"]
+    problems = []
+    if zero.get("stage") != stage:
+        problems.append(f"zero_optimization.stage: is {zero.get('stage')!r}; set it to {stage}")
+    offload = zero.get("offload_optimizer")
+    if not isinstance(offload, dict) or offload.get("device") != "cpu":
+        got = offload.get("device") if isinstance(offload, dict) else offload
+        problems.append(f"zero_optimization.offload_optimizer.device: is {got!r}; set it to 'cpu'")
+    return problems

@@ -30,7 +30,7 @@ from lightning_dos.activations.options import (
     DEFAULT_MIN_TENSOR_BYTES,
     STRATEGY_KEYS,
 )
-from lightning_dos.cpu_support import CPUSupportMixin
+from lightning_dos.cpu_support import CPUSupportMixin, offload_config_problems
 from lightning_dos.planning.perf_model import CostParams
 from lightning_dos.planning.plan import parse_plan
 
@@ -380,18 +380,11 @@ def _complete_user_config(config: dict[str, Any], pin_memory: bool, sub_group_si
 
 def validate_dos_config(config: Optional[dict[str, Any]]) -> None:
     """Raise one ``MisconfigurationException`` listing every way ``config`` cannot run DOS."""
-    problems = []
+    problems = offload_config_problems(config, stage=3)
     zero = (config or {}).get("zero_optimization")
-    if not isinstance(zero, dict):
-        problems.append("zero_optimization: missing; set zero_optimization.stage: 3 with offload_optimizer.device: cpu")
-    else:
-        if zero.get("stage") != 3:
-            problems.append(f"zero_optimization.stage: is {zero.get('stage')!r}; set it to 3")
+    if isinstance(zero, dict):
         offload = zero.get("offload_optimizer")
-        if not isinstance(offload, dict) or offload.get("device") != "cpu":
-            got = offload.get("device") if isinstance(offload, dict) else offload
-            problems.append(f"zero_optimization.offload_optimizer.device: is {got!r}; set it to 'cpu'")
-        elif offload.get("ratio", 1.0) != 1.0:
+        if isinstance(offload, dict) and offload.get("ratio", 1.0) != 1.0:
             problems.append(
                 "zero_optimization.offload_optimizer.ratio: DeepSpeed's static split conflicts with the plan; "
                 "remove ratio and set the strategy's plan instead"
