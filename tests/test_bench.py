@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import time
 from pathlib import Path
@@ -24,12 +25,20 @@ from lightning_dos.bench import chart, main
 from lightning_dos.bench.arguments import parse_args
 from lightning_dos.bench.claims import E2E_CLAIM, check_claims
 from lightning_dos.bench.config import BenchConfig
-from lightning_dos.bench.harness import no_offload_skip_reason, reusable_result, run_bench
-from lightning_dos.bench.launcher import classify_exit, launch
+from lightning_dos.bench.harness import devices_skip_reason, no_offload_skip_reason, reusable_result, run_bench
+from lightning_dos.bench.launcher import classify_exit, launch, rank_failure
 from lightning_dos.bench.report import hardware_slug
-from lightning_dos.bench.results import aggregate, compare_to_baseline, e2e_samples
+from lightning_dos.bench.results import aggregate, compare_to_baseline, e2e_samples, scaling
 from lightning_dos.bench.stats import spread
-from lightning_dos.bench.strategies import RunSpec, expand, plan_argument, schedule
+from lightning_dos.bench.strategies import (
+    RunSpec,
+    at_devices,
+    base_label,
+    expand,
+    plan_argument,
+    schedule,
+    single_device_reason,
+)
 
 TINY = ["--model", "debug", "--n-layer", "2", "--n-embd", "64", "--vocab-size", "512", "--seq-len", "32",
         "--micro-batch", "2", "--steps", "4", "--warmup", "1", "--precision", "32-true", "--sub-group-size", "40000",
@@ -152,6 +161,108 @@ def test_bench_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert png.read_bytes()[:8] == PNG_SIGNATURE
     image = matplotlib.image.imread(png)
     assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 400
+
+
+def _workers_of(out: Path) -> list[Any]:
+    """Processes still running a worker of the bench in ``out`` (none once the bench has returned)."""
+    import psutil
+
+    left = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info.get("cmdline") or [])
+        if "lightning_dos.bench.worker" in cmdline and str(out) in cmdline:
+            left.append(proc)
+    return left
+
+
+def test_bench_data_parallel_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--devices 1 2`` on two gloo CPU ranks: every configuration at one and two devices, in one invocation;
+    rank 0 reports every rank's own figures, vanilla is compared at the same device count, a single-device kind is
+    skipped at two, and the scaling section, the data-parallel claims, the report and every rank's timeline follow."""
+    out = tmp_path / "dp"
+    started = time.perf_counter()
+    code = main([*TINY, "--accelerator", "cpu", "--devices", "1", "2", "--strategies", "zero3_offload",
+                 "deep_optimizer_states", "plain", "--plans", "auto", "--out", str(out)])
+    elapsed = time.perf_counter() - started
+    assert code == 0
+    assert elapsed < 120, f"the data-parallel bench took {elapsed:.0f} s"
+    printed = capsys.readouterr().out
+    assert "plain@dp2: SKIPPED: single-GPU only" in printed
+    assert not _workers_of(out)  # rank 0 waited for its ranks: none is left running
+
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["config"]["devices"] == [1, 2]
+    by_label = {r["label"]: r for r in doc["results"]}
+    assert list(by_label) == ["zero3_offload", "dos(auto)", "plain", "zero3_offload@dp2", "dos(auto)@dp2",
+                              "plain@dp2"]
+    assert [r["devices"] for r in doc["results"]] == [1, 1, 1, 2, 2, 2]
+    skipped = by_label["plain@dp2"]
+    assert skipped["status"] == "skipped" and "single-GPU only" in skipped["reason"]
+    for label in ("zero3_offload", "dos(auto)", "plain", "zero3_offload@dp2", "dos(auto)@dp2"):
+        result = by_label[label]
+        assert result["status"] == "ok", (label, result["reason"])
+        devices = result["devices"]
+        assert result["tokens_per_iteration"] == 64 * devices  # micro-batch 2 x seq 32, every rank's
+        assert result["e2e_tokens_per_s"] == pytest.approx(64 * devices / (result["e2e_iteration_ms"] / 1e3))
+        assert result["tokens_per_s"] == pytest.approx(64 * devices / (result["iteration_ms"] / 1e3))
+        ranks = result["per_rank"]
+        assert [rank["rank"] for rank in ranks] == list(range(devices))
+        for rank in ranks:
+            assert rank["iteration_ms"] > 0 and rank["e2e_iteration_ms"] > 0, (label, rank)
+            assert len(rank["iteration_ms_samples"]) == 2 and all(math.isfinite(v) for v in
+                                                                  rank["iteration_ms_samples"])
+            assert len(rank["e2e_samples"]) == 1 and rank["e2e_samples"][0] > 0
+            assert len(rank["end_s"]) == 4 and rank["end_s"] == sorted(rank["end_s"])
+            assert 0.05 < rank["peak_host_gib"] < 24 and rank["peak_gpu_gib"] is None  # no GPU here
+            assert len(rank["losses"]) == 4 and all(math.isfinite(v) for v in rank["losses"])
+            timeline = rank["iteration_timeline"]
+            assert timeline["iteration"] == 4 and timeline["started_s"] > 0
+        # the host holds every rank: its peak is their sum; the row's times are rank 0's
+        assert result["peak_host_gib"] == pytest.approx(sum(rank["peak_host_gib"] for rank in ranks))
+        assert result["peak_host_gib_per_rank"] == [rank["peak_host_gib"] for rank in ranks]
+        assert result["iteration_ms"] == ranks[0]["iteration_ms"]
+    dp_dos, dp_vanilla = by_label["dos(auto)@dp2"], by_label["zero3_offload@dp2"]
+    assert {rank["rank"] for rank in dp_dos["per_rank"]} == {0, 1}
+    for rank in dp_dos["per_rank"]:  # each rank planned and timed its own partition's update phases
+        assert rank["dos"]["active"] and len(rank["dos"]["update_ms_per_step"]) == 2
+        assert all(v > 0 for v in rank["dos"]["update_ms_per_step"]) and 0 <= rank["dos"]["device_fraction"] <= 1
+        assert rank["iteration_timeline"]["update"]["events"]
+    # fp32 on the CPU: DOS at two ranks trains exactly like vanilla at two ranks, rank by rank
+    for dos_rank, vanilla_rank in zip(dp_dos["per_rank"], dp_vanilla["per_rank"]):
+        assert max(abs(a - b) for a, b in zip(dos_rank["losses"], vanilla_rank["losses"])) < 1e-4
+    assert dp_dos["loss_vs_zero3_offload"]["max_abs_diff"] < 1e-4
+    assert dp_dos["per_rank"][0]["losses"] != dp_dos["per_rank"][1]["losses"]  # each rank its own batches
+    # compared with vanilla at the same device count
+    assert dp_vanilla["speedup_vs_zero3_offload"]["iteration"] == pytest.approx(1.0)
+    assert dp_dos["speedup_vs_zero3_offload"]["e2e_iteration"] == pytest.approx(
+        dp_vanilla["e2e_iteration_ms"] / dp_dos["e2e_iteration_ms"])
+    raw = json.loads((out / dp_dos["runs"][0]["log"]).with_name("result.json").read_text())
+    assert raw["rank"] == 0 and len(raw["per_rank"]) == 2
+    assert not list((out / dp_dos["runs"][0]["log"]).parent.glob("rank*.failure.json"))
+
+    scaling = doc["scaling"]
+    assert scaling["device_counts"] == [1, 2] and scaling["reference_devices"] == 1
+    rows = {row["label"]: row for row in scaling["rows"]}
+    assert set(rows) == {"zero3_offload", "dos(auto)"} and {row["devices"] for row in rows.values()} == {2}
+    auto = rows["dos(auto)"]
+    assert auto["speedup_e2e"]["ratio"] == pytest.approx(auto["speedup_e2e"]["at_n"] / auto["speedup_e2e"]["reference"])
+    assert auto["e2e_tokens_per_s"]["ratio"] == pytest.approx(
+        dp_dos["e2e_tokens_per_s"] / by_label["dos(auto)"]["e2e_tokens_per_s"])
+    claims = {c["claim"]: c for c in doc["claims"]}
+    kept = claims["DOS/zero3_offload ratio at DP=2 vs DP=1"]
+    assert kept["status"] in ("met", "missed") and kept["value"] == pytest.approx(auto["speedup_e2e"]["ratio"])
+    assert claims["dos(auto) vs static_split 0.5 at DP=2 at lower peak GPU memory"]["status"] == "not measured"
+
+    report = (out / "report.md").read_text()
+    for text in ("## Data parallel", "| devices |", "| dos(auto)@dp2 | ok |", "](rank_timelines.png)",
+                 "DOS/zero3_offload ratio at DP=2 vs DP=1", "single-GPU only"):
+        assert text in report, text
+    assert report.index("## Speedup vs zero3_offload") < report.index("## Data parallel") < report.index(
+        "## Claims checked in this run")
+    png = out / "rank_timelines.png"
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    image = matplotlib.image.imread(png)  # two panels, one per rank, each with the update phase's lane rows
+    assert image.shape[0] > 700 and image.shape[1] > 1000
 
 
 def test_phase_timer_charges_other_threads_cpu_to_the_phase_they_ran_in() -> None:
@@ -626,3 +737,228 @@ def test_resume_needs_out_and_is_not_for_sweeps(capsys: pytest.CaptureFixture[st
     assert "--resume: set --out" in capsys.readouterr().err
     assert main([*TINY, "--resume", "--out", "x", "--sweep"]) == 2
     assert "a plan sweep cannot be resumed" in capsys.readouterr().err
+
+
+# --- data parallel ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--devices", "0"], "devices: [0] must be integers >= 1"),
+    (["--devices", "1", "2", "1"], "devices: [1] given more than once"),
+    (["--devices", "two"], "argument --devices: invalid int value"),
+    (["--sweep", "--devices", "1", "2"], "the plan sweep runs on one device: drop --devices or set --devices 1"),
+])
+def test_bad_devices_are_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*TINY, *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_devices_default_to_one_and_come_from_flags_or_a_config_file(tmp_path: Path) -> None:
+    assert parse_args(TINY).config.devices == [1]
+    assert parse_args([*TINY, "--devices", "1", "2"]).config.devices == [1, 2]
+    assert parse_args([*TINY, "--sweep", "--devices", "1"]).sweep is not None  # one device: the sweep's own
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"devices": [2, 4]}))
+    assert parse_args(["--config", str(path)]).config.devices == [2, 4]
+    path.write_text(json.dumps({"devices": 2}))
+    with pytest.raises(ValueError, match=r"devices: 2; give one or more device counts, e.g. --devices 1 2"):
+        BenchConfig(devices=2).validate()  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"devices: \[True\] must be integers >= 1"):
+        BenchConfig(devices=[True]).validate()
+
+
+def test_every_configuration_runs_at_each_device_count_with_its_label() -> None:
+    config = BenchConfig(strategies=["zero3_offload", "deep_optimizer_states", "plain", "torchao_offload"],
+                         plans=["host"], devices=[1, 2])
+    specs = expand(config)
+    assert [(s.label, s.devices) for s in specs] == [
+        ("zero3_offload", 1), ("dos(auto)", 1), ("dos(host)", 1), ("plain", 1), ("torchao_offload", 1),
+        ("zero3_offload@dp2", 2), ("dos(auto)@dp2", 2), ("dos(host)@dp2", 2), ("plain@dp2", 2),
+        ("torchao_offload@dp2", 2)]
+    assert [s.label for s in expand(BenchConfig(strategies=["zero3_offload"]))] == ["zero3_offload"]  # as before
+    assert RunSpec("dos(auto)", "deep_optimizer_states", "auto").devices == 1
+    assert [base_label(s.label) for s in specs[5:7]] == ["zero3_offload", "dos(auto)"]
+    assert base_label("dos(host,device)") == "dos(host,device)" and specs[6].slug == "dos_auto__dp2"
+    assert [single_device_reason(s) is not None for s in specs] == [False] * 8 + [True] * 2
+    assert at_devices(specs[0], 1) == specs[0]
+
+
+def test_single_gpu_kinds_get_a_skipped_row_at_several_devices(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    config = BenchConfig(model="debug", n_layer=1, n_embd=32, vocab_size=64, seq_len=8, micro_batch=1, steps=3,
+                         warmup=1, strategies=["zero3_offload", "plain", "torchao_offload"], devices=[1, 2])
+    calls: list[str] = []
+
+    def fake_launcher(cfg: BenchConfig, spec: RunSpec, run_dir: Path) -> dict[str, Any]:
+        calls.append(spec.label)
+        return {**_raw(spec.label, spec.strategy, [9.0, 5.0, 7.0], [2.0, 1.5, 1.0]), "plan": spec.plan,
+                "devices": spec.devices}
+
+    doc = run_bench(config, tmp_path, launcher=fake_launcher, progress=False)
+    assert calls == ["zero3_offload", "plain", "torchao_offload", "zero3_offload@dp2"]
+    skipped = {r["label"]: r for r in doc["results"] if r["status"] == "skipped"}
+    assert set(skipped) == {"plain@dp2", "torchao_offload@dp2"}
+    assert all(r["reason"].startswith("single-GPU only") and r["devices"] == 2 for r in skipped.values())
+    assert "- **plain@dp2**: skipped: single-GPU only" in (tmp_path / "report.md").read_text()
+    # --dry-run names them too
+    assert main([*TINY, "--devices", "1", "2", "--strategies", "zero3_offload", "plain", "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "4 configurations x 1 repeat(s), device counts 1, 2:" in printed
+    assert "plain@dp2" in printed and "devices=2  (skipped: single-GPU only" in printed
+    # on a GPU host, a count above its GPUs is skipped with the reason
+    gpu = BenchConfig(accelerator="gpu", devices=[1, 4])
+    four = RunSpec("zero3_offload@dp4", "zero3_offload", 1.0, devices=4)
+    assert devices_skip_reason(four, gpu, {"gpu_count": 2}) == "needs 4 GPUs; this host has 2 (set --devices to at " \
+                                                              "most 2)"
+    assert devices_skip_reason(four, gpu, {"gpu_count": 8}) is None
+    assert no_offload_skip_reason(BenchConfig(), {"no_offload_state_gib_lower_bound": 41.7},
+                                  {"gpu_count": 2, "gpu_memory_gib": 22.0}, devices=2) is None  # sharded: 20.9 each
+
+
+def _rank(rank: int, iteration: list[float], losses: list[float], host: float, gpu: float | None,
+          end_s: list[float]) -> dict[str, Any]:
+    """One rank's raw measurements, as a worker's ``per_rank`` entry."""
+    return {"rank": rank, "iterations": {"iteration_ms": iteration, "loss": losses, "end_s": end_s},
+            "peak_host_gib": host, "peak_gpu_gib": gpu, "peak_gpu_reserved_gib": None if gpu is None else gpu + 1,
+            "dos": None, "iteration_timeline": None}
+
+
+def _dp_raw(label: str, strategy: str, plan: Any, devices: int, iteration: list[float], end_s: list[float],
+            gpu: float | None = None) -> dict[str, Any]:
+    """A raw result at ``devices`` with hand-made ranks: rank r's iterations ``iteration`` + r, its host peak 1 + r."""
+    raw = _raw(label, strategy, iteration, [3.0, 2.0, 1.0], end_s=end_s)
+    ranks = [_rank(r, [x + r for x in iteration], [3.0 + r, 2.0, 1.0], 1.0 + r, None if gpu is None else gpu + r,
+                   end_s) for r in range(devices)]
+    return {**raw, "plan": plan, "devices": devices, "per_rank": ranks, "peak_host_gib": 1.0,
+            "peak_gpu_gib": gpu}
+
+
+def test_results_compare_at_the_same_device_count_and_scale() -> None:
+    """Hand-made results at 1 and 2 devices: tokens count every rank, host peaks add up, GPU peaks take the largest
+    rank, each row is compared with vanilla at its own device count; the scaling section and the claims."""
+    config = BenchConfig(steps=3, warmup=1, e2e_steps=1, micro_batch=2, seq_len=8, devices=[1, 2])
+    model = {"flops_per_token": 1.0}
+    nan = float("nan")
+    specs = {(label, devices): at_devices(RunSpec(label, strategy, plan), devices)
+             for label, strategy, plan in (("zero3_offload", "zero3_offload", 1.0),
+                                           ("dos(auto)", "deep_optimizer_states", "auto"),
+                                           ("static_split(0.5)", "static_split", 0.5)) for devices in (1, 2)}
+    # (label, devices): synchronised iteration (ms, iteration 3) and end-to-end iteration (s, iteration 2)
+    figures = {("zero3_offload", 1): (40.0, 0.040), ("dos(auto)", 1): (20.0, 0.020),
+               ("static_split(0.5)", 1): (30.0, 0.030), ("zero3_offload", 2): (60.0, 0.060),
+               ("dos(auto)", 2): (32.0, 0.032), ("static_split(0.5)", 2): (40.0, 0.040)}
+    gpu = {"zero3_offload": 4.0, "dos(auto)": 6.0, "static_split(0.5)": 9.0}
+    results = []
+    for (label, devices), spec in specs.items():
+        sync, e2e = figures[(label, devices)]
+        raw = _dp_raw(spec.label, spec.strategy, spec.plan, devices, [99.0, nan, sync], [1.0, 1.0 + e2e, 2.0],
+                      gpu=gpu[label])
+        results.append(aggregate(spec, [raw], config, model))
+    results.sort(key=lambda r: r["devices"])
+    base = compare_to_baseline(results)
+    assert base is not None and base["label"] == "zero3_offload"
+    by_label = {r["label"]: r for r in results}
+    dos1, dos2 = by_label["dos(auto)"], by_label["dos(auto)@dp2"]
+    assert (dos1["tokens_per_iteration"], dos2["tokens_per_iteration"]) == (16, 32)
+    assert dos2["e2e_tokens_per_s"] == pytest.approx(32 / 0.032) and dos2["tokens_per_s"] == pytest.approx(32 / 0.032)
+    assert dos2["iteration_ms"] == 32.0  # rank 0's
+    assert [rank["iteration_ms"] for rank in dos2["per_rank"]] == [32.0, 33.0]
+    assert dos2["per_rank"][1]["e2e_samples"] == pytest.approx([32.0])
+    assert (dos2["peak_host_gib"], dos2["peak_host_gib_per_rank"]) == (3.0, [1.0, 2.0])  # summed over the ranks
+    assert (dos2["peak_gpu_gib"], dos2["peak_gpu_reserved_gib"]) == (7.0, 8.0)  # the largest rank's
+    assert (dos1["peak_host_gib"], dos1["peak_gpu_gib"]) == (1.0, 6.0)
+    # each against vanilla at its own device count
+    assert dos1["speedup_vs_zero3_offload"]["e2e_iteration"] == pytest.approx(2.0)
+    assert dos2["speedup_vs_zero3_offload"]["e2e_iteration"] == pytest.approx(60 / 32)
+    assert dos2["speedup_vs_zero3_offload"]["iteration"] == pytest.approx(60 / 32)
+    assert by_label["zero3_offload@dp2"]["speedup_vs_zero3_offload"]["iteration"] == 1.0
+
+    section = scaling(results)
+    assert section is not None and section["reference_devices"] == 1 and section["device_counts"] == [1, 2]
+    rows = {row["label"]: row for row in section["rows"]}
+    assert list(rows) == ["zero3_offload", "dos(auto)", "static_split(0.5)"]
+    assert rows["dos(auto)"]["speedup_e2e"] == pytest.approx({"reference": 2.0, "at_n": 60 / 32,
+                                                              "ratio": 60 / 32 / 2.0})
+    assert rows["dos(auto)"]["e2e_tokens_per_s"] == pytest.approx({"reference": 16 / 0.020, "at_n": 32 / 0.032,
+                                                                   "ratio": (32 / 0.032) / (16 / 0.020)})
+    assert scaling([dos1, by_label["zero3_offload"]]) is None  # one device count: no section
+
+    claims = {c["claim"]: c for c in check_claims(results)}
+    kept = claims["DOS/zero3_offload ratio at DP=2 vs DP=1"]
+    assert kept["value"] == pytest.approx(0.9375) and kept["status"] == "met"
+    assert kept["threshold"] == ">= 0.9 x the DP=1 ratio"
+    assert kept["detail"] == "dos(auto) 1.88x zero3_offload at DP=2, 2.00x at DP=1 (end to end)"
+    split = claims["dos(auto) vs static_split 0.5 at DP=2 at lower peak GPU memory"]
+    assert split["value"] == pytest.approx(40 / 32) and split["status"] == "met"  # 7 GiB against the split's 10
+    # the single-device claims still come from the single-device rows
+    assert claims[E2E_CLAIM]["value"] == pytest.approx(2.0)
+    # a DOS at two devices that kept too little of its advantage misses; without vanilla at 1 it is not measured
+    slow = {**dos2, "e2e_iteration_ms": 40.0}
+    missed = {c["claim"]: c for c in check_claims([*(r for r in results if r is not dos2), slow])}
+    assert missed["DOS/zero3_offload ratio at DP=2 vs DP=1"]["status"] == "missed"
+    partial = {c["claim"]: c for c in check_claims([r for r in results if r["label"] != "zero3_offload"])}
+    assert partial["DOS/zero3_offload ratio at DP=2 vs DP=1"]["status"] == "not measured"
+    # results of one device count have no data-parallel claim at all (reports from before --devices unchanged)
+    assert not [c for c in check_claims([r for r in results if r["devices"] == 1]) if "DP=" in c["claim"]]
+
+
+def test_the_report_and_the_rank_timelines_of_a_data_parallel_bench(tmp_path: Path) -> None:
+    config = BenchConfig(model="debug", n_layer=1, n_embd=32, vocab_size=64, seq_len=8, micro_batch=1, steps=3,
+                         warmup=1, e2e_steps=1, strategies=["zero3_offload", "deep_optimizer_states"], devices=[1, 2])
+    marks = {"backward_start": 10.0, "backward_end": 30.0, "step_start": 32.0, "end": 50.0}
+    events = [{"subgroup": 0, "lane": "host", "adam": [0.0, 3.0]},
+              {"subgroup": 1, "lane": "device", "adam": [0.0, 2.0]}]
+
+    def fake_launcher(cfg: BenchConfig, spec: RunSpec, run_dir: Path) -> dict[str, Any]:
+        raw = _dp_raw(spec.label, spec.strategy, spec.plan, spec.devices, [9.0, float("nan"), 7.0], [1.0, 1.1, 2.0])
+        for rank in raw["per_rank"]:
+            rank["iteration_timeline"] = {"iteration": 3, "started_s": 100.0 + rank["rank"] * 0.002, "marks_ms": marks,
+                                          "update": {"start_ms": 40.0, "total_ms": 3.0, "lanes": "HD",
+                                                     "device_fraction": 0.5, "events": events}}
+        return raw
+
+    doc = run_bench(config, tmp_path, launcher=fake_launcher, progress=False)
+    assert [r["label"] for r in doc["scaling"]["rows"]] == ["zero3_offload", "dos(auto)"]
+    assert chart.rank_timeline_row(doc)["label"] == "dos(auto)@dp2"
+    png = tmp_path / "rank_timelines.png"
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    report = (tmp_path / "report.md").read_text()
+    assert "## Data parallel" in report and "](rank_timelines.png)" in report
+    assert "| dos(auto) | 2 | 1.00x | 1.00x | 1.00x |" in report  # the scaling table: at 1, at N, kept
+    assert "| dos(auto)@dp2 | 1 | 100.0 | 8.0 | 2.00 |" in report  # rank 1's own figures
+    from lightning_dos.bench import report as reports
+
+    gpus = "\n".join(reports._hardware_lines({"gpu_count": 2, "gpu_name": "H200"}, [1, 2]))
+    assert "2 x H200; each configuration uses 1 and 2 (--devices)" in gpus
+    # one device count: no section, no figure, no link
+    single = BenchConfig(**{**config.to_dict(), "devices": [1], "out": str(tmp_path / "one")})
+    doc = run_bench(single, tmp_path / "one", launcher=fake_launcher, progress=False)
+    assert "scaling" not in doc and not (tmp_path / "one" / "rank_timelines.png").exists()
+    assert "## Data parallel" not in (tmp_path / "one" / "report.md").read_text()
+
+
+def test_a_failing_rank_is_reported_with_its_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 fails before training (injected at its start-up): Lightning stops rank 0, and the configuration is
+    reported with rank 1's first error line, at once, with no process left behind."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('LOCAL_RANK') == '1':\n"
+        "    import lightning_dos.bench.workload as workload\n\n"
+        "    def build_module(config):\n"
+        "        raise RuntimeError('injected: rank 1 cannot build its model\\nsecond line')\n\n"
+        "    workload.build_module = build_module\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(inject), os.environ.get("PYTHONPATH", "")]))
+    config = parse_args([*TINY, "--accelerator", "cpu"]).config
+    spec = at_devices(RunSpec("dos(auto)", "deep_optimizer_states", "auto"), 2)
+    started = time.perf_counter()
+    result = launch(config, spec, tmp_path / "run", timeout_s=300)
+    assert time.perf_counter() - started < 120
+    assert result["status"] == "failed", result
+    assert result["reason"] == "rank 1: RuntimeError: injected: rank 1 cannot build its model"
+    assert not (tmp_path / "run" / "result.json").exists()
+    assert not _workers_of(tmp_path / "run")
+    assert rank_failure([{"rank": 2, "status": "oom", "reason": "OutOfMemoryError: x"}, {"rank": 3, "reason": "y"}]) \
+        == {"status": "oom", "reason": "rank 2: OutOfMemoryError: x (also failed: rank 3)"}
+    assert rank_failure([]) is None

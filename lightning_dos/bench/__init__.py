@@ -2,16 +2,17 @@
 
 * **Strategy comparison** (the default): the same model, data, seed and batch under every strategy kind
   (vanilla ZeRO-3 optimizer offload, DeepSpeed's static split, Deep Optimizer States with ``auto`` and any fixed
-  plans, no offload), each configuration in its own worker process. Outputs: ``results.json``, ``report.md`` (plus
-  a copy named after model, hardware and date) and ``chart.png``.
+  plans, no offload), each configuration in its own worker process, once per device count of ``--devices`` (data
+  parallel). Outputs: ``results.json``, ``report.md`` (plus a copy named after model, hardware and date) and
+  ``chart.png``.
 * **Plan sweep** (``--sweep``): per memory budget, one DOS process runs every fixed plan and ``auto`` interleaved,
   to check the performance model. Outputs: ``sweep.json``, ``sweep.md`` and ``sweep.png``.
 
 Modules, each serving both modes: ``arguments`` (command line, recipes), ``config`` (settings), ``strategies``
 (the strategy kinds compared: one entry per kind), ``workload`` (model and data), ``harness`` (the invocation),
-``launcher`` (one worker process), ``worker`` (inside it, with ``timing`` and ``memory``), ``stats``,
-``results`` (figures, documents), ``claims`` (what each mode checks), ``report``, ``chart``, ``environment``
-(hardware and versions). docs/bench.md is the user's guide.
+``launcher`` (one worker process), ``worker`` (inside it, with ``timing`` and ``memory``; ``ranks`` for its
+data-parallel ranks), ``stats``, ``results`` (figures, documents), ``claims`` (what each mode checks), ``report``,
+``chart``, ``environment`` (hardware and versions). docs/bench.md is the user's guide.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ EPILOG = """examples:
   lightning-dos bench --plans host device 0.5 stride:3  # DOS auto plus four fixed plans
   lightning-dos bench --model gpt-1b --strategies zero3_offload deep_optimizer_states --repeats 3
   lightning-dos bench --recipe recipes/gpt-2.7b.yaml    # model, data, batch and precision of a training recipe
+  lightning-dos bench --devices 1 2                     # every configuration on one GPU, then data parallel on two
   lightning-dos bench --dry-run                         # print the resolved config and configurations only
   lightning-dos bench --out runs/bench/x --resume       # continue a bench stopped by Ctrl-C or a time limit
   lightning-dos bench --sweep --model gpt-1b            # plan sweep: fixed plans vs auto, unlimited and quarter budget
@@ -121,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="page-locked host memory for offloaded state (default on)")
     which.add_argument("--force-no-offload", dest="force_no_offload", action="store_true",
                        help="run no_offload even when the model states clearly exceed the GPU memory")
+    which.add_argument("--devices", nargs="+", type=int, metavar="N",
+                       help="data-parallel device counts: every configuration runs once on each, one rank per device "
+                       "on this host, e.g. 1 2 (default 1; single-GPU kinds are skipped above 1)")
     data = p.add_argument_group("data")
     source = data.add_mutually_exclusive_group()
     source.add_argument("--synthetic", dest="data", action="store_const", const="synthetic",

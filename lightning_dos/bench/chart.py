@@ -11,6 +11,10 @@ iteration began): the forward, backward and step spans of its last synchronised 
 phase's two lanes (host: CPU Adam, upload; device: prefetch, Adam, flush; one bar per subgroup) placed where the
 update phase began.
 
+**rank_timelines.png** (data parallel): every rank's last synchronised iteration of DOS ``auto`` at the largest device
+count, one panel per rank, one above the other on one time axis: the ranks share the host's clock, so each is placed
+where it began relative to the earliest rank; their update phases' lanes show how the ranks' update phases line up.
+
 **sweep.png**: one panel per budget: the fraction plans' measured median update time against the device fraction
 they ran with (a line) and the manager's predictions for them (dashed), the stride plans as separate markers, and
 ``auto`` as a horizontal line.
@@ -131,11 +135,13 @@ TIMELINE_PHASES = (("forward", None, "backward_start", PHASE_COLOURS["fwd_ms"]),
 SEPARATE_SUBGROUPS_SHARE = 0.05
 
 
-def _timeline_panel(ax: Any, result: dict[str, Any]) -> None:
+def _timeline_panel(ax: Any, result: dict[str, Any], offset_ms: float = 0.0) -> None:
+    """``result``'s iteration timeline in ``ax``, its time axis shifted by ``offset_ms``."""
     from lightning_dos.telemetry import ROWS, lane_bars
 
     timeline = result["iteration_timeline"]
     marks = {"start": 0.0, **{k: v for k, v in timeline["marks_ms"].items() if v is not None}}
+    marks = {k: v + offset_ms for k, v in marks.items()}
     labels = []
     for row, (label, start, end, colour) in enumerate(TIMELINE_PHASES):
         begin, finish = marks.get(start or "start"), marks.get(end)
@@ -144,19 +150,21 @@ def _timeline_panel(ax: Any, result: dict[str, Any]) -> None:
         labels.append(label)
     title = f"{result['label']}: iteration {timeline['iteration']}"
     if marks.get("end") is not None:
-        title += f", {marks['end']:.1f} ms (synchronised)"
+        title += f", {marks['end'] - offset_ms:.1f} ms (synchronised)"
     update = timeline.get("update")
     if update is not None and update.get("start_ms") is not None:
         first = len(labels)
+        start = update["start_ms"] + offset_ms
         # white edges part the subgroups, but would hide an update phase too short to show at this scale
-        edge = 0.5 if update["total_ms"] >= SEPARATE_SUBGROUPS_SHARE * max(marks.get("end", 0.0), 1e-9) else 0.0
+        span = max(marks.get("end", 0.0) - offset_ms, 1e-9)
+        edge = 0.5 if update["total_ms"] >= SEPARATE_SUBGROUPS_SHARE * span else 0.0
         for row, ((_, _, label, colour), bars) in enumerate(zip(ROWS, lane_bars(update["events"], scale=1.0,
-                                                                                offset=update["start_ms"]))):
+                                                                                offset=start))):
             if bars:
                 ax.broken_barh(bars, (first + row - 0.4, 0.8), facecolors=colour, edgecolor="white", linewidth=edge)
             labels.append(label)
-        ax.axvline(update["start_ms"], color="grey", linestyle=":", linewidth=1)
-        title += (f"; update phase {update['total_ms']:.1f} ms from {update['start_ms']:.1f} ms, "
+        ax.axvline(start, color="grey", linestyle=":", linewidth=1)
+        title += (f"; update phase {update['total_ms']:.1f} ms from {start:.1f} ms, "
                   f"{update['device_fraction']:.0%} of the parameters on the device lane")
     ax.set_yticks(range(len(labels)), labels, fontsize="small")
     ax.set_ylim(len(labels) - 0.5, -0.5)
@@ -186,6 +194,40 @@ def render_timeline(doc: dict[str, Any], path: str | Path) -> Path | None:
         _timeline_panel(ax, result)
     axes[-1, 0].set_xlabel("ms since the iteration began (last synchronised iteration of each configuration)")
     fig.suptitle(f"One iteration on one time axis: {workload_title(doc)}", fontsize="medium")
+    return save(fig, path)
+
+
+def rank_timeline_row(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The row rank_timelines.png draws: DOS ``auto`` at the largest device count above 1 that completed with every
+    rank's timeline; None when there is none."""
+    rows = [r for r in doc["results"] if r.get("strategy") == "deep_optimizer_states"
+            and str(r.get("plan")).lower() == "auto" and r.get("status") == "ok" and (r.get("devices") or 1) > 1
+            and r.get("per_rank") and all(rank.get("iteration_timeline") for rank in r["per_rank"])]
+    return max(rows, key=lambda r: r["devices"], default=None)
+
+
+def render_rank_timelines(doc: dict[str, Any], path: str | Path) -> Path | None:
+    """Draw rank_timelines.png of a results.json document to ``path``: every rank of :func:`rank_timeline_row`, one
+    panel each on one time axis (ms since the earliest rank began the iteration); None (nothing written) without
+    such a row."""
+    row = rank_timeline_row(doc)
+    if row is None:
+        return None
+    ranks = row["per_rank"]
+    starts = [rank["iteration_timeline"].get("started_s") for rank in ranks]
+    shared = all(start is not None for start in starts)  # older results: each rank from its own start
+    origin = min(starts) if shared else 0.0
+    panels = [({"label": f"{row['label']} rank {rank['rank']}", "iteration_timeline": rank["iteration_timeline"]},
+               (start - origin) * 1e3 if shared else 0.0) for rank, start in zip(ranks, starts)]
+    heights = [timeline_rows(result) for result, _ in panels]
+    fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False,
+                             figsize=(11.0, 1.2 + 0.32 * sum(heights) + 0.45 * len(panels)),
+                             gridspec_kw={"height_ratios": heights})
+    for ax, (result, offset) in zip(axes[:, 0], panels):
+        _timeline_panel(ax, result, offset_ms=offset)
+    axes[-1, 0].set_xlabel("ms since the first rank began the iteration (each rank's last synchronised iteration)"
+                           if shared else "ms since each rank began the iteration")
+    fig.suptitle(f"Every rank of {row['label']} on one time axis: {workload_title(doc)}", fontsize="medium")
     return save(fig, path)
 
 

@@ -7,6 +7,11 @@ against vanilla ZeRO-3 offload's; then, synchronised, DOS's best iteration again
 split at ratio 0.5 (at lower peak GPU memory than that split), its step (the update phase) against vanilla's, and its
 final loss against vanilla's. A claim whose configurations did not both complete is "not measured", never "met".
 Results from before the end-to-end figures were recorded (no ``e2e_iteration_ms`` key) get no end-to-end claim.
+These are checked at the smallest device count that ran (one GPU, unless ``--devices`` says otherwise). With
+``--devices`` the data-parallel claims are added, each only where the device counts it needs ran: at every larger
+count N, DOS ``auto``'s speedup over vanilla keeps at least 90% of what it is at the smallest count, and DOS ``auto``
+is faster than the static split 0.5 at N at lower peak GPU memory (both end to end where every figure has it, else
+synchronised).
 
 **Targets** (``--sweep``), per budget and over the invocation: ``auto`` within 5% of the best swept plan, the median
 prediction error of the swept plans' update phases at most 10%, no process out of memory, failed or timed out, and
@@ -19,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lightning_dos.bench.stats import median
+from lightning_dos.bench.strategies import devices_of
 
 #: the claims, with their thresholds (from the project's targets for the reference GPU host)
 ITERATION_VS_VANILLA = 2.5
@@ -29,6 +35,8 @@ ITERATION_VS_SPLIT = 1.4
 SPLIT_RATIO = 0.5
 STEP_VS_VANILLA = 3.0
 LOSS_REL_TOLERANCE = 1e-2  # bf16: final losses within 1% of vanilla's
+#: data parallel: DOS auto's speedup over vanilla at N devices keeps at least this share of the one at one device
+DP_SPEEDUP_KEPT = 0.9
 
 
 def _ok(results: Sequence[dict[str, Any]], strategy: str) -> list[dict[str, Any]]:
@@ -45,7 +53,23 @@ def _claim(name: str, threshold: str, value: float | None, met: bool | None, det
 
 
 def check_claims(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One entry per claim: the measured value, the threshold and met / missed / not measured."""
+    """One entry per claim: the measured value, the threshold and met / missed / not measured.
+
+    The single-device claims at the smallest device count of ``results``; then, per larger count, the data-parallel
+    ones (:func:`dp_claims`).
+    """
+    counts = sorted({devices_of(r) for r in results}) or [1]
+    reference = counts[0]
+    claims = _device_claims([r for r in results if devices_of(r) == reference])
+    if reference > 1:  # no single-device row: the split claim at the smallest count is a data-parallel one too
+        claims.append(_dp_split_claim(results, reference))
+    for devices in counts[1:]:
+        claims += dp_claims(results, reference, devices)
+    return claims
+
+
+def _device_claims(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The claims of one device count's results."""
     dos = _ok(results, "deep_optimizer_states")
     vanilla = next(iter(_ok(results, "zero3_offload")), None)
     split = next((r for r in _ok(results, "static_split") if float(r.get("plan", -1)) == SPLIT_RATIO), None)
@@ -90,6 +114,65 @@ def check_claims(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                              f"{cand['label']} {cand['iteration_ms']:.1f} ms, {cand['peak_gpu_gib']:.1f} GiB vs "
                              f"{split['label']} {split['iteration_ms']:.1f} ms, {split['peak_gpu_gib']:.1f} GiB"))
     return claims
+
+
+def _auto(results: Sequence[dict[str, Any]], devices: int) -> dict[str, Any] | None:
+    return next((r for r in _ok(results, "deep_optimizer_states") if devices_of(r) == devices
+                 and str(r.get("plan")).strip().lower() == "auto"), None)
+
+
+def _at(results: Sequence[dict[str, Any]], strategy: str, devices: int) -> list[dict[str, Any]]:
+    return [r for r in _ok(results, strategy) if devices_of(r) == devices]
+
+
+def _timed(rows: Sequence[dict[str, Any]]) -> tuple[str, str]:
+    """The figure to compare ``rows`` by: ``e2e_iteration_ms`` when every one has it, else ``iteration_ms``."""
+    if all(r.get("e2e_iteration_ms") for r in rows):
+        return "e2e_iteration_ms", "end to end"
+    return "iteration_ms", "synchronised"
+
+
+def dp_claims(results: Sequence[dict[str, Any]], reference: int, devices: int) -> list[dict[str, Any]]:
+    """The data-parallel claims at ``devices`` against the ``reference`` (smallest) device count."""
+    return [_dp_speedup_claim(results, reference, devices), _dp_split_claim(results, devices)]
+
+
+def _dp_speedup_claim(results: Sequence[dict[str, Any]], reference: int, devices: int) -> dict[str, Any]:
+    """DOS auto's speedup over vanilla at ``devices`` over the same at ``reference``, against
+    :data:`DP_SPEEDUP_KEPT`."""
+    name = f"DOS/zero3_offload ratio at DP={devices} vs DP={reference}"
+    threshold = f">= {DP_SPEEDUP_KEPT:g} x the DP={reference} ratio"
+    pairs = [(next(iter(_at(results, "zero3_offload", d)), None), _auto(results, d)) for d in (reference, devices)]
+    rows = [r for pair in pairs for r in pair if r is not None]
+    if len(rows) < 4:
+        return _claim(name, threshold, None, None,
+                      f"needs zero3_offload and dos(auto) at {reference} and at {devices} devices")
+    key, how = _timed(rows)
+    (vanilla_ref, auto_ref), (vanilla_n, auto_n) = rows[:2], rows[2:]
+    ratio_ref, ratio_n = vanilla_ref[key] / auto_ref[key], vanilla_n[key] / auto_n[key]
+    kept = ratio_n / ratio_ref
+    return _claim(name, threshold, kept, kept >= DP_SPEEDUP_KEPT,
+                  f"dos(auto) {ratio_n:.2f}x zero3_offload at DP={devices}, {ratio_ref:.2f}x at DP={reference} "
+                  f"({how})")
+
+
+def _dp_split_claim(results: Sequence[dict[str, Any]], devices: int) -> dict[str, Any]:
+    """DOS auto faster than the static split 0.5 at ``devices``, at lower peak GPU memory (the largest rank's)."""
+    name = f"dos(auto) vs static_split {SPLIT_RATIO} at DP={devices} at lower peak GPU memory"
+    threshold = "> 1x, less GPU memory"
+    auto = _auto(results, devices)
+    split = next((r for r in _at(results, "static_split", devices) if float(r.get("plan", -1)) == SPLIT_RATIO), None)
+    if auto is None or split is None:
+        return _claim(name, threshold, None, None,
+                      f"needs dos(auto) and static_split {SPLIT_RATIO} at {devices} devices")
+    key, how = _timed([auto, split])
+    ratio = split[key] / auto[key]
+    detail = f"{auto['label']} {auto[key]:.1f} ms vs {split['label']} {split[key]:.1f} ms ({how})"
+    gpu, split_gpu = auto.get("peak_gpu_gib"), split.get("peak_gpu_gib")
+    if gpu is None or split_gpu is None:
+        return _claim(name, threshold, ratio, None, detail + "; no GPU memory figures (no GPU)")
+    detail += f"; peak GPU {gpu:.1f} vs {split_gpu:.1f} GiB"
+    return _claim(name, threshold, ratio, ratio > 1.0 and gpu < split_gpu, detail)
 
 
 def _e2e_claim(dos: Sequence[dict[str, Any]], vanilla: dict[str, Any] | None) -> dict[str, Any]:

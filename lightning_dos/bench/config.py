@@ -47,7 +47,7 @@ class BenchConfig:
     seq_len: int = 2048
     """Tokens per sequence (also the model's block size)."""
     micro_batch: int = 4
-    """Sequences per iteration on the one device."""
+    """Sequences per iteration on each device (each data-parallel rank)."""
     precision: str = "bf16-mixed"
     """Lightning precision string, e.g. ``bf16-mixed`` on a GPU, ``32-true`` on a CPU."""
     activation_checkpointing: bool = True
@@ -63,6 +63,8 @@ class BenchConfig:
     timed phase by phase, synchronised. None: half the measured iterations, rounded down (0 with one measured)."""
     repeats: int = 1
     """Runs of each configuration, each in a fresh process, interleaved across configurations."""
+    devices: list[int] = field(default_factory=lambda: [1])
+    """Data-parallel device counts: every configuration runs once on each (one rank per device, on this host)."""
     strategies: list[str] = field(default_factory=lambda: list(STRATEGIES))
     """Strategy kinds to run: any of zero3_offload, static_split, deep_optimizer_states, no_offload."""
     ratios: list[float] = field(default_factory=lambda: list(DEFAULT_RATIOS))
@@ -133,8 +135,12 @@ class BenchConfig:
 
     @property
     def tokens_per_iteration(self) -> int:
-        """Tokens one iteration trains on."""
+        """Tokens one iteration trains on, per device."""
         return self.micro_batch * self.seq_len
+
+    def global_tokens_per_iteration(self, devices: int) -> int:
+        """Tokens one iteration trains on over ``devices`` data-parallel ranks (each its own micro-batch)."""
+        return self.tokens_per_iteration * devices
 
     def validate(self) -> None:
         """Raise ``ValueError`` listing every setting that cannot run."""
@@ -160,6 +166,7 @@ class BenchConfig:
             problems.append(f"e2e_steps: {e2e} end-to-end iterations after {self.warmup} of warm-up leave no "
                             f"synchronised iteration of {self.steps} steps; set --steps above --warmup + --e2e-steps "
                             f"({self.warmup + e2e + 1} or more) or lower --e2e-steps")
+        problems += devices_problems(self.devices)
         bad = [s for s in self.strategies if s not in STRATEGIES]
         if bad or not self.strategies:
             problems.append(f"strategies: {self.strategies!r}; choose one or more of {', '.join(STRATEGIES)}")
@@ -176,6 +183,19 @@ class BenchConfig:
             problems.append(f"memory_budget_gib: {self.memory_budget_gib} must be >= 0 GiB or unset")
         if problems:
             raise ValueError("bench: " + "; ".join(problems))
+
+
+def devices_problems(devices: Any) -> list[str]:
+    """What is wrong with a list of device counts (``--devices``): empty, not integers >= 1, or repeated."""
+    if not isinstance(devices, (list, tuple)) or not devices:
+        return [f"devices: {devices!r}; give one or more device counts, e.g. --devices 1 2"]
+    bad = [d for d in devices if isinstance(d, bool) or not isinstance(d, int) or d < 1]
+    if bad:
+        return [f"devices: {bad!r} must be integers >= 1 (data-parallel ranks per configuration), e.g. --devices 1 2"]
+    repeated = sorted({d for d in devices if list(devices).count(d) > 1})
+    if repeated:
+        return [f"devices: {repeated} given more than once; give each device count once, e.g. --devices 1 2"]
+    return []
 
 
 GIB = 1024**3
@@ -325,6 +345,9 @@ class SweepConfig:
             self.bench.validate()
         except ValueError as err:
             problems.append(str(err))
+        if list(self.bench.devices) != [1]:
+            problems.append(f"devices: {self.bench.devices!r}; the plan sweep runs on one device: drop --devices or "
+                            "set --devices 1")
         if not self.plans:
             problems.append("sweep plans: give at least one fixed plan")
         for plan in self.plans:

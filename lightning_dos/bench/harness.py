@@ -9,7 +9,10 @@ SIGTERM stops the process running; the ones after it are reported as not run, an
   process, round-robin; the repeats are aggregated and compared against vanilla ``zero3_offload``, the claims
   checked, and results.json, report.md (and its dated copy), chart.png and iteration_timeline.png written.
   ``no_offload`` is not run when the model states clearly cannot fit on the GPU; ``--resume`` reuses the
-  configurations an earlier invocation finished.
+  configurations an earlier invocation finished. With ``--devices``, every configuration runs at each device count
+  (data parallel, one rank per device), compared with vanilla at the same count; a single-device kind, or a count
+  above the host's GPUs, gets a ``skipped`` row at N > 1; the scaling section and rank_timelines.png (every rank's
+  iteration of DOS ``auto`` at the largest count) are added.
 * **Plan sweep** (:func:`run_sweep`): one process per memory budget runs every fixed plan in rounds and ``auto``
   started cold between them (:func:`~lightning_dos.bench.config.sweep_schedule`); ``auto`` shares the process and
   the time with the plans it is compared with. sweep.json, sweep.md and sweep.png are written after every budget,
@@ -37,13 +40,15 @@ from lightning_dos.bench.results import (
     bench_document,
     compare_to_baseline,
     e2e_samples,
+    run_peaks,
+    scaling,
     skipped,
     summarize_budget,
     sweep_document,
     write_json,
 )
 from lightning_dos.bench.stats import median
-from lightning_dos.bench.strategies import KINDS, RunSpec, expand, schedule
+from lightning_dos.bench.strategies import KINDS, RunSpec, expand, schedule, single_device_reason
 from lightning_dos.bench.worker import PROGRESS_FILE
 from lightning_dos.bench.workload import NO_OFFLOAD_BYTES_PER_PARAM, describe_model, prepare_text
 
@@ -133,16 +138,33 @@ def _processes(total: int, mode: str, unit: str, out_dir: Path, progress: bool) 
 
 # ------------------------------------------------------------------ strategy comparison
 
-def no_offload_skip_reason(config: BenchConfig, model: dict[str, Any], hardware: dict[str, Any]) -> str | None:
-    """Why a kind that keeps every state on the GPU (no_offload) cannot fit (so it is not run), or None to run it."""
+def no_offload_skip_reason(config: BenchConfig, model: dict[str, Any], hardware: dict[str, Any],
+                           devices: int = 1) -> str | None:
+    """Why a kind that keeps every state on the GPU (no_offload) cannot fit (so it is not run), or None to run it.
+
+    On ``devices`` GPUs ZeRO-3 shards the states: each holds its share.
+    """
     total = hardware.get("gpu_memory_gib")
     if config.force_no_offload or not uses_gpu(config, hardware) or not total:
         return None
-    need = model["no_offload_state_gib_lower_bound"]
+    need = model["no_offload_state_gib_lower_bound"] / devices
     if need <= total:
         return None
-    return (f"does not fit: model and optimizer state alone need >= {need:.1f} GiB "
+    share = "" if devices == 1 else f" (its share of {devices} GPUs)"
+    return (f"does not fit: model and optimizer state alone need >= {need:.1f} GiB{share} "
             f"({NO_OFFLOAD_BYTES_PER_PARAM} B/param) but the GPU has {total:.1f} GiB (--force-no-offload runs it)")
+
+
+def devices_skip_reason(spec: RunSpec, config: BenchConfig, hardware: dict[str, Any]) -> str | None:
+    """Why ``spec`` is not run at its device count: a single-device kind on several, or more GPUs than the host
+    has; None to run it."""
+    reason = single_device_reason(spec)
+    if reason is not None:
+        return reason
+    gpus = hardware.get("gpu_count")
+    if spec.devices > 1 and uses_gpu(config, hardware) and gpus and spec.devices > gpus:
+        return f"needs {spec.devices} GPUs; this host has {gpus} (set --devices to at most {gpus})"
+    return None
 
 
 def run_line(index: int, total: int, result: dict[str, Any], config: BenchConfig) -> str:
@@ -159,22 +181,25 @@ def run_line(index: int, total: int, result: dict[str, Any], config: BenchConfig
           for k in ("fwd_ms", "bwd_ms", "step_ms", "iteration_ms")}
     e2e = median(e2e_samples(iterations, config))
     headline = it["iteration_ms"] if e2e is None else e2e
-    tokens_per_s = config.tokens_per_iteration / (headline / 1e3) if headline else None
-    gpu = result.get("peak_gpu_gib")
-    memory = (f"peak GPU {gpu:.2f} GiB, " if gpu is not None else "") + f"host {result['peak_host_gib']:.2f} GiB"
+    tokens = config.global_tokens_per_iteration(result.get("devices") or 1)
+    tokens_per_s = tokens / (headline / 1e3) if headline else None
+    peaks = run_peaks(result)  # over the ranks: the largest GPU's, the host's sum
+    gpu, host = peaks["peak_gpu_gib"], peaks["peak_host_gib"]
+    memory = (f"peak GPU {gpu:.2f} GiB, " if gpu is not None else "") + f"host {_num(host, 2)} GiB"
     e2e_text = f"e2e {e2e:.1f} ms/iteration, " if e2e is not None else ""
     return (f"{head}: ok  {e2e_text}{tokens_per_s or 0:,.0f} tokens/s  synchronised {_num(it['iteration_ms'])} ms "
             f"(fwd {_num(it['fwd_ms'])} | bwd {_num(it['bwd_ms'])} | step {_num(it['step_ms'])})  {memory}  "
             f"loss {iterations['loss'][-1]:.4f}{_elapsed(result)}")
 
 
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 #: BenchConfig fields that choose which configurations run or how long they may take, not what they measure:
 #: a finished configuration is reused by ``--resume`` whatever these say.
-NOT_MEASUREMENT = ("strategies", "ratios", "plans", "repeats", "force_no_offload", "timeout_s", "out", "recipe")
+NOT_MEASUREMENT = ("strategies", "ratios", "plans", "repeats", "force_no_offload", "timeout_s", "out", "recipe",
+                   "devices")
 
 
 def reusable_result(config: BenchConfig, spec: RunSpec, run_dir: Path) -> dict[str, Any] | None:
@@ -189,7 +214,7 @@ def reusable_result(config: BenchConfig, spec: RunSpec, run_dir: Path) -> dict[s
         result = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None
-    if result.get("status") != "ok" or payload.get("run") != spec.to_dict():
+    if result.get("status") != "ok" or {"devices": 1, **(payload.get("run") or {})} != spec.to_dict():
         return None
     if config.e2e_count and "end_s" not in (result.get("iterations") or {}):
         return None  # measured before end-to-end timing existed: it has no headline
@@ -212,13 +237,16 @@ def run_bench(config: BenchConfig, out_dir: Path, launcher: Launcher = launch, p
     specs = expand(config)
     runs = schedule(specs, config.repeats)
     raw: dict[str, list[dict[str, Any]]] = {spec.label: [] for spec in specs}
-    too_big = no_offload_skip_reason(config, model, hardware)
     with _processes(len(runs), "bench", "config", out_dir, progress) as processes:
         for index, spec in enumerate(runs, start=1):
             processes.begin(spec)
             run_dir = out_dir / "runs" / f"{spec.slug}_r{spec.repeat}"
+            too_big = no_offload_skip_reason(config, model, hardware, spec.devices)
+            not_here = devices_skip_reason(spec, config, hardware)
             if resume and (prior := reusable_result(config, spec, run_dir)):
                 result = {**prior, "log": _relative(prior["log"], out_dir)}  # on disk: reused even after Ctrl-C
+            elif not_here and not processes.interrupted:
+                result = {**skipped(spec, not_here), "log": None}
             elif too_big and KINDS[spec.strategy].keeps_states_on_device and not processes.interrupted:
                 result = {**skipped(spec, too_big), "log": None}
             else:
@@ -231,23 +259,28 @@ def run_bench(config: BenchConfig, out_dir: Path, launcher: Launcher = launch, p
     doc = bench_document(hardware, versions(), config, model, results, now.isoformat(timespec="seconds"), timing)
     doc["interrupted"] = processes.interrupted
     doc["reused"] = sorted({r["label"] for runs_ in raw.values() for r in runs_ if r.get("reused")})
+    if (section := scaling(results)) is not None:  # more than one device count ran
+        doc["scaling"] = section
     doc["claims"] = check_claims(results)
     write_bench_outputs(doc, base, out_dir)
     return doc
 
 
 def write_bench_outputs(doc: dict[str, Any], base: dict[str, Any] | None, out_dir: Path) -> dict[str, Path]:
-    """results.json, chart.png, iteration_timeline.png (when a configuration recorded one), report.md and its dated
-    copy; returns their paths by kind."""
+    """results.json, chart.png, iteration_timeline.png (when a configuration recorded one), rank_timelines.png (when
+    DOS auto ran on several devices), report.md and its dated copy; returns their paths by kind."""
     paths = {"results": out_dir / "results.json", "chart": out_dir / "chart.png", "report": out_dir / "report.md"}
     write_json(paths["results"], doc)
     chart.render(doc, paths["chart"])
-    timeline = out_dir / "iteration_timeline.png"
-    timeline.unlink(missing_ok=True)  # an earlier invocation's, in the same --out: never linked for this one
-    if chart.render_timeline(doc, timeline) is not None:
-        paths["timeline"] = timeline
+    figures = {"timeline": (out_dir / "iteration_timeline.png", chart.render_timeline),
+               "rank_timelines": (out_dir / "rank_timelines.png", chart.render_rank_timelines)}
+    for kind, (path, render) in figures.items():
+        path.unlink(missing_ok=True)  # an earlier invocation's, in the same --out: never linked for this one
+        if render(doc, path) is not None:
+            paths[kind] = path
     text = report.render(doc, base, chart=paths["chart"].name,
-                         timeline=paths["timeline"].name if "timeline" in paths else None)
+                         timeline=paths["timeline"].name if "timeline" in paths else None,
+                         rank_timelines=paths["rank_timelines"].name if "rank_timelines" in paths else None)
     paths["report"].write_text(text, encoding="utf-8")
     paths["named_report"] = out_dir / report.report_name(doc)
     paths["named_report"].write_text(text, encoding="utf-8")
@@ -261,8 +294,13 @@ def dry_run_text(config: BenchConfig) -> str:
              f"model: {json.dumps(describe_model(config))}", "",
              f"iterations of each run: {config.warmup} warm-up, then {config.e2e_count} end to end (unsynchronised), "
              f"then {len(config.phase_iterations)} phase by phase (synchronised)", "",
-             f"{len(specs)} configurations x {config.repeats} repeat(s):"]
-    lines += [f"  {spec.label:<24} strategy={spec.strategy} plan={spec.plan}" for spec in specs]
+             f"{len(specs)} configurations x {config.repeats} repeat(s), device counts "
+             f"{', '.join(str(d) for d in config.devices)}:"]
+    hardware = hardware_info() if any(d > 1 for d in config.devices) else {}
+    for spec in specs:
+        line = f"  {spec.label:<28} strategy={spec.strategy} plan={spec.plan} devices={spec.devices}"
+        reason = devices_skip_reason(spec, config, hardware)
+        lines.append(line + (f"  (skipped: {reason})" if reason else ""))
     return "\n".join(lines)
 
 

@@ -5,6 +5,11 @@ The parent writes ``config.json`` into the process's run directory, starts
 output going to ``worker.log``, waits up to the timeout, and reads ``result.json``. A worker that wrote no
 result is classified here: killed by SIGKILL (most often the kernel's out-of-memory killer) is ``oom``, a
 timeout is ``timeout``, any other exit is ``failed``, each with a one-line reason taken from its log.
+
+On more than one device the process started here is rank 0 and Lightning starts the other ranks from it, in the
+same process group (the time limit stops them all). A rank that fails leaves its first error line in a file of
+its own (:mod:`~lightning_dos.bench.ranks`) and Lightning stops rank 0 with SIGKILL: that rank's error, not an
+out-of-memory guess, is the reason reported. Whatever of the group outlives rank 0 is stopped before the next run.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lightning_dos.bench import ranks
 from lightning_dos.bench.config import BenchConfig
 from lightning_dos.bench.strategies import RunSpec
 
@@ -71,6 +77,27 @@ def _stop_group(proc: subprocess.Popen) -> None:
             continue
 
 
+def _reap_group(proc: subprocess.Popen) -> None:
+    """SIGKILL whatever is left of the worker's process group once rank 0 has exited (ranks hung in a collective)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def rank_failure(failures: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Status and reason of a run whose rank 0 wrote no result, from the failures other ranks recorded (the first
+    rank's; the others' ranks named), or None when none did."""
+    if not failures:
+        return None
+    first = failures[0]
+    reason = f"rank {first.get('rank')}: {first.get('reason')}"
+    others = [str(f.get("rank")) for f in failures[1:]]
+    if others:
+        reason += f" (also failed: rank {', '.join(others)})"
+    return {"status": first.get("status") or "failed", "reason": reason}
+
+
 def classify_exit(returncode: int | None, timed_out: bool, timeout_s: float, log_path: Path) -> dict[str, Any]:
     """Status and reason of a worker that wrote no result."""
     detail = log_reason(log_path)
@@ -98,6 +125,7 @@ def launch(config: BenchConfig, spec: RunSpec, run_dir: Path, timeout_s: float |
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path, result_path, log_path = run_dir / "config.json", run_dir / "result.json", run_dir / "worker.log"
     result_path.unlink(missing_ok=True)
+    ranks.clear_failures(run_dir)
     payload = {"bench": config.to_dict(), "run": spec.to_dict(), **(extra or {})}
     config_path.write_text(json.dumps(payload, indent=2), encoding="utf-8")
     command = [sys.executable, "-m", WORKER_MODULE, str(config_path), str(result_path)]
@@ -114,6 +142,7 @@ def launch(config: BenchConfig, spec: RunSpec, run_dir: Path, timeout_s: float |
         except BaseException:  # Ctrl-C: take the worker down with the parent
             _stop_group(proc)
             raise
+        _reap_group(proc)
     elapsed = time.perf_counter() - started
     result: dict[str, Any] | None = None
     if result_path.is_file() and not timed_out:
@@ -122,6 +151,7 @@ def launch(config: BenchConfig, spec: RunSpec, run_dir: Path, timeout_s: float |
         except (OSError, json.JSONDecodeError):
             result = None
     if result is None:
-        result = {**spec.to_dict(), **classify_exit(proc.returncode, timed_out, timeout_s, log_path)}
+        failed_rank = rank_failure(ranks.read_failures(run_dir))  # a failed rank explains a hang of the others too
+        result = {**spec.to_dict(), **(failed_rank or classify_exit(proc.returncode, timed_out, timeout_s, log_path))}
     result.update(returncode=proc.returncode, elapsed_s=elapsed, log=str(log_path))
     return result

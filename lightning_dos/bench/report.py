@@ -65,14 +65,22 @@ def report_name(doc: dict[str, Any]) -> str:
     return f"{model}_{hardware_slug(doc['hardware'])}_{doc['date'][:10]}.md"
 
 
-def _hardware_lines(hw: dict[str, Any]) -> list[str]:
+def _devices_text(devices: Sequence[int]) -> str:
+    """``one``, or ``1 and 2 (--devices)``: how many devices each configuration ran on."""
+    counts = [str(d) for d in devices]
+    if counts == ["1"]:
+        return "one"
+    return (", ".join(counts[:-1]) + " and " + counts[-1] if len(counts) > 1 else counts[0]) + " (--devices)"
+
+
+def _hardware_lines(hw: dict[str, Any], devices: Sequence[int] = (1,)) -> list[str]:
     if hw.get("gpu_count"):
         gpu = f"{hw['gpu_count']} x {hw.get('gpu_name') or 'unknown GPU'}"
         if hw.get("gpu_memory_gib"):
             gpu += f", {hw['gpu_memory_gib']:.1f} GiB each"
         if hw.get("gpu_driver"):
             gpu += f" (driver {hw['gpu_driver']})"
-        gpu += "; each configuration uses one"
+        gpu += f"; each configuration uses {_devices_text(devices)}"
     else:
         gpu = "none (accelerator: CPU)"
     cores = (f"{hw.get('cpu_cores_physical')} physical / {hw.get('cpu_cores_logical')} logical cores, "
@@ -99,7 +107,7 @@ def _environment_lines(doc: dict[str, Any]) -> list[str]:
     """The hardware and versions sections of either report."""
     versions = doc["versions"]
     lines = ["## Hardware", ""]
-    lines += _hardware_lines(doc["hardware"])
+    lines += _hardware_lines(doc["hardware"], doc["config"].get("devices") or [1])
     lines += ["", "## Versions", ""]
     lines += _table(tuple(versions), [tuple(str(v) if v is not None else MISSING for v in versions.values())])
     return lines
@@ -113,7 +121,10 @@ def _config_lines(doc: dict[str, Any]) -> list[str]:
              f"{_scaled(model['flops_per_token'], 'FLOP')} per token (model FLOPs, recomputation not counted)")
     lines = [f"- Model: {shape}",
              f"- Batch: micro-batch {cfg['micro_batch']} x seq {cfg['seq_len']} = "
-             f"{cfg['micro_batch'] * cfg['seq_len']:,} tokens per iteration, one device",
+             f"{cfg['micro_batch'] * cfg['seq_len']:,} tokens per iteration per device"
+             + ("" if (cfg.get("devices") or [1]) == [1] else
+                f"; on {_devices_text(cfg['devices'])} devices, data parallel: a row at N devices trains N times "
+                "that per iteration, one micro-batch per rank"),
              f"- Precision {cfg['precision']}, activation checkpointing "
              f"{'on' if cfg['activation_checkpointing'] else 'off'}, sub_group_size {cfg['sub_group_size']:,} "
              f"for every strategy, pinned host memory {'on' if cfg['pin_memory'] else 'off'}",
@@ -144,18 +155,24 @@ def _measurement_lines(doc: dict[str, Any]) -> list[str]:
         f"  - end to end (what a user sees): {_iterations_text(e2e)} ({len(e2e)} per repeat); "
         + (f"{m['e2e']}." if e2e and m.get("e2e") else "not measured (--e2e-steps 0)."),
         f"  - phase by phase (synchronised): {_iterations_text(phases)} ({len(phases)} per repeat); {m['timing']}",
-        "- tokens/s = tokens per iteration / median iteration time (end to end in the first table, synchronised in "
-        "the second); TFLOP/s = model FLOPs per token x tokens/s.",
+        "- tokens/s = tokens per iteration (all devices of the row) / median iteration time (end to end in the first "
+        "table, synchronised in the second); TFLOP/s = model FLOPs per token x tokens/s.",
         "- Peak GPU memory is the caching allocator's peak (allocated; reserved in results.json) over the whole "
         "process; peak host memory is the larger of a 50 ms RSS sampler and the kernel's ru_maxrss.",
     ]
+    if (cfg.get("devices") or [1]) != [1]:
+        lines.append("- Data parallel: a row at N devices ran N ranks, one per device, each its own process; its times "
+                     "are rank 0's (the gradient all-reduce keeps the ranks in step), its peak host memory the sum "
+                     "over the ranks (one host) and its peak GPU memory the largest rank's; each rank's own figures "
+                     "are in results.json's per_rank. Every comparison is with zero3_offload at the same device "
+                     "count.")
     return lines
 
 
 def _e2e_table(results: Sequence[dict[str, Any]]) -> list[str]:
     """The headline table: end-to-end iteration, tokens/s, peak memory and the end-to-end speedup."""
-    header = ("configuration", "status", "iteration ms (p25-p75)", "tokens/s", "peak GPU GiB", "peak host GiB",
-              f"vs {BASELINE}")
+    header = ("configuration", "status", "iteration ms (p25-p75)", "tokens/s", "devices", "peak GPU GiB",
+              "peak host GiB", f"vs {BASELINE}")
     rows = []
     for r in results:
         spread = (r.get("spread") or {}).get("e2e_iteration_ms")
@@ -163,14 +180,14 @@ def _e2e_table(results: Sequence[dict[str, Any]]) -> list[str]:
         if spread:
             iteration += f" ({_num(spread['p25'])}-{_num(spread['p75'])})"
         speedup = (r.get("speedup_vs_zero3_offload") or {}).get("e2e_iteration")
-        rows.append((r["label"], r["status"], iteration, _num(r.get("e2e_tokens_per_s"), 0),
+        rows.append((r["label"], r["status"], iteration, _num(r.get("e2e_tokens_per_s"), 0), str(r.get("devices", 1)),
                      _num(r["peak_gpu_gib"], 2), _num(r["peak_host_gib"], 2), _ratio(speedup)))
     return _table(header, rows)
 
 
 def _results_table(results: Sequence[dict[str, Any]]) -> list[str]:
     header = ("configuration", "status", "fwd ms", "bwd ms", "step ms", "iteration ms (p25-p75)", "tokens/s",
-              "TFLOP/s", "peak GPU GiB", "peak host GiB", "final loss")
+              "devices", "TFLOP/s", "peak GPU GiB", "peak host GiB", "final loss")
     rows = []
     for r in results:
         spread = (r.get("spread") or {}).get("iteration_ms")
@@ -178,7 +195,8 @@ def _results_table(results: Sequence[dict[str, Any]]) -> list[str]:
         if spread:
             iteration += f" ({_num(spread['p25'])}-{_num(spread['p75'])})"
         rows.append((r["label"], r["status"], _num(r["fwd_ms"]), _num(r["bwd_ms"]), _num(r["step_ms"]), iteration,
-                     _num(r["tokens_per_s"], 0), _sig(r["tflops_per_s"]), _num(r["peak_gpu_gib"], 2),
+                     _num(r["tokens_per_s"], 0), str(r.get("devices", 1)), _sig(r["tflops_per_s"]),
+                     _num(r["peak_gpu_gib"], 2),
                      _num(r["peak_host_gib"], 2), _num(r["final_loss"], 4)))
     return _table(header, rows)
 
@@ -195,8 +213,8 @@ def _speedup_lines(results: Sequence[dict[str, Any]], base: dict[str, Any] | Non
                      _ratio(s["bwd"])))
         loss_rows.append((r["label"], _num(r["final_loss"], 6), _sci(loss["final_abs_diff"]),
                           _sci(loss["final_rel_diff"]), _sci(loss["max_abs_diff"]), str(loss["iterations_compared"])))
-    lines = [f"Ratios of `{BASELINE}` time to each configuration's time, both measured in this invocation "
-             "(> 1 is faster than vanilla offload): end to end, then synchronised.", ""]
+    lines = [f"Ratios of `{BASELINE}` time to each configuration's time, both measured in this invocation at the "
+             "same device count (> 1 is faster than vanilla offload): end to end, then synchronised.", ""]
     lines += _table(("configuration", "e2e iteration", "iteration (sync)", "step (sync)", "bwd (sync)"), rows)
     lines += ["", "## Loss agreement vs zero3_offload", "",
               "Same seed, data and initial weights: any difference comes from the update path (e.g. CPU Adam vs "
@@ -253,6 +271,65 @@ def _failure_lines(results: Sequence[dict[str, Any]]) -> list[str]:
     return lines + [""]
 
 
+def _scaling_table(section: dict[str, Any]) -> list[str]:
+    ref = section["reference_devices"]
+    rows = []
+    for row in section["rows"]:
+        e2e, sync = row["speedup_e2e"], row["speedup_iteration"]
+        tokens, tokens_sync = row["e2e_tokens_per_s"], row["tokens_per_s"]
+        rows.append((row["label"], str(row["devices"]), _ratio(e2e["reference"]), _ratio(e2e["at_n"]),
+                     _ratio(e2e["ratio"]), _ratio(sync["ratio"]), _num(tokens["reference"], 0), _num(tokens["at_n"], 0),
+                     _ratio(tokens["ratio"]), _ratio(tokens_sync["ratio"])))
+    header = ("configuration", "devices N", f"vs {BASELINE} at {ref}", f"vs {BASELINE} at N", "kept (N / " + str(ref)
+              + ")", "kept, synchronised", f"tokens/s at {ref}", "tokens/s at N", "tokens/s scaling",
+              "scaling, synchronised")
+    return _table(header, rows)
+
+
+def _rank_table(results: Sequence[dict[str, Any]]) -> list[str]:
+    rows = []
+    for r in results:
+        if r.get("devices", 1) == 1 or r["status"] != "ok":
+            continue
+        for rank in r.get("per_rank") or []:
+            dos = rank.get("dos") or {}
+            rows.append((r["label"], str(rank["rank"]), _num(rank.get("e2e_iteration_ms")),
+                         _num(rank.get("iteration_ms")), _num(rank.get("peak_host_gib"), 2),
+                         _num(rank.get("peak_gpu_gib"), 2), _num(dos.get("update_ms")),
+                         _num(dos.get("device_fraction"), 2), _num(rank.get("final_loss"), 4)))
+    if not rows:
+        return []
+    return _table(("configuration", "rank", "e2e iteration ms", "iteration ms (sync)", "peak host GiB",
+                   "peak GPU GiB", "DOS update ms", "device fraction", "final loss"), rows)
+
+
+def _data_parallel_lines(doc: dict[str, Any], rank_timelines: str | None) -> list[str]:
+    """The Data parallel section: how each configuration's advantage over vanilla and its tokens/s carry from the
+    smallest device count to each larger one, each rank's own figures, and the ranks' timelines."""
+    section = doc.get("scaling")
+    if not section:
+        return []
+    ref = section["reference_devices"]
+    lines = ["## Data parallel", "",
+             f"Each configuration at N devices against itself at {ref}: its speedup over `{BASELINE}` at the same "
+             f"device count (end to end), at {ref} and at N, and the share of it kept at N (the target: at least "
+             f"0.9); its tokens/s (all ranks) at {ref} and at N, and their ratio (N / {ref} is perfect scaling).", ""]
+    if section["rows"]:
+        lines += _scaling_table(section)
+    else:
+        lines.append(f"No configuration completed both at {ref} and at a larger device count.")
+    ranks = _rank_table(doc["results"])
+    if ranks:
+        lines += ["", "Each rank's own figures (medians over the same iterations; DOS update phase from the rank's own "
+                  "records):", ""]
+        lines += ranks
+    if rank_timelines:
+        lines += ["", "Every rank's last synchronised iteration of DOS auto at the largest device count, on one time "
+                  "axis (the ranks share the host's clock): forward, backward, step and the update phase's lanes.",
+                  "", f"![every rank's iteration and update lanes]({rank_timelines})"]
+    return lines + [""]
+
+
 def _claim_lines(claims: Sequence[dict[str, Any]]) -> list[str]:
     if not claims:
         return []
@@ -265,8 +342,9 @@ def _claim_lines(claims: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def render(doc: dict[str, Any], base: dict[str, Any] | None, chart: str | None = "chart.png",
-           timeline: str | None = None) -> str:
-    """The markdown report of a results.json document; ``chart`` and ``timeline`` are the images to link, if any."""
+           timeline: str | None = None, rank_timelines: str | None = None) -> str:
+    """The markdown report of a results.json document; ``chart``, ``timeline`` and ``rank_timelines`` are the images
+    to link, if any."""
     hw, results = doc["hardware"], doc["results"]
     device = hw.get("gpu_name") or "CPU"
     lines = [f"# lightning-dos bench: {doc['config']['model']} on {device}", "",
@@ -283,7 +361,8 @@ def render(doc: dict[str, Any], base: dict[str, Any] | None, chart: str | None =
     lines += _measurement_lines(doc)
     lines += ["", "## What a user sees: end-to-end time per iteration", "",
               "Median wall time per iteration with no synchronisation added (as in a training run), pooled over "
-              f"the end-to-end iterations; the last column is the `{BASELINE}` time over each configuration's.", ""]
+              f"the end-to-end iterations; the last column is the `{BASELINE}` time over each configuration's (at "
+              "the same device count).", ""]
     lines += _e2e_table(results)
     lines += ["", "## Phase by phase (synchronised)", "",
               "Medians over the synchronised iterations: the device is synchronised at every phase boundary, so "
@@ -298,6 +377,7 @@ def render(doc: dict[str, Any], base: dict[str, Any] | None, chart: str | None =
     lines += ["", f"## Speedup vs {BASELINE}", ""]
     lines += _speedup_lines(results, base)
     lines += [""]
+    lines += _data_parallel_lines(doc, rank_timelines)
     lines += _claim_lines(doc.get("claims") or [])
     lines += _dos_lines(results)
     lines += _host_thread_lines(results)

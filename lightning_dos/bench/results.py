@@ -7,8 +7,14 @@ and ``e2e_tokens_per_s``. Then, from the synchronised iterations after that wind
 (``BenchConfig.phase_iterations``): fwd / bwd / step / iteration medians with their spread, throughput, host-thread
 accounting and, for DOS, a summary of the manager's update records of those same iterations. Also peak memory, the
 final loss and the last synchronised iteration's timeline. Comparisons against the vanilla ``zero3_offload`` run of
-the same invocation (speedups as ratios, end to end included; loss agreement) are added here, so report and chart
-only format.
+the same invocation at the same device count (speedups as ratios, end to end included; loss agreement) are added
+here, so report and chart only format.
+
+**Data parallel** (``--devices``): a row at N devices counts the tokens of all N ranks (micro-batch x seq-len x N per
+iteration), so its tokens/s are totals; its times are rank 0's (the gradient all-reduce keeps the ranks' iterations
+in step), each rank's own figures are under ``per_rank``, ``peak_host_gib`` is the sum over the ranks (they share the
+host) and ``peak_gpu_gib`` the largest rank's. With more than one device count, :func:`scaling` sets each
+configuration's speedup over vanilla at N devices against its speedup at the smallest count, and its tokens/s.
 
 **Plan sweep** (sweep.json): per fixed plan, the median update-phase makespan of its iterations after the first
 (warm-up), the median of the manager's predictions for those same update phases (made just before each, from the
@@ -40,7 +46,7 @@ from lightning_dos.bench.config import (
     sweep_schedule,
 )
 from lightning_dos.bench.stats import median, spread
-from lightning_dos.bench.strategies import BASELINE, RunSpec, plan_argument
+from lightning_dos.bench.strategies import BASELINE, RunSpec, base_label, devices_of, plan_argument
 from lightning_dos.planning.plan import parse_plan
 from lightning_dos.planning.trials import TRIAL_SOURCE
 
@@ -57,6 +63,10 @@ STATUSES = ("ok", "skipped", "timeout", "oom", "failed")
 DOS_FIELDS = ("update_ms", "host_busy_ms", "device_busy_ms", "device_fraction", "h2d_gb", "d2h_gb")
 PEAK_FIELDS = ("peak_gpu_gib", "peak_gpu_reserved_gib", "peak_host_gib", "peak_host_rss_sampled_gib",
                "ru_maxrss_gib")
+#: Peaks of the host, summed over a run's ranks (one host holds them all).
+HOST_PEAKS = ("peak_host_gib", "peak_host_rss_sampled_gib", "ru_maxrss_gib")
+#: Peaks of a GPU, the largest over a run's ranks (one GPU each).
+GPU_PEAKS = ("peak_gpu_gib", "peak_gpu_reserved_gib")
 
 
 def _max_or_none(values: Sequence[float | None]) -> float | None:
@@ -90,18 +100,25 @@ def e2e_samples(iterations: dict[str, Any], config: BenchConfig) -> list[float]:
     return samples
 
 
+def _dos_steps(runs: Sequence[dict[str, Any]], indices: Sequence[int]) -> list[dict[str, Any]]:
+    """The DOS update records of iterations ``indices`` of ``runs``, pooled. A run whose records are not one per
+    iteration contributes all of them after the first index's."""
+    steps = []
+    for r in runs:
+        record_steps = r["dos"]["steps"]
+        ran = len((r.get("iterations") or {}).get("iteration_ms") or [])
+        aligned = len(record_steps) == ran  # one update phase per iteration: the records follow the iterations
+        steps += _pick(record_steps, indices) if aligned else record_steps[min(indices, default=0):]
+    return steps
+
+
 def summarize_dos(runs: Sequence[dict[str, Any]], indices: Sequence[int]) -> dict[str, Any] | None:
     """Medians of the DOS manager's update records of iterations ``indices``, pooled over ``runs``; None without
     records. A run whose records are not one per iteration contributes all of them after the first index's."""
     with_dos = [r for r in runs if r.get("dos")]
     if not with_dos:
         return None
-    steps = []
-    for r in with_dos:
-        record_steps = r["dos"]["steps"]
-        ran = len((r.get("iterations") or {}).get("iteration_ms") or [])
-        aligned = len(record_steps) == ran  # one update phase per iteration: the records follow the iterations
-        steps += _pick(record_steps, indices) if aligned else record_steps[min(indices, default=0):]
+    steps = _dos_steps(with_dos, indices)
     first = with_dos[0]["dos"]
     summary: dict[str, Any] = {
         "active": first["active"],
@@ -130,6 +147,68 @@ def summarize_host_threads(ok: Sequence[dict[str, Any]], indices: Sequence[int])
     return out
 
 
+def rank_entries(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """A raw result's measurements per rank (``per_rank``); a result without them (hand-made, or from before they
+    were recorded) is its own rank 0."""
+    entries = run.get("per_rank")
+    if entries:
+        return list(entries)
+    keys = ("iterations", *HOST_PEAKS, *GPU_PEAKS, "dos", "iteration_timeline")
+    return [{"rank": 0, **{key: run.get(key) for key in keys}}]
+
+
+def _sum_or_none(values: Sequence[float | None]) -> float | None:
+    """The sum, or None when any value (or all: none given) is missing."""
+    present = [v for v in values if v is not None]
+    return sum(present) if present and len(present) == len(values) else None
+
+
+def run_peaks(run: dict[str, Any]) -> dict[str, float | None]:
+    """A raw result's peaks over its ranks: host peaks summed (the ranks share the host), GPU peaks the largest."""
+    entries = rank_entries(run)
+    peaks = {name: _sum_or_none([e.get(name) for e in entries]) for name in HOST_PEAKS}
+    peaks.update({name: _max_or_none([e.get(name) for e in entries]) for name in GPU_PEAKS})
+    return peaks
+
+
+def summarize_ranks(ok: Sequence[dict[str, Any]], config: BenchConfig) -> list[dict[str, Any]]:
+    """Each rank's own figures, pooled over the successful repeats ``ok``: its synchronised and end-to-end iteration
+    samples and medians, its end times and losses (first repeat), peak host and GPU memory, DOS update phases (the
+    medians of :func:`summarize_dos` and ``update_ms`` of every measured update phase) and iteration timeline."""
+    by_rank: dict[int, list[dict[str, Any]]] = {}
+    for run in ok:
+        for entry in rank_entries(run):
+            by_rank.setdefault(int(entry.get("rank", 0)), []).append(entry)
+    indices = config.phase_iterations
+    out = []
+    for rank, entries in sorted(by_rank.items()):
+        iterations = [e.get("iterations") or {} for e in entries]
+        synchronised = [v for it in iterations for v in _pick(it.get("iteration_ms"), indices)
+                        if v is not None and math.isfinite(v)]
+        e2e = [v for it in iterations for v in e2e_samples(it, config)]
+        with_dos = [e for e in entries if e.get("dos")]
+        dos = summarize_dos(with_dos, indices)
+        if dos is not None:
+            dos["update_ms_per_step"] = [step["update_ms"] for step in _dos_steps(with_dos, indices)]
+        losses = iterations[0].get("loss") or []
+        out.append({
+            "rank": rank,
+            "iteration_ms": median(synchronised),
+            "iteration_ms_samples": synchronised,
+            "e2e_iteration_ms": median(e2e),
+            "e2e_samples": e2e,
+            "end_s": iterations[0].get("end_s"),
+            "final_loss": losses[-1] if losses else None,
+            "losses": losses,
+            **{name: _max_or_none([e.get(name) for e in entries]) for name in (*HOST_PEAKS, *GPU_PEAKS)},
+            "dos": dos,
+            "iteration_timeline": next((e["iteration_timeline"] for e in entries if e.get("iteration_timeline")),
+                                       None),
+            "cores": entries[0].get("cores"),
+        })
+    return out
+
+
 def aggregate(spec: RunSpec, runs: Sequence[dict[str, Any]], config: BenchConfig,
               model: dict[str, Any]) -> dict[str, Any]:
     """The result of one configuration from its repeats' raw results (any status)."""
@@ -141,12 +220,13 @@ def aggregate(spec: RunSpec, runs: Sequence[dict[str, Any]], config: BenchConfig
         "label": spec.label,
         "strategy": spec.strategy,
         "plan": spec.plan,
+        "devices": spec.devices,
         "status": status,
         "reason": "; ".join(str(r) for r in reasons) if reasons else None,
         "repeats": len(runs),
         "repeats_ok": len(ok),
     }
-    tokens = config.tokens_per_iteration
+    tokens = config.global_tokens_per_iteration(spec.devices)  # every rank's: the figures below are totals
     result["tokens_per_iteration"] = tokens
     # the headline: end to end, unsynchronised
     e2e = spread([v for r in ok for v in e2e_samples(r["iterations"], config)])
@@ -166,8 +246,11 @@ def aggregate(spec: RunSpec, runs: Sequence[dict[str, Any]], config: BenchConfig
     result["tokens_per_s"] = tokens / (iteration_ms / 1e3) if iteration_ms else None
     flops = model.get("flops_per_token")
     result["tflops_per_s"] = result["tokens_per_s"] * flops / 1e12 if result["tokens_per_s"] and flops else None
+    peaks = [run_peaks(r) for r in ok]
     for name in PEAK_FIELDS:
-        result[name] = _max_or_none([r.get(name) for r in ok])
+        result[name] = _max_or_none([p[name] for p in peaks])
+    per_rank = summarize_ranks(ok, config)
+    result["peak_host_gib_per_rank"] = [r["peak_host_gib"] for r in per_rank]
     losses = ok[0]["iterations"]["loss"] if ok else []
     result["final_loss"] = losses[-1] if losses else None
     result["losses"] = losses
@@ -175,6 +258,7 @@ def aggregate(spec: RunSpec, runs: Sequence[dict[str, Any]], config: BenchConfig
     result["host_threads"] = summarize_host_threads(ok, phase_indices)
     result["iteration_timeline"] = next((r["iteration_timeline"] for r in ok if r.get("iteration_timeline")), None)
     result["device"] = ok[0].get("device") if ok else None
+    result["per_rank"] = per_rank
     result["runs"] = [
         {
             "repeat": r.get("repeat", 0),
@@ -205,15 +289,20 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 
 def compare_to_baseline(results: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Add ``speedup_vs_zero3_offload`` and ``loss_vs_zero3_offload`` to every result; return the baseline.
+    """Add ``speedup_vs_zero3_offload`` and ``loss_vs_zero3_offload`` to every result, each against the baseline at
+    the same device count; return the baseline of the first device count that has one.
 
     Speedups are ratios baseline time / configuration time (> 1 is faster than vanilla offload): ``e2e_iteration``
     end to end (None where either has no end-to-end figure), the others synchronised. Loss agreement
     is the absolute and relative difference of the final loss and the largest absolute difference over all
-    iterations, both runs' first successful repeat.
+    iterations, both runs' first successful repeat (rank 0's losses).
     """
-    base = next((r for r in results if r["strategy"] == BASELINE and r["iteration_ms"] is not None), None)
+    bases: dict[int, dict[str, Any]] = {}
     for r in results:
+        if r["strategy"] == BASELINE and r["iteration_ms"] is not None:
+            bases.setdefault(devices_of(r), r)
+    for r in results:
+        base = bases.get(devices_of(r))
         if base is None or r["iteration_ms"] is None:
             r["speedup_vs_zero3_offload"] = None
             r["loss_vs_zero3_offload"] = None
@@ -234,7 +323,49 @@ def compare_to_baseline(results: list[dict[str, Any]]) -> dict[str, Any] | None:
             "max_abs_diff": max((abs(a - b) for a, b in pairs), default=None),
             "iterations_compared": len(pairs),
         }
-    return base
+    return next(iter(bases.values()), None)
+
+
+def _scale(at_reference: float | None, at_n: float | None) -> dict[str, float | None]:
+    return {"reference": at_reference, "at_n": at_n, "ratio": _ratio(at_n, at_reference)}
+
+
+def scaling(results: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The data-parallel section: for each configuration that completed at the smallest device count and at a larger
+    one N, its speedup over ``zero3_offload`` at N against the same at the smallest count (end to end, and
+    synchronised), and its tokens/s at N over its tokens/s there. None with fewer than two device counts.
+
+    Each row: ``label`` (the configuration, without ``@dp<N>``), ``strategy``, ``plan``, ``devices`` (N),
+    ``reference_devices``, and ``{reference, at_n, ratio}`` for ``speedup_e2e``, ``speedup_iteration``,
+    ``e2e_tokens_per_s`` and ``tokens_per_s`` (the ratio is at N over at the reference: for speedups how much of the
+    advantage over vanilla data parallelism keeps, for tokens/s how throughput scales).
+    """
+    counts = sorted({devices_of(r) for r in results})
+    if len(counts) < 2:
+        return None
+    reference = counts[0]
+    done = {(base_label(r["label"]), devices_of(r)): r for r in results
+            if r["status"] == "ok" and r.get("iteration_ms") is not None}
+    rows = []
+    for devices in counts[1:]:
+        for r in results:
+            label = base_label(r["label"])
+            ref, at_n = done.get((label, reference)), done.get((label, devices))
+            if devices_of(r) != devices or ref is None or at_n is None:
+                continue
+            speedup = {key: (ref.get("speedup_vs_zero3_offload") or {}).get(key) for key in ("e2e_iteration",
+                                                                                            "iteration")}
+            speedup_n = {key: (at_n.get("speedup_vs_zero3_offload") or {}).get(key) for key in ("e2e_iteration",
+                                                                                               "iteration")}
+            rows.append({
+                "label": label, "strategy": r["strategy"], "plan": r["plan"], "devices": devices,
+                "reference_devices": reference,
+                "speedup_e2e": _scale(speedup["e2e_iteration"], speedup_n["e2e_iteration"]),
+                "speedup_iteration": _scale(speedup["iteration"], speedup_n["iteration"]),
+                "e2e_tokens_per_s": _scale(ref.get("e2e_tokens_per_s"), at_n.get("e2e_tokens_per_s")),
+                "tokens_per_s": _scale(ref.get("tokens_per_s"), at_n.get("tokens_per_s")),
+            })
+    return {"device_counts": counts, "reference_devices": reference, "baseline": BASELINE, "rows": rows}
 
 
 def bench_document(hardware: dict[str, Any], versions: dict[str, Any], config: BenchConfig, model: dict[str, Any],

@@ -11,6 +11,11 @@ too, all in the default list so that one bench on the GPU host compares every on
 offloaded), ``torchao_offload``, ``superoffload`` and ``zenflow``. A peer that cannot run here (no CUDA device,
 torchao not installed: ``pip install 'lightning-dos[peers]'``) still gets its row, with status ``failed`` and the
 first line of the error that says why, raised by its strategy before the model is built.
+
+Data parallelism (``--devices N [M ...]``): every configuration runs once per device count, its :class:`RunSpec`
+carrying ``devices``; the labels of the rows at more than one device get the suffix ``@dp<N>``. A kind that trains on
+one device only (``single_device``: ``plain``, ``torchao_offload``) still gets its rows at N > 1, ``skipped`` with
+the reason (:func:`single_device_reason`).
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ class RunSpec:
     """DOS plan as given, the static-split ratio (1.0 for zero3_offload), or None for no_offload and the peers."""
     repeat: int = 0
     """Index of this repeat, from 0."""
+    devices: int = 1
+    """Data-parallel ranks (devices) the configuration trains on; its label ends in ``@dp<N>`` above 1."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable copy."""
@@ -71,6 +78,8 @@ class StrategyKind:
     keeps_states_on_device: bool = False
     """Whether the model and optimizer states all stay on the GPU: then the harness skips the kind when they clearly
     cannot fit (unless ``--force-no-offload``)."""
+    single_device: bool = False
+    """Whether the kind trains on one device only: its rows at more than one device are skipped, with the reason."""
 
 
 def plan_argument(plan: str) -> str | float | list[str]:
@@ -164,10 +173,10 @@ KINDS: dict[str, StrategyKind] = {kind.name: kind for kind in (
             RunSpec(label="no_offload", strategy="no_offload", plan=None)], _no_offload, keeps_states_on_device=True),
     StrategyKind(
         "plain", "peer: no ZeRO, no offload, torch AdamW on one GPU (the floor one GPU can reach)",
-        _one_row("plain"), _plain, keeps_states_on_device=True),
+        _one_row("plain"), _plain, keeps_states_on_device=True, single_device=True),
     StrategyKind(
         "torchao_offload", "peer: torchao's CPUOffloadOptimizer on one CUDA GPU, no clipping (lightning-dos[peers])",
-        _one_row("torchao_offload"), _torchao_offload),
+        _one_row("torchao_offload"), _torchao_offload, single_device=True),
     StrategyKind(
         "superoffload", "peer: DeepSpeed SuperOffload, ZeRO-3 offload with super_offload (CUDA only)",
         _one_row("superoffload"), _superoffload),
@@ -179,9 +188,40 @@ KINDS: dict[str, StrategyKind] = {kind.name: kind for kind in (
 STRATEGIES = tuple(KINDS)
 
 
+#: The suffix of a row's label at more than one device: ``dos(auto)@dp2``.
+DP_SUFFIX = "@dp"
+
+
+def at_devices(spec: RunSpec, devices: int) -> RunSpec:
+    """``spec`` on ``devices`` data-parallel ranks; the label as given at one device, ``<label>@dp<N>`` above."""
+    label = spec.label if devices == 1 else f"{spec.label}{DP_SUFFIX}{devices}"
+    return dataclasses.replace(spec, label=label, devices=devices)
+
+
+def base_label(label: str) -> str:
+    """A row's label without its ``@dp<N>`` suffix: the configuration it measures at any device count."""
+    head, sep, tail = label.rpartition(DP_SUFFIX)
+    return head if sep and tail.isdigit() else label
+
+
 def expand(config: BenchConfig) -> list[RunSpec]:
-    """One ``RunSpec`` per configuration for repeat 0, in report order (the baseline first)."""
-    return [spec for name, kind in KINDS.items() if name in config.strategies for spec in kind.rows(config)]
+    """One ``RunSpec`` per configuration and device count for repeat 0, in report order: every configuration at the
+    first device count of ``config.devices`` (the baseline first), then at the next one."""
+    return [at_devices(spec, devices) for devices in config.devices
+            for name, kind in KINDS.items() if name in config.strategies for spec in kind.rows(config)]
+
+
+def devices_of(result: dict[str, Any]) -> int:
+    """The device count of a result or raw result (1 for those from before ``--devices``)."""
+    return int(result.get("devices") or 1)
+
+
+def single_device_reason(spec: RunSpec) -> str | None:
+    """Why ``spec`` cannot run at its device count (a single-device kind on several), or None to run it."""
+    kind = KINDS.get(spec.strategy)
+    if kind is None or not kind.single_device or spec.devices == 1:
+        return None
+    return f"single-GPU only: {spec.strategy} trains on one device; not run at {spec.devices} devices"
 
 
 def schedule(specs: list[RunSpec], repeats: int) -> list[RunSpec]:

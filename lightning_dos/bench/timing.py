@@ -179,8 +179,10 @@ class PhaseTimer(pl.Callback):
         return self._marks["end"]
 
     def last_iteration(self) -> dict[str, Any] | None:
-        """The last synchronised iteration: its number (from 1), its marks in ms since it started, and the update
-        phase that began within it (``update_index`` into :attr:`update_starts`, ``update_start_ms``), if any."""
+        """The last synchronised iteration: its number (from 1), when it started (``started_s``, ``perf_counter``:
+        comparable between the processes of one host, so the ranks' timelines can share an axis), its marks in ms
+        since it started, and the update phase that began within it (``update_index`` into :attr:`update_starts`,
+        ``update_start_ms``), if any."""
         if self._last is None:
             return None
         index, marks = self._last
@@ -189,6 +191,7 @@ class PhaseTimer(pl.Callback):
         update = inside[-1] if inside else None
         return {
             "iteration": index + 1,
+            "started_s": start,
             "marks_ms": {name: (t - start) * 1e3 for name, t in marks.items() if name != "start"},
             "update_index": update,
             "update_start_ms": None if update is None else (self.update_starts[update] - start) * 1e3,

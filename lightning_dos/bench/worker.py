@@ -15,6 +15,12 @@ every iteration, for a run stopped from outside.
 
 A failure is written as a result too (status ``oom`` or ``failed``, a one-line reason, and in a sweep what was
 measured before it and the plan in force), and the exit status is non-zero.
+
+On more than one device (``RunSpec.devices``) this process is rank 0 and ``Trainer(devices=N)`` has Lightning start
+the other ranks with the same command (:mod:`~lightning_dos.bench.ranks`). Every rank measures itself; after
+training the ranks' measurements are gathered to rank 0, which writes ``RESULT``: its own figures at the top level
+(the ranks' iterations are synchronised by the gradient all-reduce) and every rank's under ``per_rank``. The other
+ranks write nothing to ``RESULT`` (a failure goes to their own file beside it) and rank 0 waits for them to exit.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from lightning_dos.bench import ranks
 from lightning_dos.bench.config import AUTO, BenchConfig, sweep_schedule
 from lightning_dos.bench.results import write_json
 from lightning_dos.bench.strategies import RunSpec, build_strategy, plan_argument
@@ -126,11 +133,12 @@ def iteration_timeline(timer: Any, strategy: Any) -> dict[str, Any] | None:
     return {**last, "update": update}
 
 
-def build_trainer(config: BenchConfig, strategy: Any, workdir: Path, callbacks: list[Any]) -> Any:
-    """The bench's Trainer: one device, ``config.steps`` iterations, no validation, logging or checkpoints."""
+def build_trainer(config: BenchConfig, strategy: Any, workdir: Path, callbacks: list[Any], devices: int = 1) -> Any:
+    """The bench's Trainer: ``devices`` data-parallel ranks, ``config.steps`` iterations, no validation, logging or
+    checkpoints."""
     return pl.Trainer(
         accelerator=config.accelerator,
-        devices=1,
+        devices=devices,
         strategy=strategy,
         precision=config.precision,
         max_steps=config.steps,
@@ -171,9 +179,10 @@ def fit_and_measure(
         if on_strategy is not None:
             on_strategy(strategy)
         module = build_module(config)
-        data = build_data(config, module.config.vocab_size)
+        data = build_data(config, module.config.vocab_size, devices=spec.devices)
         timer = PhaseTimer(e2e_iterations=config.e2e_iterations)
-        trainer = build_trainer(config, strategy, workdir, [timer, *callbacks])
+        trainer = build_trainer(config, strategy, workdir, [timer, *callbacks], devices=spec.devices)
+        ranks.watch_children(trainer)
         fit_started = time.perf_counter()
         trainer.fit(module, datamodule=data)
         fit_s = time.perf_counter() - fit_started
@@ -185,6 +194,7 @@ def fit_and_measure(
         "status": "ok",
         "reason": None,
         **spec.to_dict(),
+        "rank": trainer.global_rank,
         "device": device_info(device),
         "iterations": {**timer.samples, "end_s": timer.ends, "loss": timer.losses, **timer.host},
         **gpu_peaks(device),
@@ -197,14 +207,30 @@ def fit_and_measure(
     return trainer, result
 
 
+#: What each rank reports of itself under ``per_rank`` (besides its rank).
+RANK_KEYS = ("iterations", "peak_host_gib", "peak_host_rss_sampled_gib", "ru_maxrss_gib", "peak_gpu_gib",
+             "peak_gpu_reserved_gib", "dos", "iteration_timeline", "device", "fit_s")
+
+
+def rank_entry(result: dict[str, Any], trainer: Any) -> dict[str, Any]:
+    """One rank's own measurements for ``per_rank``: its iterations (phase samples, end times, losses), peak host and
+    GPU memory, DOS update records and iteration timeline, and the cores it was bound to, if any."""
+    cores = getattr(trainer.strategy, "bound_cores", None)
+    return {"rank": trainer.global_rank, "local_rank": trainer.local_rank,
+            **{key: result.get(key) for key in RANK_KEYS}, "cores": None if cores is None else list(cores)}
+
+
 def run(config: BenchConfig, spec: RunSpec, workdir: Path) -> dict[str, Any]:
-    """Train ``config.steps`` iterations under ``spec`` and return the raw measurements."""
+    """Train ``config.steps`` iterations under ``spec`` and return the raw measurements (every rank's under
+    ``per_rank``, gathered to each rank: only rank 0's is written)."""
     trainer, result = fit_and_measure(config, spec, workdir, timeline=True)
-    return {
+    result = {
         **result,
         "dos": dos_records(trainer.strategy),
-        "timeline": save_timeline(trainer.strategy, workdir),
+        "timeline": save_timeline(trainer.strategy, workdir) if trainer.global_rank == 0 else None,
     }
+    result["per_rank"] = ranks.gather_to_rank0(rank_entry(result, trainer))
+    return result
 
 
 def is_oom(err: BaseException) -> bool:
@@ -420,7 +446,7 @@ def execute(payload: dict[str, Any], spec: RunSpec, workdir: Path) -> dict[str, 
 def serve(argv: list[str] | None, execute: Execute = execute) -> int:
     """The worker's entry: ``python -m lightning_dos.bench.worker CONFIG RESULT``. Reads ``CONFIG``, calls
     ``execute(payload, spec, run directory)`` and writes what it returns, or the failure it raised, to ``RESULT``;
-    0 when the status is ok."""
+    0 when the status is ok. A rank other than 0 writes nothing to ``RESULT``, only its failure, if any, beside it."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
         print("usage: python -m lightning_dos.bench.worker CONFIG.json RESULT.json", file=sys.stderr)
@@ -433,8 +459,14 @@ def serve(argv: list[str] | None, execute: Execute = execute) -> int:
     except Exception as err:  # every failure becomes a result; the traceback goes to the log
         traceback.print_exc()
         result = failure(spec, err)
+    ok = result["status"] == "ok"
+    rank = ranks.process_rank()
+    if rank != 0:
+        if not ok:
+            ranks.write_failure(result_path, rank, {"status": result["status"], "reason": result.get("reason")})
+        return 0 if ok else 1
     write_json(result_path, result)
-    return 0 if result["status"] == "ok" else 1
+    return 0 if ok else 1
 
 
 def exit_now(code: int) -> None:
@@ -447,8 +479,10 @@ def exit_now(code: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the configuration (or sweep process) in ``argv[0]`` and write its result to ``argv[1]``; 0 when it
-    succeeded."""
-    return serve(argv)
+    succeeded. Rank 0 of a multi-device run returns once the other ranks have exited."""
+    code = serve(argv)
+    ranks.wait_for_children(succeeded=code == 0)
+    return code
 
 
 if __name__ == "__main__":

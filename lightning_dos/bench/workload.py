@@ -86,8 +86,9 @@ def text_data(config: BenchConfig) -> Any:
                           seed=config.seed)
 
 
-def build_data(config: BenchConfig, vocab_size: int) -> Any:
-    """The data module a worker trains on; ``vocab_size`` is the model's."""
+def build_data(config: BenchConfig, vocab_size: int, devices: int = 1) -> Any:
+    """The data module a worker trains on; ``vocab_size`` is the model's. Over ``devices`` data-parallel ranks the
+    synthetic windows are split between them: each rank still gets ``config.steps`` batches of its own."""
     if config.data == "text":
         data = text_data(config)
         if data.vocab_size > vocab_size:
@@ -97,7 +98,7 @@ def build_data(config: BenchConfig, vocab_size: int) -> Any:
     from lightning_dos.data import SyntheticDataModule
 
     return SyntheticDataModule(vocab_size=vocab_size, seq_len=config.seq_len, batch_size=config.micro_batch,
-                               num_batches=config.steps, seed=config.seed)
+                               num_batches=config.steps * devices, seed=config.seed)
 
 
 def prepare_text(config: BenchConfig) -> None:

@@ -1,0 +1,109 @@
+"""Owns the ranks of a data-parallel worker (``--devices N``): who this process is, what it hands to rank 0, how a
+rank's failure reaches the parent, and the child processes rank 0 must not leave behind.
+
+The parent starts one worker process, rank 0; its ``Trainer(devices=N)`` has Lightning start ranks 1..N-1 by
+running the same command again (``python -m lightning_dos.bench.worker CONFIG RESULT``), as for any multi-process
+run. Every rank measures itself; after training, :func:`gather_to_rank0` collects each rank's measurements with
+``torch.distributed.all_gather_object`` (gloo and nccl alike) and rank 0 alone writes ``RESULT``. A rank other than 0
+that fails writes its one-line failure to :func:`failure_path` beside ``RESULT`` and exits non-zero; Lightning then
+stops rank 0, and the launcher reports that rank's failure (:func:`read_failures`) instead of a bare exit status.
+Rank 0 waits for its children to exit before it leaves (:func:`wait_for_children`), and stops any that hang.
+
+No torch import at module level: the parent's launcher reads failures from here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+#: Seconds rank 0 waits for its child ranks to exit after a successful run (they only have to leave).
+CHILD_EXIT_S = 60.0
+#: Seconds rank 0 gives its child ranks after its own failure (to write theirs), before stopping them.
+CHILD_FAILURE_GRACE_S = 5.0
+#: A non-zero rank's failure file, beside the result file: ``rank<R>.failure.json``.
+FAILURE_PATTERN = "rank*.failure.json"
+
+_launchers: list[Any] = []  # Lightning's launchers of this process: their ``procs`` are the ranks they started
+
+
+def process_rank() -> int:
+    """This process's rank on the host: Lightning sets ``LOCAL_RANK`` for the ranks it starts (and for rank 0 once
+    it started them); 0 before that, or in a single-device run."""
+    try:
+        return int(os.environ.get("LOCAL_RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def failure_path(result_path: Path, rank: int) -> Path:
+    """Where rank ``rank`` (> 0) writes its failure: beside the result file."""
+    return Path(result_path).with_name(f"rank{rank}.failure.json")
+
+
+def write_failure(result_path: Path, rank: int, failure: dict[str, Any]) -> None:
+    """Record a non-zero rank's failure (status and one-line reason) for the parent."""
+    path = failure_path(result_path, rank)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"rank": rank, **failure}), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_failures(run_dir: Path) -> list[dict[str, Any]]:
+    """The failures non-zero ranks recorded in ``run_dir``, by rank (unreadable files are left out)."""
+    failures = []
+    for path in sorted(Path(run_dir).glob(FAILURE_PATTERN)):
+        try:
+            failures.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return sorted(failures, key=lambda f: f.get("rank", 0))
+
+
+def clear_failures(run_dir: Path) -> None:
+    """Remove an earlier run's failure files from ``run_dir``."""
+    for path in Path(run_dir).glob(FAILURE_PATTERN):
+        path.unlink(missing_ok=True)
+
+
+def gather_to_rank0(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rank's ``entry``, in rank order (a collective: every rank calls it); ``[entry]`` without a process group.
+
+    All ranks get the list; only rank 0 writes it.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return [entry]
+    entries: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(entries, entry)
+    return sorted(entries, key=lambda e: e["rank"])
+
+
+def watch_children(trainer: Any) -> None:
+    """Follow the rank processes ``trainer``'s Lightning launcher starts from this one (call it once the Trainer is
+    built, before ``fit``: the launcher fills its list as it starts them; none but on rank 0 of a multi-device run)."""
+    launcher = getattr(trainer.strategy, "launcher", None)
+    if launcher is not None and isinstance(getattr(launcher, "procs", None), list) and launcher not in _launchers:
+        _launchers.append(launcher)
+
+
+def children() -> list[subprocess.Popen]:
+    """The rank processes started from this one so far."""
+    return [proc for launcher in _launchers for proc in launcher.procs]
+
+
+def wait_for_children(succeeded: bool) -> None:
+    """Wait for the child ranks to exit (up to :data:`CHILD_EXIT_S` after a success, :data:`CHILD_FAILURE_GRACE_S`
+    after a failure, when they may hang in a collective), then kill those still running: none is left behind."""
+    deadline = time.monotonic() + (CHILD_EXIT_S if succeeded else CHILD_FAILURE_GRACE_S)
+    for proc in children():
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
