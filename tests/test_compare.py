@@ -15,6 +15,7 @@ import wandb
 from lightning.pytorch.loggers import CSVLogger
 from matplotlib import image
 from torch.utils.data import DataLoader, TensorDataset
+from wandb_runs import read_finished_wandb_run
 
 from lightning_dos.cli import main as cli_main
 from lightning_dos.compare import (
@@ -152,7 +153,7 @@ def _wandb_run(root: Path, name: str, big: int = 0) -> Path:
 
 def test_wandb_reader_reads_what_wandb_wrote(tmp_path: Path) -> None:
     run_dir = _wandb_run(tmp_path, "w-zero3", big=100_000)  # a config record spanning several 32 KiB blocks
-    run = read_wandb_run(run_dir)
+    run = read_finished_wandb_run(run_dir)
     assert run.source == "wandb" and run.label == "w-zero3"
     assert run.wandb == {"name": "w-zero3", "group": "g", "job_type": "zero3", "tags": ["zero3", "cpu"],
                          "project": "p", "id": run.wandb["id"]} and run.wandb["id"]

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import wandb
 from wandb.sdk.wandb_run import Run as WandbRun
+from wandb_runs import read_finished_wandb_run
 
 from lightning_dos.cli import DOSLightningCLI
-from lightning_dos.compare import read_csv_run, read_wandb_run
+from lightning_dos.compare import read_csv_run
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 
@@ -78,6 +79,6 @@ def test_wandb_failing_mid_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
     keys, steps = _csv_keys(cli)
     assert {"dos/update_ms", "perf/iteration_ms", "perf/peak_host_gib", "train/loss"} <= keys
     # what W&B took before the failure stays in the W&B run; the CSV holds the rest, through the last step
-    logged = read_wandb_run(next((tmp_path / "runs" / "wandb").glob("offline-run-*")))
+    logged = read_finished_wandb_run(next((tmp_path / "runs" / "wandb").glob("offline-run-*")))
     assert sorted(step for step, _ in logged.history["train/loss"]) == [0, 1]
     assert steps == [2, 3]

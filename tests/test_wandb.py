@@ -21,13 +21,14 @@ import yaml
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch.utils.data import DataLoader, Dataset
+from wandb_runs import read_finished_wandb_run
 
 import lightning_dos
 import lightning_dos.bench.environment as environment
 from lightning_dos import DeepOptimizerStatesStrategy, ZeRO3OffloadStrategy, ZeRO3Strategy
 from lightning_dos.callbacks import PerfMetrics, batch_tokens, default_callbacks, host_in_use_gib, peak_host_gib
 from lightning_dos.cli import DOSLightningCLI, main
-from lightning_dos.compare import Run, read_csv_run, read_wandb_run
+from lightning_dos.compare import Run, read_csv_run
 from lightning_dos.loggers import DOSWandbLogger
 from lightning_dos.models.gpt import GPTConfig, num_params
 from lightning_dos.run_info import (
@@ -84,7 +85,7 @@ def strategy_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def read_back(strategy_runs: dict[str, Path]) -> dict[str, Run]:
-    return {name: read_wandb_run(path) for name, path in strategy_runs.items()}
+    return {name: read_finished_wandb_run(path) for name, path in strategy_runs.items()}
 
 
 def test_runs_land_offline_under_the_save_dir(strategy_runs: dict[str, Path]) -> None:
