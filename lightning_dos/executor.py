@@ -33,6 +33,11 @@ starts afresh otherwise.
 
 On a machine without an accelerator the device lane runs with the host standing in for the device: the
 same buffers, copies, ordering and write-back, with streams and events that complete immediately.
+``issue`` (``overlap=True``) runs the same two lanes on one persistent worker thread instead and returns at once
+with a :class:`~lightning_dos.phase.Phase`: the next forward and backward run meanwhile, each reader waiting at the
+phase's per-subgroup gates, and ``Phase.join`` returns the timings once everything has landed. The caller's stream
+then never waits for the update as a whole (the readers' gates order each read after its own subgroup's write).
+
 No DeepSpeed import here.
 """
 
@@ -41,11 +46,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from lightning_dos.phase import Phase
 from lightning_dos.planning.perf_model import PREFETCH_WINDOW, buffer_slots, early_prefetches
 from lightning_dos.planning.plan import Lane
 from lightning_dos.subgroup import Subgroup
@@ -94,6 +101,18 @@ class LaneTimings:
     started_s: float = 0.0
     """``time.perf_counter()`` when the update phase began: places its spans (relative to it) on another timeline."""
     events: list[dict[str, Any]] = field(default_factory=list)  # per-subgroup stage spans (s since start)
+
+
+@dataclass
+class _Begun:
+    """An update phase between ``UpdateExecutor._begin`` and ``_end``."""
+
+    t0: float
+    timings: LaneTimings
+    spans: list[Span]
+    start: Any
+    device_lane: _DeviceLane
+    host_ids: list[int]
 
 
 class _HostEvent:
@@ -158,6 +177,7 @@ class UpdateExecutor:
         self.streams = _Streams(self.device)
         self._upload: list[torch.Tensor] = []
         self._ahead: _DeviceLane | None = None
+        self._pool: ThreadPoolExecutor | None = None
 
     @torch.no_grad()
     def prefetch_ahead(
@@ -211,6 +231,85 @@ class UpdateExecutor:
     ) -> LaneTimings:
         """Update every subgroup once: ``lanes[i]`` says where; ``order`` is the device lane's order and
         ``host_order`` the host lane's (each: then any subgroup of that lane it left out, ascending)."""
+        begun = self._begin(lanes, order, buffers, subgroups, inv_scale, host_order)
+        host_done = self._run_host_lane(begun.host_ids, subgroups, host_step, begun.timings, begun.spans,
+                                        begun.device_lane)
+        device_done = begun.device_lane.issue_all()
+
+        # the caller's stream (next forward's all-gather) must see every param write
+        s = self.streams
+        for event in (*device_done, *host_done):
+            s.wait(s.current(), event)
+            event.synchronize()
+        begun.timings.total_s = time.perf_counter() - begun.t0
+        return self._end(begun)
+
+    @torch.no_grad()
+    def issue(
+        self,
+        lanes: Sequence[Lane],
+        order: Sequence[int],
+        buffers: int,
+        subgroups: Sequence[Subgroup],
+        inv_scale: torch.Tensor | float,
+        host_step: Callable[[int], None],
+        host_order: Sequence[int] = (),
+    ) -> Phase:
+        """``run``'s update, issued to the worker thread: returns at once with the phase in flight (see
+        :mod:`lightning_dos.phase`); ``Phase.join`` gives its timings. ``host_step`` then runs on the worker and
+        must read nothing the training loop may change meanwhile (hyperparameters are read when it is made)."""
+        begun = self._begin(lanes, order, buffers, subgroups, inv_scale, host_order)
+        phase = Phase(len(subgroups), self.streams.wait)
+        lane = begun.device_lane
+        lane.signals = phase
+        for k, prefetched in enumerate(lane.prefetched):  # issued before the phase began, on this thread
+            phase.read_grad(lane.ids[k], prefetched)
+        done: list[Any] = []
+
+        def work() -> None:
+            if self.streams.is_cuda:
+                torch.cuda.set_device(self.device)
+            with torch.no_grad():  # grad mode is per thread
+                done.extend(self._run_host_lane(begun.host_ids, subgroups, host_step, begun.timings, begun.spans,
+                                                lane, phase))
+                done.extend(lane.issue_all())
+            phase.worker_end = time.perf_counter()
+
+        def finish() -> LaneTimings:
+            for event in done:
+                event.synchronize()
+            timings = self._end(begun)
+            ends = [end for entry in timings.events for stage, span in entry.items()
+                    if stage not in ("subgroup", "lane") for end in span[1:]]
+            timings.total_s = max([phase.worker_end - begun.t0, *ends])
+            return timings
+
+        phase.start(self._worker(), work, finish)
+        return phase
+
+    def _worker(self) -> ThreadPoolExecutor:
+        """The one thread that runs issued update phases (started on first use, kept until ``close``)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dos-update")
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the worker thread (after the phase it runs, if any)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def _begin(
+        self,
+        lanes: Sequence[Lane],
+        order: Sequence[int],
+        buffers: int,
+        subgroups: Sequence[Subgroup],
+        inv_scale: torch.Tensor | float,
+        host_order: Sequence[int],
+    ) -> _Begun:
+        """What an update phase does on the calling thread before its lanes run: the early prefetches taken or
+        dropped, the start event, the device lane built and bound (its step counts and unscale factor copied)."""
         if len(lanes) != len(subgroups):
             raise ValueError(f"plan has {len(lanes)} lanes but the optimizer has {len(subgroups)} subgroups")
         t0 = time.perf_counter()
@@ -223,26 +322,24 @@ class UpdateExecutor:
             ahead = None
 
         s = self.streams
-        start = s.record(s.current(), timing=True)
-        for stream in (s.h2d, s.adam, s.flush, s.convert):
-            s.wait(stream, start)
-
         spans: list[Span] = []
         device_lane = ahead or _DeviceLane(s, device_ids, buffers, subgroups)
         timings.prefetched_ahead = len(device_lane.prefetched)
         if timings.prefetched_ahead:
             timings.lead_s = max(0.0, t0 - device_lane.issued_at)
         device_lane.bind(subgroups, inv_scale, timings, spans)
-        host_done = self._run_host_lane(host_ids, subgroups, host_step, timings, spans, device_lane)
-        device_done = device_lane.issue_all()
+        # after bind: its unscale factor and step counts are written on the caller's stream, which the lanes wait for
+        start = s.record(s.current(), timing=True)
+        for stream in (s.h2d, s.adam, s.flush, s.convert):
+            s.wait(stream, start)
+        return _Begun(t0, timings, spans, start, device_lane, host_ids)
 
-        # the caller's stream (next forward's all-gather) must see every param write
-        for event in (*device_done, *host_done):
-            s.wait(s.current(), event)
-            event.synchronize()
-        timings.total_s = time.perf_counter() - t0
+    def _end(self, begun: _Begun) -> LaneTimings:
+        """Once every event of the phase is complete: the upload ring's bytes and the per-stage spans."""
+        timings = begun.timings
         timings.device_buffer_bytes += sum(b.numel() * b.element_size() for b in self._upload)
-        _resolve_spans(start, t0, spans, timings, origin=device_lane.origin if timings.prefetched_ahead else None)
+        origin = begun.device_lane.origin if timings.prefetched_ahead else None
+        _resolve_spans(begun.start, begun.t0, begun.spans, timings, origin=origin)
         return timings
 
     # ------------------------------------------------------------------ host lane
@@ -254,8 +351,10 @@ class UpdateExecutor:
         timings: LaneTimings,
         spans: list[Span],
         device_lane: _DeviceLane,
+        phase: Phase | None = None,
     ) -> list[Any]:
-        """Run the host lane on this thread; between its subgroups, feed the device lane (see ``_DeviceLane``)."""
+        """Run the host lane on this thread; between its subgroups, feed the device lane (see ``_DeviceLane``).
+        With a ``phase`` (``issue``), tell its readers as each subgroup's gradient is free and its params written."""
         if not ids:
             return []
         ring = _UploadRing(self.streams, self._upload_buffers(max(subgroups[i].numel for i in ids)))
@@ -269,9 +368,13 @@ class UpdateExecutor:
             host_step(i)
             adam_done = _HostEvent()
             adam_done.record()
+            if phase is not None:
+                phase.read_grad(i)
             spans.append((i, "host", "adam", begin, adam_done))
             timings.host_compute_s += adam_done.time - begin.time
             up_begin, uploaded = ring.upload(sg.master, sg.param16)  # behind the prefetches already issued
+            if phase is not None:
+                phase.wrote(i, uploaded)
             spans.append((i, "host", "upload", up_begin, uploaded))
             timings.host_params += sg.numel
             timings.upload_bytes += sg.numel * sg.master.element_size()
@@ -355,6 +458,7 @@ class _DeviceLane:
         self.n_slots = buffer_slots(buffers, len(self.ids))
         self.window = PREFETCH_WINDOW
         self.early = early_prefetches(buffers, len(self.ids))  # the count the performance model predicts with
+        self.signals: Phase | None = None  # the phase in flight, when issued to the worker (``issue``)
         if not self.ids:
             return
         s = streams
@@ -450,6 +554,8 @@ class _DeviceLane:
             prefetched = s.record(s.h2d, timing=True)
         self.spans.append((i, "device", "prefetch", begin, prefetched))
         self.prefetched.append(prefetched)
+        if self.signals is not None:
+            self.signals.read_grad(i, prefetched)
         self.staged.append(views)
         self.sources.append(_sources(sg))
 
@@ -477,6 +583,8 @@ class _DeviceLane:
             sg.param16.copy_(master)  # 16-bit params in their own dtype, on the device
             adam_done = s.record(s.adam, timing=True)
             self.spans.append((i, "device", "adam", begin, adam_done))
+        if self.signals is not None:
+            self.signals.wrote(i, adam_done)
         with s.use(s.flush):
             s.wait(s.flush, adam_done)
             begin = s.record(s.flush, timing=True)

@@ -5,6 +5,11 @@ the real subgroup sizes (explicit plans) or asks the planner (``"auto"``), reads
 is free when the update phase begins (``dispatch``, called from ``on_before_optimizer_step``) and demotes
 device-lane subgroups to the host if they would not fit, runs the executor, and keeps a record of every
 step (plan, timings, bytes) for telemetry. No DeepSpeed import: the optimizer is duck-typed.
+
+With ``overlap=True`` the update phase is issued to the executor's worker thread and runs beside the next forward
+and backward (:mod:`lightning_dos.phase`); the manager joins it at the next dispatch, before any plan change and
+whenever asked (:meth:`OptimizerStateManager.join`), and records and calibrates it then: a step's record appears
+one step later than without overlap.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from typing import Any
 import torch
 
 from lightning_dos.executor import LaneTimings, UpdateExecutor
+from lightning_dos.phase import Phase
 from lightning_dos.planning.calibration import Calibrator, StepMeasurement, probe_plans
 from lightning_dos.planning.perf_model import CostParams, device_memory_bytes, predicted_makespan_s
-from lightning_dos.planning.plan import Plan, PlanSpec, parse_plan, resolve_plan
+from lightning_dos.planning.plan import Lane, Plan, PlanSpec, parse_plan, resolve_plan
 from lightning_dos.planning.planner import best_plan, demote_to_fit, kept_grads, rank_plans
 from lightning_dos.planning.trials import TRIAL_SOURCE, PlanTrials, TrialVerdict
 
@@ -71,6 +77,17 @@ class StepRecord:
     replanned: bool = False
 
 
+@dataclass
+class _InFlight:
+    """An issued update phase (``overlap=True``) and what its record will say."""
+
+    phase: Phase
+    plan: Plan
+    free_bytes: int | None
+    demoted: tuple[int, ...]
+    predicted_s: float
+
+
 class OptimizerStateManager:
     """Runs DOS update phases for one rank's ZeRO-3 optimizer."""
 
@@ -85,8 +102,10 @@ class OptimizerStateManager:
         cost: CostParams | None = None,
         cost_overrides: dict[str, float] | None = None,
         device_gradients: bool = True,
+        overlap: bool = False,
     ) -> None:
         self.optimizer = optimizer
+        self.overlap = overlap
         self.spec = plan
         self.device = torch.device(device)
         self.memory_budget_bytes = None if memory_budget_gib is None else int(memory_budget_gib * GIB)
@@ -118,8 +137,11 @@ class OptimizerStateManager:
         self._auto_steps = 0  # update phases run under auto since it started (its probe's included)
         self._replan_checked = 0  # auto's update phases done when it last (re-)planned or weighed a re-plan
         self.trials = self._new_trials()  # auto's measured comparisons of plans the model ranks close together
+        self._in_flight: _InFlight | None = None  # the phase issued and not yet joined (overlap)
         if self.active:
             optimizer.update_phase = self._update_phase
+            if overlap:
+                optimizer.enable_overlap(self.join)
             self._plan_gradients()
 
     # ------------------------------------------------------------------ planning
@@ -144,6 +166,7 @@ class OptimizerStateManager:
         """Replace the plan used from the next step on (call it before the backward of that step)."""
         if len(plan.lanes) != len(self.sizes):
             raise ValueError(f"plan: has {len(plan.lanes)} lanes, this rank has {len(self.sizes)} subgroups")
+        self.join()
         self.base_plan = plan
         self._plan_gradients()
 
@@ -155,6 +178,7 @@ class OptimizerStateManager:
         here. The plan sweep uses this (with :meth:`planning_state` and :meth:`restore`) to measure ``auto`` in the
         same process as the fixed plans it is compared with.
         """
+        self.join()
         probes = probe_plans(self.sizes, buffers=self.buffers or DEFAULT_BUFFERS)
         self.restore(PlanningState(spec=parse_plan("auto"),
                                    calibrator=Calibrator(self._start_cost, overrides=self._cost_overrides),
@@ -163,12 +187,14 @@ class OptimizerStateManager:
 
     def planning_state(self) -> PlanningState:
         """What decides the next plans, to be put back later with :meth:`restore` (the objects, not copies)."""
+        self.join()
         return PlanningState(spec=self.spec, calibrator=self.calibrator, base_plan=self.base_plan,
                              probes=self._probes, auto_steps=self._auto_steps, replan_checked=self._replan_checked,
                              trials=self.trials)
 
     def restore(self, state: PlanningState) -> None:
         """Plan from ``state`` from the next step on (call before that step's backward); the records are kept."""
+        self.join()
         self.spec = state.spec
         self.calibrator = state.calibrator
         self._probes = state.probes
@@ -182,6 +208,7 @@ class OptimizerStateManager:
         """The plan state a checkpoint keeps, JSON-serialisable: the plan asked for, the plan in force, what the
         calibration learnt and how far ``auto`` has come (probe done, trials had), so a resumed run plans on from
         there instead of probing again. Records stay behind (they are telemetry, already logged)."""
+        self.join()
         return {"version": PLAN_STATE_VERSION, "plan": self.spec.source, "sizes": list(self.sizes),
                 "base_plan": self.base_plan.to_json(), "calibrator": self.calibrator.state_dict(),
                 "auto_steps": self._auto_steps, "replan_checked": self._replan_checked,
@@ -191,6 +218,7 @@ class OptimizerStateManager:
         """Plan on from :meth:`state_dict`'s output (call before the next backward). Returns False, changing nothing,
         when the state belongs to another configuration: another ``plan`` or other subgroups (a changed
         ``sub_group_size`` or model), or another format; the run then plans as a new one would."""
+        self.join()
         if (state.get("version") != PLAN_STATE_VERSION or state.get("plan") != self.spec.source
                 or list(state.get("sizes", ())) != list(self.sizes)):
             log.warning("deep_optimizer_states: the checkpoint's plan state (plan %r, %d subgroups of %s parameters) "
@@ -247,7 +275,8 @@ class OptimizerStateManager:
     def dispatch(self) -> Plan:
         """Finalise this step's plan: fit the device lane into the memory free now and within the budget, and issue
         the device lane's first prefetches, so they overlap what runs before the update phase (overflow check,
-        gradient norm)."""
+        gradient norm). The phase still in flight, if any, is joined first (its calibration may change the plan)."""
+        self.join()
         plan = self.base_plan
         free = self.free_device_bytes()
         limit = self.memory_budget_bytes
@@ -268,17 +297,55 @@ class OptimizerStateManager:
 
     # ------------------------------------------------------------------ the update phase
     def _update_phase(self, optimizer: Any, host_step: Any, inv_scale: torch.Tensor) -> None:
+        self.join()
         if self._pending is None:
             self.dispatch()
         assert self._pending is not None
         plan, free, demoted, ahead = self._pending
         self._pending = None
+        if self.overlap:  # the worker must make no blocking copy: demoted gradients come to the host here
+            optimizer.grads_to_host([i for i, lane in enumerate(plan.lanes) if lane == Lane.HOST])
         subgroups = optimizer.subgroups()
         kept = frozenset(sg.index for sg in subgroups if sg.grad_on_device)  # these gradients need no prefetch
         cost = self.cost if ahead else replace(self.cost, dispatch_lead_s=0.0)  # no head start without early ones
         predicted = predicted_makespan_s(plan, self.sizes, cost, grads_on_device=kept)
+        if self.overlap:
+            phase = self.executor.issue(plan.lanes, plan.order, plan.buffers, subgroups, inv_scale, host_step,
+                                        host_order=plan.host_order)
+            self._in_flight = _InFlight(phase, plan, free, demoted, predicted)
+            optimizer.in_flight = phase
+            return
         timings = self.executor.run(plan.lanes, plan.order, plan.buffers, subgroups, inv_scale, host_step,
                                     host_order=plan.host_order)
+        self._record(plan, timings, free, demoted, predicted)
+
+    def join(self, raise_error: bool = True) -> None:
+        """Wait for the update phase in flight (``overlap=True``), if any, then record and calibrate it.
+
+        The worker's exception, if it failed, is raised here (unless a gate raised it already, or
+        ``raise_error`` is False: on the way out of a run that failed for another reason)."""
+        issued, self._in_flight = self._in_flight, None
+        if issued is None:
+            return
+        self.optimizer.in_flight = None
+        try:
+            timings = issued.phase.join()
+        except BaseException:
+            if raise_error:
+                raise
+            return
+        if timings is not None:
+            self._record(issued.plan, timings, issued.free_bytes, issued.demoted, issued.predicted_s)
+
+    def close(self) -> None:
+        """At the end of a run: join what is in flight (its failure, if any, is raised) and stop the worker."""
+        try:
+            self.join()
+        finally:
+            self.executor.close()
+
+    def _record(self, plan: Plan, timings: LaneTimings, free: int | None, demoted: tuple[int, ...],
+                predicted: float) -> None:
         record = StepRecord(
             step=len(self.records),
             plan=plan,

@@ -94,6 +94,11 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             ``activation_offload="nvme"`` only (DeepSpeed's own ``nvme_path`` is for parameter/optimizer offload).
         activation_min_tensor_bytes: saved storages smaller than this many bytes stay on the device.
         activation_keep_last_layers: the last this-many transformer blocks keep their activations on the device.
+        overlap: run each update phase on a worker thread beside the next forward and backward instead of before
+            them (exact: every read of a subgroup's params or host gradient waits for that subgroup's update; see
+            ``docs/optimizer-state-manager.md``). Off by default (not yet measured on a GPU host); one rank only, and
+            only where the interleaved update runs. DeepSpeed's throughput timer is then not synchronised unless
+            ``config`` says otherwise.
         **kwargs: any other argument of Lightning's ``DeepSpeedStrategy``.
     """
 
@@ -118,8 +123,13 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         activation_nvme_path: Optional[Union[str, Path]] = None,
         activation_min_tensor_bytes: int = DEFAULT_MIN_TENSOR_BYTES,
         activation_keep_last_layers: int = DEFAULT_KEEP_LAST_LAYERS,
+        overlap: bool = False,
         **kwargs: Any,
     ) -> None:
+        if not isinstance(overlap, bool):
+            raise ValueError(f"overlap: {overlap!r} is not true or false; set overlap: true to run the update beside "
+                             "the next forward, or false (the default)")
+        self.overlap = overlap
         self.activation_offload_callback = _activation_offload_callback(
             activation_offload, activation_nvme_path, activation_min_tensor_bytes, activation_keep_last_layers)
         self.plan_spec = parse_plan(plan)
@@ -168,6 +178,8 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         )
         if config is not None:
             _complete_user_config(self.config, pin_memory=pin_memory, sub_group_size=sub_group_size)
+        if overlap:
+            _overlap_config_defaults(self.config)
         validate_dos_config(self.config)
         self.manager: Any = None
 
@@ -206,6 +218,10 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
 
     @override
     def setup_environment(self) -> None:
+        if self.overlap and self.world_size > 1:  # before any process group is set up
+            raise MisconfigurationException(
+                f"overlap: runs on one rank only so far, and this run has {self.world_size}; set overlap: false "
+                "(or train on one device)")
         super().setup_environment()
         if self.bind_cores:
             from lightning_dos.host_binding import bind_rank_cores
@@ -238,6 +254,11 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
     @override
     def after_initialize(self, engine: Any, optimizer: Any) -> None:
         self.manager = self._build_manager(optimizer)
+        if self.overlap and not self.manager.active:
+            raise MisconfigurationException(
+                "overlap: needs the interleaved update, and this configuration runs DeepSpeed's own host-only update "
+                "(see the line above: e.g. an optimizer other than DeepSpeedCPUAdam, NVMe offload or a partial "
+                "offload ratio); set overlap: false, or a configuration the interleaved update supports")
 
     def _build_manager(self, ds_optimizer: Any) -> Any:
         from lightning_dos.manager import OptimizerStateManager
@@ -252,10 +273,49 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             cost_overrides=self.cost_overrides,
             # under gradient accumulation DeepSpeed's own gradient path runs: every gradient reaches the host
             device_gradients=int(self.config.get("gradient_accumulation_steps", 1)) == 1,
+            overlap=self.overlap,
         )
         persistent = self.persistence_threshold == PERSIST_ALL
         rank_zero_info(manager.describe() + ("; 16-bit parameters kept whole on the device" if persistent else ""))
         return manager
+
+    # ------------------------------------------------------------------ overlap: joins
+    def wait_for_update(self) -> None:
+        """Wait for the update phase running beside the forward (``overlap=True``), if any, and record it. Call it
+        from a callback before reading weights or optimizer state directly (an EMA, a weight histogram): the
+        strategy joins by itself before checkpoints, validation, plan changes and at the end of each epoch."""
+        if self.manager is not None:
+            self.manager.join()
+
+    @override
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        self.wait_for_update()  # Lightning's checkpoint dump reads the weights here first
+        return super().lightning_module_state_dict()
+
+    @override
+    def save_checkpoint(self, checkpoint: dict, filepath: Any, storage_options: Optional[Any] = None) -> None:
+        self.wait_for_update()
+        super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> dict[str, Any]:
+        self.wait_for_update()
+        return super().load_checkpoint(checkpoint_path, weights_only)
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        if self.manager is not None:
+            self.manager.join(raise_error=False)  # the run failed already: only make sure the worker is done
+        super().on_exception(exception)
+
+    @override
+    def teardown(self) -> None:
+        manager = self.manager
+        try:
+            if manager is not None:
+                manager.close()  # before the engine is released and before anyone reads the weights
+        finally:
+            super().teardown()
 
     # ------------------------------------------------------------------ hooks
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -286,6 +346,18 @@ class _DispatchCallback(Callback):
     ) -> None:
         if isinstance(trainer.strategy, DeepOptimizerStatesStrategy):
             trainer.strategy.on_before_optimizer_step(optimizer)
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.strategy.wait_for_update()  # the gates would do; joining is cheap and leaves the records current
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.strategy.wait_for_update()  # e.g. before DataLoader workers fork for the next epoch
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.strategy.wait_for_update()
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -376,6 +448,17 @@ def _complete_user_config(config: dict[str, Any], pin_memory: bool, sub_group_si
         zero.setdefault("sub_group_size", int(sub_group_size))
     else:
         zero.setdefault("sub_group_size", AUTO_SUB_GROUP_MAX)
+
+
+def _overlap_config_defaults(config: dict[str, Any]) -> None:
+    """With ``overlap``: DeepSpeed's throughput timer (on by default) synchronises the device at every forward and
+    step, which would wait for the update the forward is meant to overlap; it keeps timing on the host clock
+    unless the config sets ``timers.throughput.synchronized`` itself."""
+    timers = config.setdefault("timers", {})
+    if isinstance(timers, dict):
+        throughput = timers.setdefault("throughput", {})
+        if isinstance(throughput, dict):
+            throughput.setdefault("synchronized", False)
 
 
 def validate_dos_config(config: Optional[dict[str, Any]]) -> None:

@@ -105,6 +105,7 @@ def train(
     epoch_batches: int | None = None,
     save_to: str | None = None,
     accelerator: str = "cpu",
+    val_batches: int = 0,
 ) -> RunResult:
     rec = LossRecorder()
     callbacks: list[pl.Callback] = [rec]
@@ -126,10 +127,13 @@ def train(
         enable_model_summary=False,
         default_root_dir=root,
         callbacks=callbacks,
+        # with val_batches: validation after every training batch (the model needs a validation_step)
+        **({"val_check_interval": 1, "num_sanity_val_steps": 0} if val_batches else {}),
     )
     module = model or TinyLM()
     loader = token_loader(epoch_batches or steps * accumulate)
-    trainer.fit(module, train_dataloaders=loader, ckpt_path=ckpt_path)
+    val_loader = token_loader(val_batches, seed=99) if val_batches else None
+    trainer.fit(module, train_dataloaders=loader, val_dataloaders=val_loader, ckpt_path=ckpt_path)
     if save_to is not None:
         trainer.save_checkpoint(save_to)
     return RunResult(rec.losses, masters_of(trainer.strategy), rec.lrs, trainer.strategy, {"trainer": trainer})

@@ -22,6 +22,8 @@ def test_it_loads_the_ops_the_tests_use_from_their_folder(capsys: pytest.Capture
     printed = capsys.readouterr().out
     assert f"CPUAdamBuilder ready in {folder}" in printed
     assert (folder / "cpu_adam").is_dir()
+    assert f"GIL-free CPU Adam ready in {folder}" in printed
+    assert (folder / "dos_cpu_adam_nogil").is_dir()
 
 
 def test_a_failed_build_is_one_clear_error(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

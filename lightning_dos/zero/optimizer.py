@@ -8,7 +8,14 @@
   copy and DeepSpeed's checkpoint code saves all of it;
 - its ``step`` is vanilla's preamble (overflow check, global grad norm, loss scale) followed by one call
   to the attached update phase instead of the sequential per-subgroup loop;
-- ``subgroups()`` exposes each subgroup as a plain :class:`~lightning_dos.subgroup.Subgroup`.
+- ``subgroups()`` exposes each subgroup as a plain :class:`~lightning_dos.subgroup.Subgroup`;
+- with ``enable_overlap`` (``overlap=True``) its ``step`` returns once the update phase is issued to a worker
+  thread (:mod:`lightning_dos.phase`), and it gates every reader of what the phase writes: ZeRO-3's parameter
+  coordinator waits, per module, for the subgroups holding the module's params before it fetches them (forward,
+  backward, recompute, prefetches), the backward's copies into the host gradients wait until the update is done
+  with them, and everything else that reads optimizer state (checkpoints, ``safe_get_*``) joins the phase first.
+  The host lane then runs CPU Adam through the GIL-free op (:mod:`lightning_dos.zero.cpu_adam_nogil`) with the
+  hyperparameters read when the step was issued: Lightning steps the LR scheduler before the next forward.
 
 Everything below this module (executor, manager, planner) sees only plain objects.
 """
@@ -22,14 +29,21 @@ from typing import Any
 import torch
 from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.zero import stage3 as _stage3
+from deepspeed.runtime.zero.partitioned_param_coordinator import iter_params
+from deepspeed.utils import z3_leaf_module
 
 from lightning_dos.host_memory import PinnedRegistry
+from lightning_dos.phase import Phase
 from lightning_dos.subgroup import AdamHyper, Subgroup
 
 _VanillaStage3 = _stage3.DeepSpeedZeroOptimizer_Stage3
 
-#: Called with (optimizer, host_step, inv_scale) to run one update phase of every subgroup.
+#: Called with (optimizer, host_step, inv_scale) to run one update phase of every subgroup (or, with overlap, to
+#: issue it: the caller then sets ``in_flight``).
 UpdatePhase = Callable[["InterleavedZeroOptimizer", Callable[[int], None], torch.Tensor], None]
+#: The coordinator's name-mangled gather of a module's params (prefetches go through it too).
+_GATHER = "_PartitionedParameterCoordinator__all_gather_params"
+_ALLGATHER_STREAM = "_PartitionedParameterCoordinator__allgather_stream"
 #: One gradient partition of a reduce bucket: (param id, subgroup, offset in the subgroup, 1-D gradient).
 _GradPartition = tuple[int, int, int, torch.Tensor]
 #: Vanilla's ``_constant_buffered_norm2`` sums larger partitions chunk by chunk; those keep its code.
@@ -52,11 +66,20 @@ class InterleavedZeroOptimizer(_VanillaStage3):
     update_phase: UpdatePhase | None = None
     #: subgroups whose gradients stay on the device through the next backward (set by the manager)
     device_grad_subgroups: frozenset[int] = frozenset()
+    #: the update phase in flight (``overlap=True``; set by the manager when it issues one, cleared when it joins)
+    in_flight: Phase | None = None
+    #: joins the phase in flight (the manager's, which also records it); set by ``enable_overlap``
+    join_phase: Callable[[], None] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self._dos_supported():  # host-lane gradient copies ride the reduce stream: let backward run ahead of them
             self.max_param_reduce_events = max(self.max_param_reduce_events, REDUCE_EVENTS)
+        config = kwargs.get("ds_config")
+        zero = config.get("zero_optimization", {}) if isinstance(config, dict) else {}
+        self._dos_allgather_sequential = bool(zero.get("stage3_allgather_sequential",
+                                                       zero.get("allgather_sequential", False)))
+        self._dos_host_adam: Any = None
 
     # ------------------------------------------------------------------ pinned, single-home state
     def _create_fp32_partitions(self) -> None:
@@ -122,7 +145,6 @@ class InterleavedZeroOptimizer(_VanillaStage3):
     # ------------------------------------------------------------------ plain view for the layers below
     def subgroups(self) -> list[Subgroup]:
         """Every subgroup of this rank's partition, with the current hyperparameters of its param group."""
-        adamw = bool(getattr(self.optimizer, "adam_w_mode", True))
         out = []
         for i, master in enumerate(self.fp32_partitioned_groups_flat):
             group = self.optimizer.param_groups[self.sub_group_to_group_id[i]]
@@ -132,7 +154,6 @@ class InterleavedZeroOptimizer(_VanillaStage3):
                     "set bias_correction=True or plan='host'"
                 )
             state = self.optimizer.state[master]
-            beta1, beta2 = group["betas"]
             device_grad = self._device_grads().get(i)
             out.append(
                 Subgroup(
@@ -145,17 +166,22 @@ class InterleavedZeroOptimizer(_VanillaStage3):
                     grad=master.grad if device_grad is None else device_grad,
                     grad_on_device=device_grad is not None,
                     param16=self.fp16_partitioned_groups_flat[i],
-                    hyper=AdamHyper(
-                        lr=float(group["lr"]),
-                        beta1=float(beta1),
-                        beta2=float(beta2),
-                        eps=float(group["eps"]),
-                        weight_decay=float(group["weight_decay"]),
-                        adamw=adamw,
-                    ),
+                    hyper=self._hyper(group),
                 )
             )
         return out
+
+    def _hyper(self, group: dict[str, Any]) -> AdamHyper:
+        """The current hyperparameters of a param group."""
+        beta1, beta2 = group["betas"]
+        return AdamHyper(
+            lr=float(group["lr"]),
+            beta1=float(beta1),
+            beta2=float(beta2),
+            eps=float(group["eps"]),
+            weight_decay=float(group["weight_decay"]),
+            adamw=bool(getattr(self.optimizer, "adam_w_mode", True)),
+        )
 
     def subgroup_sizes(self) -> list[int]:
         return [int(n) for n in self.fp16_partitioned_groups_flat_numel]
@@ -237,6 +263,7 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         """Host-lane partitions: fp32 into a device staging tensor in destination order, one async copy per run."""
         if not kept:
             return
+        self._wait_grads({i for _, i, _, _ in kept})
         fp32 = self.master_weights_and_grads_dtype
         for batch in _batches(sorted(kept, key=lambda g: (g[1], g[2])), _HOST_STAGING_NUMEL):
             staging = torch.empty(sum(g[3].numel() for g in batch), dtype=fp32, device=batch[0][3].device)
@@ -250,6 +277,24 @@ class InterleavedZeroOptimizer(_VanillaStage3):
                 host = self.fp32_partitioned_groups_flat[i].grad.narrow(0, offset, numel)
                 host.copy_(staging.narrow(0, pos, numel), non_blocking=True)  # pinned: the host does not wait
                 pos += numel
+
+    def _offload_grad_partition_at_boundary(self, param: Any, *args: Any, **kwargs: Any) -> Any:
+        """Vanilla's boundary copy into the host gradient (gradient accumulation), once the update is done with it."""
+        self._wait_grads((self.grad_position[self.get_param_id(param)][0],))
+        return super()._offload_grad_partition_at_boundary(param, *args, **kwargs)
+
+    def _wait_grads(self, ids: Any) -> None:
+        """Before the backward writes the host gradients of subgroups ``ids``: wait until the phase in flight, if
+        any, no longer reads them (on the current stream: the reduce stream, where the copies go)."""
+        phase = self.in_flight
+        if phase is not None:
+            phase.wait_grads(sorted(ids), stream=self._current_stream())
+
+    def grads_to_host(self, sub_group_ids: Any) -> None:
+        """Bring the device-kept gradients of ``sub_group_ids`` (host lane, demoted) to the host buffers now, on the
+        calling thread (a blocking copy: the worker of an overlapped phase must not make one)."""
+        for i in sub_group_ids:
+            self._grad_to_host(i)
 
     def _grad_to_host(self, sub_group_id: int) -> None:
         """A subgroup planned for the device lane was demoted: bring its device gradient to the host buffer."""
@@ -267,6 +312,7 @@ class InterleavedZeroOptimizer(_VanillaStage3):
             self._device_grads().clear()  # device gradients live from backward to the end of the update only
 
     def _interleaved_step(self) -> None:
+        self.wait_for_update()  # a phase still in flight (no dispatch joined it): done before its state is read
         # --- vanilla's preamble (deepspeed 0.19.8 stage3.step), unchanged
         self._pre_step()
         self._partition_all_parameters()
@@ -296,12 +342,100 @@ class InterleavedZeroOptimizer(_VanillaStage3):
             self._optimizer_step(sub_group_id)
 
         self._ensure_state_homes()
+        if self._dos_host_adam is not None:
+            host_step = self._overlapped_host_step(scaled_global_grad_norm, unit_scale)
         self.update_phase(self, host_step, inv_scale)
         for sub_group_id in range(len(self.fp16_groups)):
-            self._unflatten_partitioned_parameters(sub_group_id)
+            self._unflatten_partitioned_parameters(sub_group_id)  # views only: nothing is read
+        phase = self.in_flight
+        if phase is not None and self._persistent_gather_reads():
+            phase.wait_params(self._persistent_subgroups(), self._read_streams(current_only=True))
 
         self.timers(_stage3.OPTIMIZER_STEP_TIMER).stop()
         self._post_step(timer_names)
+
+    def _overlapped_host_step(self, scaled_global_grad_norm: Any, unit_scale: bool) -> Callable[[int], None]:
+        """The host lane's step for a worker thread: unscale/clip (vanilla's code), then CPU Adam through the GIL-free
+        op with each param group's hyperparameters and state read now, on this thread (the scheduler changes the lr
+        before the next forward, while the worker may still run). Demoted gradients are already on the host."""
+        groups = self.optimizer.param_groups
+        hypers = [self._hyper(group) for group in groups]
+        bias_correction = [bool(group.get("bias_correction", True)) for group in groups]
+        states = [self.optimizer.state[master] for master in self.fp32_partitioned_groups_flat]
+        adam = self._dos_host_adam
+
+        def host_step(sub_group_id: int) -> None:
+            if not unit_scale:
+                self.unscale_and_clip_grads(sub_group_id, scaled_global_grad_norm)
+            gid = self.sub_group_to_group_id[sub_group_id]
+            adam.step(states[sub_group_id], self.fp32_partitioned_groups_flat[sub_group_id], hypers[gid],
+                      bias_correction[gid])
+
+        return host_step
+
+    # ------------------------------------------------------------------ overlap: gates and joins
+    def enable_overlap(self, join: Callable[[], None]) -> None:
+        """Let ``step`` return with its update phase in flight: gate every reader of what it writes (see the module
+        docstring). ``join`` joins the phase in flight (the manager's); call before the first step."""
+        from lightning_dos.zero.cpu_adam_nogil import HostAdam
+
+        self.join_phase = join
+        self._dos_host_adam = HostAdam(self.optimizer.defaults, bool(getattr(self.optimizer, "adam_w_mode", True)))
+        self._dos_subgroup_of = {p.ds_id: i for i, group in enumerate(self.fp16_groups) for p in group}
+        coordinator = self._get_param_coordinator()
+        fetch = coordinator.fetch_sub_module
+        gather = getattr(coordinator, _GATHER)
+        allgather_stream = getattr(coordinator, _ALLGATHER_STREAM, None)
+
+        def gated_fetch(module: torch.nn.Module, forward: bool) -> Any:
+            phase = self.in_flight
+            if phase is not None:  # the module's kernels and any gather of its params read its subgroups
+                params = iter_params(module, recurse=z3_leaf_module(module))
+                phase.wait_params(self._subgroups_of(params), self._read_streams(allgather_stream))
+            return fetch(module, forward=forward)
+
+        def gated_gather(params: Any, forward: bool) -> Any:
+            phase = self.in_flight
+            if phase is not None:  # prefetches read later modules' partitions before those modules' fetch
+                phase.wait_params(self._subgroups_of(params), self._read_streams(allgather_stream))
+            return gather(params, forward)
+
+        coordinator.fetch_sub_module = gated_fetch
+        setattr(coordinator, _GATHER, gated_gather)
+
+    def wait_for_update(self) -> None:
+        """Join the update phase in flight, if any (its writes are then complete, its timings recorded)."""
+        if self.in_flight is not None and self.join_phase is not None:
+            self.join_phase()
+
+    def _subgroups_of(self, params: Any) -> list[int]:
+        """The subgroups holding ``params`` (frozen params are in none: nothing updates them)."""
+        owner = self._dos_subgroup_of
+        return sorted({owner[p.ds_id] for p in params if p.ds_id in owner})
+
+    def _persistent_subgroups(self) -> list[int]:
+        return self._subgroups_of(self.persistent_parameters)
+
+    def _persistent_gather_reads(self) -> bool:
+        """Whether ``_post_step``'s gather of the persistent params reads their partitions. At world size 1 the
+        coalesced gather only makes each param a view of its partition; the sequential one (a single persistent
+        param, or ``stage3_allgather_sequential``) copies, as does any real gather across ranks."""
+        params = self.persistent_parameters
+        if not params:
+            return False
+        return self._dos_allgather_sequential or len(params) == 1 or getattr(self, "partition_count", 1) > 1
+
+    def _current_stream(self) -> Any:
+        return None if get_accelerator().is_synchronized_device() else get_accelerator().current_stream()
+
+    def _read_streams(self, allgather_stream: Any = None, current_only: bool = False) -> tuple[Any, ...]:
+        """The streams that read the 16-bit params next: the current one (kernels), and the coordinator's gathers."""
+        if get_accelerator().is_synchronized_device():
+            return ()
+        current = get_accelerator().current_stream()
+        if current_only or allgather_stream is None or allgather_stream is current:
+            return (current,)
+        return (current, allgather_stream)
 
     def _inverse_combined_scale(self, total_norm: Any) -> torch.Tensor:
         """The factor ``unscale_and_clip_grads`` multiplies every gradient by (same arithmetic, one place)."""
@@ -313,8 +447,33 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         inv = 1.0 / combined_scale
         return inv if torch.is_tensor(inv) else torch.tensor(inv, dtype=torch.float32)
 
-    # ------------------------------------------------------------------ checkpoints
+    # ------------------------------------------------------------------ checkpoints and other readers: joined first
+    def state_dict(self) -> Any:
+        self.wait_for_update()
+        return super().state_dict()
+
+    def _get_fp32_opt_state_partition(self, *args: Any, **kwargs: Any) -> Any:
+        self.wait_for_update()
+        return super()._get_fp32_opt_state_partition(*args, **kwargs)
+
+    def _get_fp32_grad_state_partition(self, *args: Any, **kwargs: Any) -> Any:
+        self.wait_for_update()
+        return super()._get_fp32_grad_state_partition(*args, **kwargs)
+
+    def get_fp32_grad_partitions(self) -> Any:
+        self.wait_for_update()
+        return super().get_fp32_grad_partitions()
+
+    def offload_states(self, *args: Any, **kwargs: Any) -> Any:
+        self.wait_for_update()
+        return super().offload_states(*args, **kwargs)
+
+    def reload_states(self, *args: Any, **kwargs: Any) -> Any:
+        self.wait_for_update()
+        return super().reload_states(*args, **kwargs)
+
     def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        self.wait_for_update()
         homes = self._state_homes()
         out = super().load_state_dict(*args, **kwargs)
         self._restore_homes(homes)

@@ -1,0 +1,90 @@
+"""The GIL-free CPU Adam op: DeepSpeed's kernel bit for bit, and a thread running it leaves the interpreter free."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import torch
+from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+from lightning_dos.subgroup import AdamHyper
+from lightning_dos.zero.cpu_adam_nogil import HostAdam
+
+BETAS = (0.9, 0.95)
+
+
+def _lr(step: int) -> float:
+    return 1e-2 / (1.0 + 0.3 * step)
+
+
+def test_bitwise_equal_to_deepspeed_cpu_adam_with_an_lr_that_changes_every_step() -> None:
+    torch.manual_seed(0)
+    n = 10_000
+    start = torch.randn(n)
+    grads = [torch.randn(n) for _ in range(5)]
+    reference = torch.nn.Parameter(start.clone())
+    ds = DeepSpeedCPUAdam([reference], lr=_lr(0), betas=BETAS, eps=1e-8, weight_decay=0.1)
+    master = start.clone()
+    state = {"step": 0, "exp_avg": torch.zeros(n), "exp_avg_sq": torch.zeros(n)}
+    ours = HostAdam(ds.defaults, adamw=True)
+    for step, grad in enumerate(grads):
+        for group in ds.param_groups:
+            group["lr"] = _lr(step)
+        reference.grad = grad.clone()
+        ds.step()
+        master.grad = grad.clone()
+        ours.step(state, master, AdamHyper(lr=_lr(step), beta1=BETAS[0], beta2=BETAS[1], eps=1e-8,
+                                           weight_decay=0.1, adamw=True))
+        expected = ds.state[reference]
+        assert torch.equal(master, reference.data), f"step {step}"
+        assert torch.equal(state["exp_avg"], expected["exp_avg"]) and torch.equal(state["exp_avg_sq"],
+                                                                                  expected["exp_avg_sq"])
+        assert state["step"] == expected["step"] == step + 1
+    assert not torch.equal(master, start)
+    ours.close()
+    ours.close()  # once only
+
+
+def _main_thread_ran_during(update: object) -> bool:
+    """Whether the main thread ran Python while a worker thread was inside ``update``.
+
+    The GIL's switch interval is set far beyond the test, so a thread holding the GIL is never made to hand it over:
+    the main thread, waiting for the worker to start, gets the GIL back during the update only if the update
+    releases it. The answer is then a matter of order, not of timing."""
+    ended: list[float] = []
+
+    def work() -> None:
+        update()
+        ended.append(time.perf_counter())
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
+    try:
+        worker = threading.Thread(target=work)
+        worker.start()  # returns once the worker has started: the worker holds the GIL until it releases it
+        resumed = time.perf_counter()
+        worker.join()
+    finally:
+        sys.setswitchinterval(interval)
+    return resumed < ended[0]
+
+
+def test_a_thread_in_cpu_adam_does_not_hold_the_gil() -> None:
+    """While a worker thread runs an update, the main thread runs Python; with DeepSpeed's own binding (the
+    negative control) it cannot until the update is over."""
+    n = 10_000_000
+    master = torch.zeros(n)
+    master.grad = torch.ones(n)
+    state = {"step": 0, "exp_avg": torch.zeros(n), "exp_avg_sq": torch.zeros(n)}
+    defaults = {"lr": 1e-3, "betas": BETAS, "eps": 1e-8, "weight_decay": 0.0}
+    adam = HostAdam(defaults, adamw=True)
+    hyper = AdamHyper(lr=1e-3, beta1=BETAS[0], beta2=BETAS[1], eps=1e-8, weight_decay=0.0, adamw=True)
+    assert _main_thread_ran_during(lambda: adam.step(state, master, hyper))
+    assert state["step"] == 1
+
+    held = DeepSpeedCPUAdam([torch.nn.Parameter(torch.zeros(1))], **defaults)
+    assert not _main_thread_ran_during(lambda: held.ds_opt_adam.adam_update(
+        held.opt_id, 1, 1e-3, BETAS[0], BETAS[1], 1e-8, 0.0, True, master, master.grad, state["exp_avg"],
+        state["exp_avg_sq"]))

@@ -1,0 +1,411 @@
+"""``overlap=True``: the update phase runs on a worker thread beside the next forward and backward, exactly.
+
+On this CPU machine the host stands in for the device, so the worker's writes of the 16-bit params are plain CPU
+copies racing the training loop's forward: a missing gate is a real data race. Every run has clipping active and an
+lr that changes at every step (``parity.train``), so a host lane that read the lr after the scheduler moved it, or a
+forward that read a subgroup before its update landed, would drift from the control at once.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from parity import TinyLM, make_strategy, rel, train
+
+from lightning_dos import DeepOptimizerStatesStrategy
+from lightning_dos.executor import UpdateExecutor
+from lightning_dos.phase import Phase
+from lightning_dos.planning.plan import Lane, Plan
+from lightning_dos.zero.cpu_adam_nogil import HostAdam
+from lightning_dos.zero.optimizer import InterleavedZeroOptimizer
+
+CLIP = 0.05
+TOL = 1e-5
+RANDOM_LIST = ["device", "host", "host", "device", "device"]
+PLANS = ["host", "device", 0.5, "stride:2", RANDOM_LIST]
+
+
+def _ids(plan: object) -> str:
+    return "list" if isinstance(plan, list) else str(plan)
+
+
+def _overlap(plan: Any) -> DeepOptimizerStatesStrategy:
+    return make_strategy(plan, overlap=True)
+
+
+def _assert_tracks(run: Any, ref: Any) -> None:
+    """Per step within the fp32 tolerance of the control, and the same fp32 masters."""
+    assert len(run.losses) == len(ref.losses) and run.losses
+    for step, (a, b) in enumerate(zip(run.losses, ref.losses)):
+        assert abs(a - b) <= TOL * abs(b), f"step {step}: loss {a} vs {b}"
+    assert rel(run.masters, ref.masters) <= TOL
+
+
+def _assert_identical(run: Any, ref: Any) -> None:
+    assert run.losses == ref.losses
+    assert torch.equal(run.masters, ref.masters)
+
+
+@pytest.fixture(scope="module")
+def vanilla() -> Any:
+    return train(None, steps=6, clip=CLIP)
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=_ids)
+def test_every_plan_matches_vanilla_and_is_bit_identical_to_no_overlap(plan: Any, vanilla: Any) -> None:
+    run = train(plan, steps=6, clip=CLIP, strategy=_overlap(plan))
+    _assert_tracks(run, vanilla)
+    _assert_identical(run, train(plan, steps=6, clip=CLIP))
+    manager = run.strategy.manager
+    assert manager.overlap and len(manager.records) == 6  # the last one recorded at the end of the run
+    assert manager._in_flight is None and run.strategy.model.optimizer.in_flight is None
+    assert rel(run.masters, _initial_masters()) > 1e-3  # the update did change the weights
+
+
+def _initial_masters() -> torch.Tensor:
+    model = TinyLM()
+    model.configure_model()
+    return torch.cat([p.detach().float().flatten() for p in model.net.parameters()])
+
+
+def test_gradient_accumulation() -> None:
+    """With 2 micro-batches per step the update overlaps the first micro-batch's forward; the boundary backward's
+    copies into the host gradients (DeepSpeed's own accumulation path) wait for it."""
+    run = train(0.5, steps=4, accumulate=2, clip=CLIP, strategy=_overlap(0.5))
+    _assert_tracks(run, train(None, steps=4, accumulate=2, clip=CLIP))
+    _assert_identical(run, train(0.5, steps=4, accumulate=2, clip=CLIP))
+    assert len(run.strategy.manager.records) == 4
+
+
+class _ValTinyLM(TinyLM):
+    def __init__(self) -> None:
+        super().__init__()
+        self.val_losses: list[float] = []
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.val_losses.append(float(self.training_step(batch, batch_idx)))
+
+
+def test_validation_after_every_step() -> None:
+    runs = {}
+    for name, strategy in (("overlap", _overlap(0.5)), ("no_overlap", None), ("vanilla", make_strategy(None))):
+        model = _ValTinyLM()
+        runs[name] = (train(0.5, steps=4, clip=CLIP, strategy=strategy, model=model, val_batches=2), model)
+    (run, model), (off, off_model), (ref, ref_model) = runs["overlap"], runs["no_overlap"], runs["vanilla"]
+    assert len(model.val_losses) == 8
+    assert model.val_losses == off_model.val_losses
+    _assert_identical(run, off)
+    _assert_tracks(run, ref)
+    for a, b in zip(model.val_losses, ref_model.val_losses):
+        assert abs(a - b) <= TOL * abs(b)
+
+
+class _SaveWithPhaseInFlight(pl.Callback):
+    """Saves a checkpoint at the end of the first epoch, while the last step's update is still in flight (this
+    callback runs before the strategy's own epoch-end join)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.in_flight_at_save: bool | None = None
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.current_epoch == 0:
+            self.in_flight_at_save = trainer.strategy.manager._in_flight is not None
+            trainer.save_checkpoint(self.path)
+
+
+def test_a_checkpoint_saved_mid_run_resumes_to_the_uninterrupted_run(tmp_path: Path) -> None:
+    """6 steps in 2 epochs of 3; the checkpoint after the first epoch is saved with the third update in flight."""
+    full = train(0.5, steps=6, epoch_batches=3, clip=CLIP, strategy=_overlap(0.5))
+    saver = _SaveWithPhaseInFlight(tmp_path / "mid.ckpt")
+    saving = train(0.5, steps=6, epoch_batches=3, clip=CLIP, strategy=_overlap(0.5), every_step=saver)
+    assert saver.in_flight_at_save is True
+    _assert_identical(saving, full)  # saving joined the update; it changed nothing
+    resumed = train(0.5, steps=6, epoch_batches=3, clip=CLIP, strategy=_overlap(0.5),
+                    ckpt_path=str(tmp_path / "mid.ckpt"))
+    assert resumed.losses == full.losses[3:]
+    assert torch.equal(resumed.masters, full.masters)
+
+
+class _RandomPlanEveryStep(pl.Callback):
+    """A fresh random plan (lanes, buffering, host order) before every step."""
+
+    def __init__(self, seed: int = 7) -> None:
+        self.rng = random.Random(seed)
+        self.seen: set[str] = set()
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: object, batch: object, idx: int) -> None:
+        manager = trainer.strategy.manager
+        lanes = tuple(self.rng.choice([Lane.HOST, Lane.DEVICE]) for _ in manager.sizes)
+        host = [i for i, lane in enumerate(lanes) if lane is Lane.HOST]
+        self.rng.shuffle(host)
+        manager.set_plan(Plan(lanes=lanes, buffers=self.rng.choice([1, 2, 3]), source="random",
+                              host_order=tuple(host)))
+        self.seen.add("".join(lane.letter for lane in lanes))
+
+
+def test_a_plan_change_every_step(vanilla: Any) -> None:
+    cb = _RandomPlanEveryStep()
+    run = train("host", steps=6, clip=CLIP, strategy=_overlap("host"), every_step=cb)
+    assert len(cb.seen) > 1
+    _assert_tracks(run, vanilla)
+    _assert_identical(run, train("host", steps=6, clip=CLIP, every_step=_RandomPlanEveryStep()))
+
+
+def _sequential_gather(plan: Any, overlap: bool) -> DeepOptimizerStatesStrategy:
+    """ZeRO-3's persistent parameters gathered one by one (``stage3_allgather_sequential``): at the end of each step
+    the gather copies their partitions instead of viewing them, so it reads what the update writes."""
+    config = DeepOptimizerStatesStrategy(plan=plan, sub_group_size=2000).config
+    config["zero_optimization"]["stage3_allgather_sequential"] = True
+    return DeepOptimizerStatesStrategy(plan=plan, sub_group_size=2000, overlap=overlap, config=config)
+
+
+@pytest.mark.parametrize("variant", ["no_persistence", "sequential_gather"])
+def test_zero3_gather_variants(variant: str) -> None:
+    """No persistent parameters (every module's are gathered and prefetched in each forward and backward), and the
+    persistent ones gathered by copy: bit-identical to the same configuration without overlap."""
+    def strategy(overlap: bool) -> DeepOptimizerStatesStrategy:
+        if variant == "sequential_gather":
+            return _sequential_gather(0.5, overlap)
+        return DeepOptimizerStatesStrategy(plan=0.5, sub_group_size=2000, param_persistence=0, overlap=overlap)
+
+    run = train(0.5, steps=5, clip=CLIP, strategy=strategy(True))
+    _assert_identical(run, train(0.5, steps=5, clip=CLIP, strategy=strategy(False)))
+    opt = run.strategy.model.optimizer
+    assert (len(opt.persistent_parameters) > 0) == opt._persistent_gather_reads() == (variant == "sequential_gather")
+
+
+# ---------------------------------------------------------------------- the gates, with a delayed host lane
+class _HoldOneSubgroup(pl.Callback):
+    """Runs the host lane with the head's weight subgroup ``k`` last, and holds ``k``'s CPU Adam on the worker until
+    the training loop reaches a gate that needs it (the next forward's head, else the join), then 0.1 s more.
+
+    Per module forward (a pre-hook registered after DeepSpeed's, so it runs after the gate) it records whether the
+    module holds ``k`` and whether ``k``'s write had been issued when the module's compute began.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, hold: bool = True) -> None:
+        self.reached = threading.Event()
+        self.k_done = threading.Event()  # k's CPU Adam of the phase in flight has run
+        self.forwards: list[tuple[str, bool, bool]] = []  # (module, holds k, k written), while a phase is in flight
+        self.pending_after_step: list[bool] = []
+        self.timed_out = False
+        self.k = -1
+        self.target: Any = None
+        if hold:
+            self._patch(monkeypatch)
+
+    def _patch(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        host_step, wait_params, join, issue = HostAdam.step, Phase.wait_params, Phase.join, UpdateExecutor.issue
+
+        def held_step(adam: HostAdam, state: dict, master: torch.Tensor, *args: Any) -> None:
+            if master is self.target:
+                self.timed_out |= not self.reached.wait(10.0)
+                time.sleep(0.1)
+            host_step(adam, state, master, *args)
+            if master is self.target:
+                self.k_done.set()
+
+        def noting_wait(phase: Phase, ids: Any, streams: Any = ()) -> None:
+            ids = list(ids)
+            if self.k in ids or any(not phase.issued[i].is_set() for i in ids):
+                self.reached.set()  # the loop needs k now (or something queued behind it): let the worker go on
+            wait_params(phase, ids, streams)
+
+        def releasing_join(phase: Phase) -> Any:
+            self.reached.set()
+            return join(phase)
+
+        def fresh_issue(executor: UpdateExecutor, *args: Any, **kwargs: Any) -> Phase:
+            self.reached.clear()  # what set them belonged to the phase before
+            self.k_done.clear()
+            return issue(executor, *args, **kwargs)
+
+        monkeypatch.setattr(HostAdam, "step", held_step)
+        monkeypatch.setattr(Phase, "wait_params", noting_wait)
+        monkeypatch.setattr(Phase, "join", releasing_join)
+        monkeypatch.setattr(UpdateExecutor, "issue", fresh_issue)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        opt = trainer.strategy.model.optimizer
+        owner = {p.ds_id: i for i, group in enumerate(opt.fp16_groups) for p in group}
+        self.k = owner[pl_module.net[-1].weight.ds_id]
+        self.target = opt.fp32_partitioned_groups_flat[self.k]
+        manager = trainer.strategy.manager
+        others = [i for i in range(len(manager.sizes)) if i != self.k]
+        manager.set_plan(Plan(lanes=(Lane.HOST,) * len(manager.sizes), buffers=2, source="test",
+                              host_order=(*others, self.k)))
+        for name, module in pl_module.net.named_children():
+            holds = any(owner.get(p.ds_id) == self.k for p in module.parameters(recurse=False))
+            module.register_forward_pre_hook(partial(self._forward, trainer, name, holds))
+
+    def _forward(self, trainer: pl.Trainer, name: str, holds: bool, module: Any, args: Any) -> None:
+        phase = trainer.strategy.model.optimizer.in_flight
+        if phase is not None:
+            self.forwards.append((name, holds, phase.issued[self.k].is_set()))
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        phase = trainer.strategy.model.optimizer.in_flight
+        self.pending_after_step.append(phase is not None and not phase.issued[self.k].is_set())
+
+
+def test_a_delayed_host_lane_is_waited_for_by_exactly_the_modules_that_read_it(monkeypatch: pytest.MonkeyPatch
+                                                                               ) -> None:
+    reference = train("host", steps=5, clip=CLIP, every_step=_HoldOneSubgroup(monkeypatch, hold=False))
+    held = _HoldOneSubgroup(monkeypatch)
+    run = train("host", steps=5, clip=CLIP, strategy=_overlap("host"), every_step=held)
+    assert not held.timed_out
+    assert held.pending_after_step == [True] * 5  # optimizer.step returned before k's CPU Adam had run
+    head = [written for _, holds, written in held.forwards if holds]
+    assert len(head) == 4 and all(head)  # the head's forward began only once k was written ...
+    assert any(not written for _, holds, written in held.forwards if not holds)  # ... others ran before that
+    _assert_identical(run, reference)
+
+
+def test_without_the_gate_the_same_run_reads_stale_params(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: the gate a no-op, the head's forward runs before k's update lands and the losses differ
+    (so the test above has teeth)."""
+    reference = train("host", steps=5, clip=CLIP, every_step=_HoldOneSubgroup(monkeypatch, hold=False))
+    monkeypatch.setattr(Phase, "wait_params", lambda phase, ids, streams=(): None)
+    held = _HoldOneSubgroup(monkeypatch)
+    run = train("host", steps=5, clip=CLIP, strategy=_overlap("host"), every_step=held)
+    assert any(holds and not written for _, holds, written in held.forwards)
+    assert run.losses[0] == reference.losses[0] and run.losses[1:] != reference.losses[1:]
+
+
+class _WriteHostGradDuringUpdate(_HoldOneSubgroup):
+    """After the second step, with its update in flight and ``k`` held, a thread writes ``k``'s host gradient
+    through the backward's own path (``_send_host_grads``, the values already there: the run is unchanged) and
+    records whether ``k``'s CPU Adam had run when the write went through."""
+
+    writer: threading.Thread | None = None
+    adam_done_at_write: bool | None = None
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, idx: int) -> None:
+        super().on_train_batch_end(trainer)
+        if idx != 1:
+            return
+        opt = trainer.strategy.model.optimizer
+        weight = pl_module.net[-1].weight
+        param_id = opt.get_param_id(weight)
+        i, offset, numel = opt.grad_position[param_id]
+        same = opt.fp32_partitioned_groups_flat[i].grad.narrow(0, offset, numel).clone()
+
+        def write() -> None:
+            opt._send_host_grads([(param_id, i, offset, same)])
+            self.adam_done_at_write = self.k_done.is_set()
+
+        self.writer = threading.Thread(target=write)
+        self.writer.start()
+
+
+@pytest.mark.parametrize("gate", [True, False], ids=["gated", "negative_control"])
+def test_the_backwards_host_gradient_writes_wait_for_the_update_to_be_done_with_them(
+        gate: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not gate:
+        monkeypatch.setattr(Phase, "wait_grads", lambda phase, ids, stream=None: None)
+    writer = _WriteHostGradDuringUpdate(monkeypatch)
+    train("host", steps=3, clip=CLIP, strategy=_overlap("host"), every_step=writer)
+    assert writer.writer is not None
+    writer.writer.join(10.0)
+    assert not writer.timed_out
+    assert writer.adam_done_at_write is gate  # gated: not before CPU Adam had read the gradient
+
+
+def test_a_persistent_gather_that_copies_waits_for_the_update(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the sequential gather the step waits for the persistent parameters' subgroups before ``_post_step``;
+    without that wait (negative control) the gather copies the head's weight before its update lands."""
+    reference = train("host", steps=4, clip=CLIP, strategy=_sequential_gather("host", False),
+                      every_step=_HoldOneSubgroup(monkeypatch, hold=False))
+    held = _HoldOneSubgroup(monkeypatch)
+    _assert_identical(train("host", steps=4, clip=CLIP, strategy=_sequential_gather("host", True),
+                            every_step=held), reference)
+    assert not held.timed_out
+    monkeypatch.undo()
+    monkeypatch.setattr(InterleavedZeroOptimizer, "_persistent_gather_reads", lambda self: False)
+    stale = train("host", steps=4, clip=CLIP, strategy=_sequential_gather("host", True),
+                  every_step=_HoldOneSubgroup(monkeypatch))
+    assert stale.losses[0] == reference.losses[0] and stale.losses[1:] != reference.losses[1:]
+
+
+# ---------------------------------------------------------------------- failures
+@pytest.mark.parametrize("update", [3, 6], ids=["a_gate", "the_final_join"])
+def test_a_worker_failure_surfaces_in_the_training_loop_with_its_message(update: int,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 3rd update fails: the next forward's gate raises it; the 6th (the last) fails: the join at the end of
+    the run raises it. Nothing hangs and the worker thread is gone afterwards."""
+    host_step = HostAdam.step
+
+    def failing(adam: HostAdam, state: dict, *args: Any) -> None:
+        if state["step"] == update - 1:
+            raise RuntimeError(f"CPU Adam failed at update {update} (test)")
+        host_step(adam, state, *args)
+
+    monkeypatch.setattr(HostAdam, "step", failing)
+    with pytest.raises(RuntimeError, match=f"CPU Adam failed at update {update} \\(test\\)") as raised:
+        train("host", steps=6, clip=CLIP, strategy=_overlap("host"))
+    where = {entry.name for entry in raised.traceback}
+    assert "failing" in where  # the worker's own frames are kept
+    assert ("wait_params" in where) == (update == 3) and ("join" in where) == (update == 6)
+    assert not [t for t in threading.enumerate() if t.name.startswith("dos-update")]
+
+
+def test_a_failed_phase_releases_every_reader_and_raises_once() -> None:
+    phase = Phase(3, lambda stream, event: None)
+    error = ValueError("boom")
+
+    def work() -> None:
+        phase.wrote(0, None)
+        raise error
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        phase.start(pool, work, lambda: "timings")
+        with pytest.raises(ValueError, match="boom"):
+            phase.wait_params([0, 1, 2])
+        phase.wait_grads([2])  # released, and raised once already
+        assert phase.join() is None
+    assert all(e.is_set() for e in (*phase.issued, *phase.grad_free))
+
+    ok = Phase(1, lambda stream, event: None)
+    with ThreadPoolExecutor(1) as pool:
+        ok.start(pool, lambda: ok.wrote(0, None), lambda: "timings")
+        assert ok.join() == "timings" and ok.join() == "timings"
+
+
+# ---------------------------------------------------------------------- bad input and defaults
+def test_overlap_must_be_a_bool() -> None:
+    with pytest.raises(ValueError, match="overlap: 'yes'"):
+        DeepOptimizerStatesStrategy(overlap="yes")  # type: ignore[arg-type]
+
+
+def test_overlap_on_several_ranks_is_one_clear_error() -> None:
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=DeepOptimizerStatesStrategy(overlap=True),
+                         logger=False)
+    with pytest.raises(MisconfigurationException, match="overlap: runs on one rank only .* has 2; set overlap: false"):
+        trainer.strategy.setup_environment()
+
+
+def test_overlap_without_the_interleaved_update_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(InterleavedZeroOptimizer, "_dos_supported", lambda self: False)
+    with pytest.raises(MisconfigurationException, match="overlap: needs the interleaved update.*set overlap: false"):
+        train("host", steps=1, strategy=_overlap("host"))
+
+
+def test_the_throughput_timer_stops_synchronising_only_with_overlap() -> None:
+    assert "timers" not in DeepOptimizerStatesStrategy().config
+    assert DeepOptimizerStatesStrategy(overlap=True).config["timers"] == {"throughput": {"synchronized": False}}
+    config = DeepOptimizerStatesStrategy().config
+    config["timers"] = {"throughput": {"synchronized": True}}
+    user = DeepOptimizerStatesStrategy(overlap=True, config=config)
+    assert user.config["timers"] == {"throughput": {"synchronized": True}}  # the user's config wins
