@@ -1,4 +1,4 @@
-"""Owns ``lightning-dos bench``: measure optimizer-offload strategies on this host, in one of two modes.
+"""Owns ``lightning-dos bench``: measure optimizer-offload strategies on this host, in one of three modes.
 
 * **Strategy comparison** (the default): the same model, data, seed and batch under every strategy kind
   (vanilla ZeRO-3 optimizer offload, DeepSpeed's static split, Deep Optimizer States with ``auto`` and any fixed
@@ -7,12 +7,17 @@
   ``chart.png``.
 * **Plan sweep** (``--sweep``): per memory budget, one DOS process runs every fixed plan and ``auto`` interleaved,
   to check the performance model. Outputs: ``sweep.json``, ``sweep.md`` and ``sweep.png``.
+* **ROK curve** (``--activations keep recompute offload-host offload-nvme``): iteration time against peak activation
+  memory per activation placement under one strategy, and with ``--activation-budget-gib`` the largest micro-batch
+  each placement fits in that budget (:mod:`lightning_dos.bench.rok`). Outputs: ``rok.json``, ``rok.md`` and
+  ``rok.png``.
 
-Modules, each serving both modes: ``arguments`` (command line, recipes), ``config`` (settings), ``strategies``
+Modules, each serving every mode: ``arguments`` (command line, recipes), ``config`` (settings), ``strategies``
 (the strategy kinds compared: one entry per kind), ``workload`` (model and data), ``harness`` (the invocation),
 ``launcher`` (one worker process), ``worker`` (inside it, with ``timing`` and ``memory``; ``ranks`` for its
 data-parallel ranks), ``stats``, ``results`` (figures, documents), ``claims`` (what each mode checks), ``report``,
-``chart``, ``environment`` (hardware and versions). docs/bench.md is the user's guide.
+``chart``, ``environment`` (hardware and versions); the ROK curve's own modules are in the ``rok`` package.
+docs/bench.md is the user's guide.
 """
 
 from __future__ import annotations
@@ -69,12 +74,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(invocation: Invocation) -> int:
-    """The bench, or the sweep, of a parsed invocation; returns the exit status."""
+    """The bench, the sweep or the ROK curve of a parsed invocation; returns the exit status."""
     from lightning_dos.bench.harness import default_out_dir, dry_run_text, run_bench
 
     config = invocation.config
     if invocation.sweep is not None:
         return _sweep(invocation)
+    if invocation.rok is not None:
+        return _rok(invocation)
     if invocation.dry_run:
         print(dry_run_text(config))
         return 0
@@ -108,6 +115,33 @@ def _sweep(invocation: Invocation) -> int:
     print(f"{completed}/{len(processes)} processes completed; results in {out_dir}: sweep.json, sweep.md, sweep.png")
     for target in doc["targets"]:
         print(f"  {target['target']}: {target['status']}")
+    if doc.get("interrupted"):
+        return 130
+    return 0 if completed else 1
+
+
+def _rok(invocation: Invocation) -> int:
+    """``--activations``: the ROK curve; 0 when at least one placement completed, 1 when none did, 130 when
+    interrupted."""
+    from lightning_dos.bench.rok.harness import default_out_dir, dry_run_text, run_rok
+
+    rok = invocation.rok
+    assert rok is not None
+    if invocation.dry_run:
+        print(dry_run_text(rok))
+        return 0
+    now = datetime.now(timezone.utc)
+    out_dir = Path(rok.bench.out) if rok.bench.out else default_out_dir(rok, now)
+    rok.bench.out = str(out_dir)
+    doc = run_rok(rok, out_dir, now=now, resume=invocation.resume)
+    completed = sum(p["status"] == "ok" for p in doc["placements"])
+    print(f"{completed}/{len(doc['placements'])} placements completed; results in {out_dir}: rok.json, rok.md, "
+          "rok.png")
+    for search in (doc.get("budget") or {}).get("searches", []):
+        print(f"  {search['placement']}: largest micro-batch within {rok.budget_gib:g} GiB: "
+              f"{search['largest_micro_batch']} ({search['status']})")
+    for claim in doc["claims"]:
+        print(f"  {claim['claim']}: {claim['status']}")
     if doc.get("interrupted"):
         return 130
     return 0 if completed else 1

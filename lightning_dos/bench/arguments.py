@@ -5,7 +5,9 @@ gpt-2.7b), then ``--recipe FILE`` (a training recipe's model, data and precision
 ``--config FILE`` (JSON with the same keys), then the flags given. Flags that are not given leave the lower layers
 alone, so a recipe or config file can be tweaked from the command line. ``--sweep`` turns the invocation into a plan
 sweep (:class:`~lightning_dos.bench.config.SweepConfig`): the same model and data settings, with its own plan list,
-iterations per plan and memory budgets instead of the strategy comparison's options.
+iterations per plan and memory budgets instead of the strategy comparison's options. ``--activations`` turns it into
+a ROK curve (:class:`~lightning_dos.bench.rok.config.RokConfig`): the same settings under one strategy, with the
+placements, the NVMe directory, the activation offload's knobs and the micro-batch search's budget.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from lightning_dos.bench.config import DEFAULT_BUDGETS, DEFAULT_SWEEP_PLANS, BenchConfig, SweepConfig
+from lightning_dos.bench.rok.config import DEFAULT_DISK_PROBE_MIB, DEFAULT_MAX_MICRO_BATCH, DEFAULT_STRATEGY, RokConfig
+from lightning_dos.bench.rok.placements import PLACEMENTS
 from lightning_dos.bench.strategies import STRATEGIES, dos_plans, plan_argument
 
 PROG = "lightning-dos bench"
@@ -29,6 +33,9 @@ EPILOG = """examples:
   lightning-dos bench --dry-run                         # print the resolved config and configurations only
   lightning-dos bench --out runs/bench/x --resume       # continue a bench stopped by Ctrl-C or a time limit
   lightning-dos bench --sweep --model gpt-1b            # plan sweep: fixed plans vs auto, unlimited and quarter budget
+  lightning-dos bench --activations keep recompute offload-host offload-nvme --nvme-path /mnt/nvme/act
+                                                        # the ROK curve: time against activation memory, per placement
+  lightning-dos bench --activations keep offload-host --activation-budget-gib 20  # largest micro-batch in 20 GiB
 """
 #: Comparison options that mean nothing to a plan sweep (it picks its own strategies, plans and budgets).
 NOT_FOR_SWEEP = {"strategies": "--strategies", "ratios": "--ratios", "plans": "--plans (use --sweep-plans)",
@@ -37,6 +44,17 @@ NOT_FOR_SWEEP = {"strategies": "--strategies", "ratios": "--ratios", "plans": "-
                  "e2e_steps": "--e2e-steps (the sweep times update phases, every iteration synchronised)"}
 #: Options of the plan sweep only.
 SWEEP_ONLY = {"sweep_plans": "--sweep-plans", "steps_per_plan": "--steps-per-plan", "budgets": "--budgets"}
+#: Options of the ROK curve only (``--activations``), and the RokConfig field each sets.
+ROK_ONLY = {"nvme_path": ("--nvme-path", "nvme_path"),
+            "activation_budget_gib": ("--activation-budget-gib", "budget_gib"),
+            "activation_min_tensor_bytes": ("--activation-min-tensor-bytes", "min_tensor_bytes"),
+            "activation_keep_last_layers": ("--activation-keep-last-layers", "keep_last_layers"),
+            "max_micro_batch": ("--max-micro-batch", "max_micro_batch"),
+            "disk_probe_mib": ("--disk-probe-mib", "disk_probe_mib")}
+#: Options that mean nothing to the ROK curve (one strategy, one device, the placements set checkpointing).
+NOT_FOR_ROK = {"ratios": "--ratios", "repeats": "--repeats",
+               "force_no_offload": "--force-no-offload",
+               "activation_checkpointing": "--[no-]activation-checkpointing (each placement sets it)"}
 
 
 @dataclass
@@ -51,6 +69,8 @@ class Invocation:
     """Reuse the configurations that finished in ``--out`` with the same measurement settings (``--resume``)."""
     sweep: SweepConfig | None = None
     """The plan sweep to run instead of the strategy comparison (``--sweep``), or None."""
+    rok: RokConfig | None = None
+    """The ROK curve to run instead of the strategy comparison (``--activations``), or None."""
 
 
 def _count(text: str) -> int:
@@ -115,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="static-split ratios, share of the state kept on the host (default 0.25 0.5 0.75)")
     which.add_argument("--plans", nargs="+", metavar="PLAN",
                        help="DOS fixed plans run besides auto: host, device, a fraction, stride:K, or one lane per "
-                       "subgroup joined by commas (host,device,...)")
+                       "subgroup joined by commas (host,device,...); with --activations, the one plan every placement "
+                       "runs under (default auto)")
     which.add_argument("--memory-budget-gib", dest="memory_budget_gib", type=float, metavar="GIB",
                        help="DOS device-lane memory budget in GiB (default: what is free)")
     which.add_argument("--pin-memory", dest="pin_memory", action=argparse.BooleanOptionalAction,
@@ -147,16 +168,38 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--budgets", nargs="+", metavar="BUDGET",
                        help="DOS memory budgets: unlimited, quarter (0.25 x 12 bytes x parameters) or GiB "
                        f"(default {' '.join(DEFAULT_BUDGETS)})")
+    rok = p.add_argument_group("ROK curve (--activations)")
+    rok.add_argument("--activations", nargs="+", metavar="PLACEMENT",
+                     help="run the recompute-offload-keep curve instead of the strategy comparison: each placement "
+                     f"({', '.join(PLACEMENTS)}) in its own process under one strategy (--strategies "
+                     f"{DEFAULT_STRATEGY} by default, or zero3_offload); iteration time against peak activation "
+                     "memory")
+    rok.add_argument("--nvme-path", dest="nvme_path", metavar="DIR",
+                     help="an existing, writable directory on a local NVMe disk for offload-nvme's activation files "
+                     "(required by offload-nvme; its bandwidth is measured there too)")
+    rok.add_argument("--activation-budget-gib", dest="activation_budget_gib", type=float, metavar="GIB",
+                     help="also find, per placement, the largest micro-batch whose peak activation memory fits GIB "
+                     "(doubling from --micro-batch, then bisecting; each probe a short run), and its tokens/s")
+    rok.add_argument("--activation-min-tensor-bytes", dest="activation_min_tensor_bytes", type=_count, metavar="N",
+                     help="saved tensors smaller than this stay on the device (default 1048576)")
+    rok.add_argument("--activation-keep-last-layers", dest="activation_keep_last_layers", type=int, metavar="N",
+                     help="the last N blocks keep their activations on the device (default 1)")
+    rok.add_argument("--max-micro-batch", dest="max_micro_batch", type=int, metavar="N",
+                     help=f"the largest micro-batch the budget search tries (default {DEFAULT_MAX_MICRO_BATCH})")
+    rok.add_argument("--disk-probe-mib", dest="disk_probe_mib", type=int, metavar="MIB",
+                     help="MiB written and read back under --nvme-path to measure its bandwidth (default "
+                     f"{DEFAULT_DISK_PROBE_MIB}; 0: not measured)")
     run = p.add_argument_group("running")
     run.add_argument("--timeout", dest="timeout_s", type=float, metavar="SECONDS",
                      help="seconds per configuration, start-up included (default 1800)")
     run.add_argument("--out", metavar="DIR", help="output directory (default runs/bench/<model>_<timestamp>, "
-                     "runs/sweep/<model>_<timestamp> with --sweep)")
+                     "runs/sweep/<model>_<timestamp> with --sweep, runs/rok/<model>_<timestamp> with --activations)")
     run.add_argument("--dry-run", dest="dry_run", action="store_true",
                      help="print the resolved configuration and the configurations, run nothing")
     run.add_argument("--resume", action="store_true",
                      help="continue an interrupted bench in --out: configurations that finished there with the same "
-                     "measurement settings are reused, the others run")
+                     "measurement settings are reused, the others run (with --activations: placement runs and "
+                     "search probes, e.g. to search a budget after the curve was measured)")
     return p
 
 
@@ -274,6 +317,27 @@ def sweep_settings(given: dict[str, Any]) -> dict[str, Any]:
     return settings
 
 
+def rok_settings(given: dict[str, Any]) -> dict[str, Any] | None:
+    """Take the ROK curve's own options out of ``given`` (RokConfig fields); None without ``--activations``.
+
+    ``ValueError`` for options of the other modes, ``--sweep``, and ROK options without ``--activations``.
+    """
+    placements = given.pop("activations", None)
+    own = {key: given.pop(key) for key in list(ROK_ONLY) if key in given}
+    if placements is None:
+        if own:
+            raise ValueError(f"{', '.join(ROK_ONLY[key][0] for key in own)}: only with --activations")
+        return None
+    if given.get("sweep"):
+        raise ValueError("--activations: cannot be combined with --sweep (a plan sweep is another mode); run them "
+                         "separately")
+    wrong = [flag for key, flag in NOT_FOR_ROK.items() if key in given]
+    if wrong:
+        raise ValueError(f"{', '.join(wrong)}: not used by --activations")
+    return {"placements": [str(name) for name in placements],
+            **{ROK_ONLY[key][1]: value for key, value in own.items()}}
+
+
 def parse_args(argv: list[str] | None) -> Invocation:
     """Parse ``argv`` into a validated :class:`Invocation`; bad values exit with status 2 like any CLI error."""
     parser = build_parser()
@@ -287,7 +351,9 @@ def parse_args(argv: list[str] | None) -> Invocation:
     settings: dict[str, Any] = {}
     config_file = given.pop("config_file", None)
     sweep: SweepConfig | None = None
+    rok: RokConfig | None = None
     try:
+        rok_given = rok_settings(given)
         sweep_given = sweep_settings(given)
         if given.get("recipe") is not None:
             settings.update(recipe_settings(given["recipe"]))
@@ -303,9 +369,17 @@ def parse_args(argv: list[str] | None) -> Invocation:
             config.e2e_steps = 0  # its figures are update phases and synchronised iterations, by index
             sweep = SweepConfig(bench=config, **sweep_given)
             sweep.validate()
+        elif rok_given is not None:
+            if "strategies" not in given:
+                config.strategies = [DEFAULT_STRATEGY]
+            config.ratios, config.repeats = [], 1
+            if "plans" not in given:
+                config.plans = ["auto"]
+            rok = RokConfig(bench=config, **rok_given)
+            rok.validate()
         else:
             config.validate()
             check_plans(config)
     except (OSError, ValueError, TypeError, ImportError) as err:
         parser.error(str(err))
-    return Invocation(config=config, dry_run=dry_run, sweep=sweep, resume=resume)
+    return Invocation(config=config, dry_run=dry_run, sweep=sweep, resume=resume, rok=rok)

@@ -13,6 +13,9 @@ count N, DOS ``auto``'s speedup over vanilla keeps at least 90% of what it is at
 is faster than the static split 0.5 at N at lower peak GPU memory (both end to end where every figure has it, else
 synchronised).
 
+**ROK claims** (``--activations``): offload-host against keep (peak activation memory at least 40% lower, at most
+5% more time per iteration) and against recompute (faster, at no more peak activation memory).
+
 **Targets** (``--sweep``), per budget and over the invocation: ``auto`` within 5% of the best swept plan, the median
 prediction error of the swept plans' update phases at most 10%, no process out of memory, failed or timed out, and
 ``auto`` faster than every ``stride:K``.
@@ -293,3 +296,49 @@ def overall_targets(budgets: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                     "value": max(values) if values else None, "status": status,
                     "detail": "; ".join(f"{label}: {t['status']}" for label, t in per)})
     return out
+
+
+# ------------------------------------------------------------------ ROK curve (--activations)
+
+#: offload-host's peak activation memory at least this much below keep's ...
+ROK_REDUCTION = 0.40
+#: ... at most this much slower per iteration (TBA: 47% less activation memory at a few percent).
+ROK_OVERHEAD = 0.05
+ROK_HOST_VS_KEEP = "offload-host cuts peak activation memory >= 40% vs keep at <= 5% iteration overhead"
+ROK_HOST_VS_RECOMPUTE = "offload-host faster than recompute at equal or lower memory"
+ROK_CLAIMS = (ROK_HOST_VS_KEEP, ROK_HOST_VS_RECOMPUTE)
+
+
+def _measured(placements: Sequence[dict[str, Any]], name: str) -> dict[str, Any] | None:
+    """The completed placement ``name`` with an iteration time and a peak activation memory, or None."""
+    return next((p for p in placements if p["placement"] == name and p["status"] == "ok"
+                 and p.get("headline_ms") is not None and p.get("peak_activation_bytes") is not None), None)
+
+
+def rok_claims(placements: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ROK curve's two claims, from its placements' summaries (:mod:`lightning_dos.bench.rok.results`): met /
+    missed / not measured, each with its figure. Times are each placement's headline (end to end where measured)."""
+    host, keep, recompute = (_measured(placements, name) for name in ("offload-host", "keep", "recompute"))
+    claims = []
+    threshold = f">= {ROK_REDUCTION:.0%} less, <= +{ROK_OVERHEAD:.0%} time"
+    if host is None or keep is None:
+        claims.append(_claim(ROK_HOST_VS_KEEP, threshold, None, None, "needs keep and offload-host completed"))
+    else:
+        reduction = 1.0 - host["peak_activation_bytes"] / keep["peak_activation_bytes"]
+        overhead = host["headline_ms"] / keep["headline_ms"] - 1.0
+        claims.append(_claim(ROK_HOST_VS_KEEP, threshold, reduction,
+                             reduction >= ROK_REDUCTION and overhead <= ROK_OVERHEAD,
+                             f"peak activation memory {reduction:.1%} below keep's; iteration {overhead:+.1%} "
+                             f"({host['headline_ms']:.1f} vs {keep['headline_ms']:.1f} ms, {host['headline']})"))
+    if host is None or recompute is None:
+        claims.append(_claim(ROK_HOST_VS_RECOMPUTE, "> 1x, memory <= recompute's", None, None,
+                             "needs recompute and offload-host completed"))
+    else:
+        speedup = recompute["headline_ms"] / host["headline_ms"]
+        memory = host["peak_activation_bytes"] / recompute["peak_activation_bytes"]
+        claims.append(_claim(ROK_HOST_VS_RECOMPUTE, "> 1x, memory <= recompute's", speedup,
+                             speedup > 1.0 and memory <= 1.0,
+                             f"recompute {recompute['headline_ms']:.1f} ms / offload-host {host['headline_ms']:.1f} "
+                             f"ms ({host['headline']}); offload-host's peak activation memory {memory:.2f}x "
+                             "recompute's"))
+    return claims

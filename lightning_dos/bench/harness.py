@@ -17,6 +17,8 @@ SIGTERM stops the process running; the ones after it are reported as not run, an
   started cold between them (:func:`~lightning_dos.bench.config.sweep_schedule`); ``auto`` shares the process and
   the time with the plans it is compared with. sweep.json, sweep.md and sweep.png are written after every budget,
   and a process stopped from outside still contributes the plans it finished (its ``progress.json``).
+
+The ROK curve (``--activations``, :mod:`lightning_dos.bench.rok.harness`) runs its processes with the same helpers.
 """
 
 from __future__ import annotations

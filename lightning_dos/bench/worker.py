@@ -13,6 +13,9 @@ of ``auto`` (started cold) between them, a :class:`PlanSweep` switching the plan
 iteration's plan and DOS update records. Its records so far also go to ``progress.json`` beside ``CONFIG`` after
 every iteration, for a run stopped from outside.
 
+With an ``activations`` entry the process is a ROK curve's (``--activations``): one activation placement's run, or
+a micro-batch search probe (:mod:`lightning_dos.bench.rok.worker`).
+
 A failure is written as a result too (status ``oom`` or ``failed``, a one-line reason, and in a sweep what was
 measured before it and the plan in force), and the exit status is non-zero.
 
@@ -40,6 +43,7 @@ import lightning.pytorch as pl
 from lightning_dos.bench import ranks
 from lightning_dos.bench.config import AUTO, BenchConfig, sweep_schedule
 from lightning_dos.bench.results import write_json
+from lightning_dos.bench.rok.worker import ACTIVATIONS_KEY, execute_placement
 from lightning_dos.bench.strategies import RunSpec, build_strategy, plan_argument
 from lightning_dos.bench.workload import build_data, build_module
 from lightning_dos.planning.plan import Plan, parse_plan, resolve_plan
@@ -437,9 +441,12 @@ Execute = Callable[[dict[str, Any], RunSpec, Path], dict[str, Any]]
 
 
 def execute(payload: dict[str, Any], spec: RunSpec, workdir: Path) -> dict[str, Any]:
-    """The run of ``payload``: a plan sweep's process if it has a ``sweep`` entry, else one configuration."""
+    """The run of ``payload``: a plan sweep's process if it has a ``sweep`` entry, a ROK placement's run or search
+    probe if it has an ``activations`` entry, else one configuration."""
     if "sweep" in payload:
         return execute_sweep(payload, spec, workdir)
+    if ACTIVATIONS_KEY in payload:  # a ROK placement's run or search probe
+        return execute_placement(payload, spec, workdir)
     return run(BenchConfig.from_dict(payload["bench"]), spec, workdir)
 
 

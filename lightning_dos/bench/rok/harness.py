@@ -1,0 +1,237 @@
+"""Owns one ROK invocation end to end: the placements' worker processes, the micro-batch search, the outputs.
+
+The host and the model are described, text data prepared and worker processes launched one at a time under a
+progress bar exactly as in the bench's other modes (:mod:`lightning_dos.bench.harness`,
+:func:`~lightning_dos.bench.launcher.launch`). With ``offload-nvme``, the NVMe directory's bandwidth is measured
+first (:mod:`~lightning_dos.bench.rok.disk`). Then each placement runs in its own worker; with a budget, each
+placement's largest fitting micro-batch is searched for (:mod:`~lightning_dos.bench.rok.search`), its own run
+standing for the starting micro-batch and every other micro-batch a short worker run. rok.json, rok.md and rok.png
+are written after every placement and every search, so an interrupted invocation still leaves what it measured.
+With ``resume``, a run that finished in ``--out`` with exactly the same settings (placement runs and probes alike)
+is reused rather than run again: a budget can be searched after the curve was measured.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from lightning_dos.bench.environment import versions
+from lightning_dos.bench.harness import (
+    Launcher,
+    _elapsed,
+    _prepare,
+    _Processes,
+    _processes,
+    _relative,
+    _timing_note,
+    uses_gpu,
+)
+from lightning_dos.bench.launcher import launch
+from lightning_dos.bench.results import write_json
+from lightning_dos.bench.rok import chart, report
+from lightning_dos.bench.rok.config import RokConfig
+from lightning_dos.bench.rok.disk import measure_disk
+from lightning_dos.bench.rok.placements import PLACEMENTS
+from lightning_dos.bench.rok.report import format_bytes
+from lightning_dos.bench.rok.results import GIB, compare_to_keep, placement_summary, probe_of, rok_document
+from lightning_dos.bench.rok.search import Probe, search_micro_batch
+from lightning_dos.bench.rok.worker import ACTIVATIONS_KEY
+from lightning_dos.bench.workload import describe_model
+
+__all__ = ["default_out_dir", "dry_run_text", "run_rok", "write_outputs"]
+
+#: Bench settings that do not change what a run measures: a run finished under other values is still reused.
+NOT_MEASUREMENT = ("timeout_s", "out", "recipe")
+
+
+def default_out_dir(rok: RokConfig, now: datetime) -> Path:
+    """``runs/rok/<model>_<YYYYmmdd-HHMMSS>`` under the current directory."""
+    return Path("runs") / "rok" / f"{rok.bench.model}_{now:%Y%m%d-%H%M%S}"
+
+
+def _payload(rok: RokConfig, name: str, micro_batch: int | None, on_gpu: bool) -> dict[str, Any]:
+    """What a worker's config file holds for placement ``name`` (its run, or a probe at ``micro_batch``)."""
+    return {"bench": rok.run_config(name, micro_batch).to_dict(), "run": rok.spec(name, micro_batch).to_dict(),
+            ACTIVATIONS_KEY: rok.worker_settings(name, on_gpu)}
+
+
+def _comparable(payload: dict[str, Any]) -> dict[str, Any]:
+    bench = {key: value for key, value in payload.get("bench", {}).items() if key not in NOT_MEASUREMENT}
+    return {**payload, "bench": bench}
+
+
+def reusable(run_dir: Path, payload: dict[str, Any]) -> dict[str, Any] | None:
+    """The result a finished earlier run left in ``run_dir``, if it ran exactly ``payload`` (but for
+    :data:`NOT_MEASUREMENT`) and completed; else None."""
+    try:
+        earlier = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+        result = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    if result.get("status") != "ok" or _comparable(earlier) != _comparable(payload):
+        return None
+    return {**result, "reused": True, "log": str(run_dir / "worker.log")}
+
+
+class _Runs:
+    """Launches (or reuses) the worker runs of one invocation."""
+
+    def __init__(self, rok: RokConfig, out_dir: Path, on_gpu: bool, launcher: Launcher, resume: bool) -> None:
+        self.rok, self.out_dir, self.on_gpu, self.launcher, self.resume = rok, out_dir, on_gpu, launcher, resume
+
+    def run(self, processes: _Processes, name: str, micro_batch: int | None = None) -> dict[str, Any]:
+        rok = self.rok
+        spec, config = rok.spec(name, micro_batch), rok.run_config(name, micro_batch)
+        run_dir = self.out_dir / "runs" / spec.slug
+        payload = _payload(rok, name, micro_batch, self.on_gpu)
+        processes.begin(spec)
+        if self.resume and not processes.interrupted and (prior := reusable(run_dir, payload)):
+            return {**prior, "log": _relative(prior["log"], self.out_dir)}
+        extra = {ACTIVATIONS_KEY: payload[ACTIVATIONS_KEY]}
+        return processes.run(spec, lambda: self.launcher(config, spec, run_dir, extra=extra))
+
+
+def placement_line(index: int, total: int, summary: dict[str, Any]) -> str:
+    """One line summarising a finished placement run, printed as it completes."""
+    head = f"[{index}/{total}] {summary['placement']}" + (" (reused)" if summary.get("reused") else "")
+    if summary["status"] != "ok":
+        return f"{head}: {summary['status'].upper()}: {summary['reason']}{_elapsed(summary)}"
+    act = summary.get("act") or {}
+    moved = f"  offloaded {format_bytes(act.get('offloaded_bytes'))}/iteration" if act.get("offloaded_bytes") else ""
+    ms = summary["headline_ms"]
+    return (f"{head}: ok  {ms or 0:.1f} ms/iteration ({summary['headline']}), {summary['tokens_per_s'] or 0:,.0f} "
+            f"tokens/s  peak activation memory {format_bytes(summary['peak_activation_bytes'])} "
+            f"({summary['measure']}){moved}  loss {summary['final_loss']:.4f}{_elapsed(summary)}")
+
+
+def probe_line(name: str, probe: Probe, budget_gib: float) -> str:
+    """One line per search probe."""
+    head = f"{name} at micro-batch {probe.micro_batch}"
+    if probe.fits is None:
+        return f"{head}: {probe.status.upper()}: {probe.reason}"
+    if probe.status == "oom":
+        return f"{head}: does not fit: out of memory"
+    verdict = "fits" if probe.fits else "does not fit"
+    return (f"{head}: {verdict} ({format_bytes(probe.peak_bytes)} vs {budget_gib:g} GiB), "
+            f"{probe.tokens_per_s or 0:,.0f} tokens/s{_elapsed(probe.to_dict())}")
+
+
+def _search(rok: RokConfig, runs: _Runs, processes: _Processes, name: str, own: dict[str, Any]) -> dict[str, Any]:
+    """The micro-batch search of placement ``name``; ``own`` is its run's raw result (the starting micro-batch)."""
+    assert rok.budget_gib is not None
+    budget = rok.budget_gib * GIB
+    known = probe_of(own, rok.run_config(name), budget, source="placement run")
+
+    def probe(micro_batch: int) -> Probe:
+        result = runs.run(processes, name, micro_batch)
+        answer = probe_of(result, rok.run_config(name, micro_batch), budget)
+        processes.done(probe_line(name, answer, rok.budget_gib or 0.0))
+        return answer
+
+    return {"placement": name, **search_micro_batch(rok.bench.micro_batch, probe, rok.max_micro_batch, known=known)}
+
+
+def budget_section(rok: RokConfig, searches: list[dict[str, Any]], measure: str | None) -> dict[str, Any] | None:
+    """rok.json's ``budget``: the budget, how the search ran, and every placement's search so far."""
+    if rok.budget_gib is None:
+        return None
+    return {"budget_gib": rok.budget_gib, "budget_bytes": rok.budget_gib * GIB, "measure": measure,
+            "start_micro_batch": rok.bench.micro_batch, "max_micro_batch": rok.max_micro_batch,
+            "probe_iterations": rok.to_dict()["probe_steps"],
+            "method": "from the placement's own micro-batch: double while it fits (up to --max-micro-batch), then "
+                      "bisect between the largest that fitted and the smallest that did not; each probe a worker run "
+                      "of the warm-up and 2 measured iterations; an out-of-memory error does not fit",
+            "searches": searches}
+
+
+def run_rok(rok: RokConfig, out_dir: Path, launcher: Launcher = launch, progress: bool = True,
+            now: datetime | None = None, resume: bool = False,
+            disk_meter: Callable[..., dict[str, Any]] = measure_disk) -> dict[str, Any]:
+    """Run every placement of ``rok`` (and the micro-batch search, with a budget); write rok.json, rok.md and
+    rok.png under ``out_dir``; return the JSON document."""
+    now = now or datetime.now(timezone.utc)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hardware, model = _prepare(rok.bench)
+    software = versions()
+    on_gpu = uses_gpu(rok.bench, hardware)
+    disk = None
+    if "offload-nvme" in rok.placements and rok.nvme_path and rok.disk_probe_mib > 0:
+        disk = disk_meter(rok.nvme_path, rok.disk_probe_mib, progress=progress)
+    runs = _Runs(rok, out_dir, on_gpu, launcher, resume)
+    summaries: list[dict[str, Any]] = []
+    raw: dict[str, dict[str, Any]] = {}
+    searches: list[dict[str, Any]] = []
+    devices: list[dict[str, Any]] = []
+
+    def document(interrupted: bool) -> dict[str, Any]:
+        compare_to_keep(summaries)
+        measure = next((s["measure"] for s in summaries if s.get("measure")), None)
+        doc = rok_document(hardware, software, rok, model, summaries, now.isoformat(timespec="seconds"),
+                           _timing_note(rok.bench, hardware, devices), disk, budget_section(rok, searches, measure),
+                           interrupted)
+        doc["placements_planned"] = list(rok.placements)
+        write_outputs(doc, out_dir)
+        return doc
+
+    total = len(rok.placements)
+    with _processes(total, "rok", "placement", out_dir, progress) as processes:
+        for index, name in enumerate(rok.placements, start=1):
+            result = runs.run(processes, name)
+            raw[name] = result
+            if result.get("device"):
+                devices.append(result["device"])
+            summary = placement_summary(name, result, rok.run_config(name))
+            summaries.append(summary)
+            processes.done(placement_line(index, total, summary))
+            document(processes.interrupted)
+        interrupted = processes.interrupted
+    if rok.budget_gib is not None and not interrupted:
+        with _processes(None, "budget search", "probe", out_dir, progress) as processes:
+            for name in rok.placements:
+                searches.append(_search(rok, runs, processes, name, raw[name]))
+                document(processes.interrupted)
+            interrupted = processes.interrupted
+    return document(interrupted)
+
+
+def write_outputs(doc: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    """rok.json, rok.png and rok.md; returns their paths by kind."""
+    paths = {"json": out_dir / "rok.json", "chart": out_dir / "rok.png", "report": out_dir / "rok.md"}
+    write_json(paths["json"], doc)
+    chart.render(doc, paths["chart"])
+    paths["report"].write_text(report.render(doc, chart=paths["chart"].name), encoding="utf-8")
+    return paths
+
+
+def dry_run_text(rok: RokConfig, on_gpu: bool | None = None) -> str:
+    """The resolved settings and the worker runs the invocation would make, for ``--dry-run``."""
+    from lightning_dos.bench.environment import hardware_info
+
+    if on_gpu is None:
+        on_gpu = uses_gpu(rok.bench, hardware_info())
+    config = rok.bench
+    model = describe_model(config)
+    lines = ["resolved configuration:", json.dumps({"bench": config.to_dict(), "rok": rok.to_dict()}, indent=2), "",
+             f"model: {model['preset']}, {model['params']:,} parameters, {model['n_layer']} blocks", "",
+             f"every placement under {rok.strategy} (plan {rok.spec('keep').plan}), micro-batch {config.micro_batch} "
+             f"x seq {config.seq_len}, {config.steps} iterations: {config.warmup} warm-up, {config.e2e_count} end to "
+             f"end, {len(config.phase_iterations)} synchronised", "",
+             f"peak activation memory: {'the GPU allocator (device)' if on_gpu else 'the offload hooks accounting'}",
+             "", f"{len(rok.placements)} worker runs, one per placement:"]
+    for name in rok.placements:
+        p = PLACEMENTS[name]
+        hooks = f"hooks {p.hook_placement}" if rok.hooks(name, on_gpu) else "no hooks"
+        nvme = f" under {rok.nvme_path}" if p.offload == "nvme" else ""
+        lines.append(f"  {name:<14} checkpointing {'on ' if p.checkpointing else 'off'}  {hooks}{nvme}")
+    if "offload-nvme" in rok.placements and rok.disk_probe_mib:
+        lines += ["", f"before them: the bandwidth of {rok.nvme_path}, writing and reading back {rok.disk_probe_mib} "
+                      "MiB"]
+    if rok.budget_gib is not None:
+        lines += ["", f"then, per placement, the largest micro-batch whose peak activation memory fits "
+                      f"{rok.budget_gib:g} GiB: from {config.micro_batch}, doubling up to {rok.max_micro_batch} then "
+                      f"bisecting; each probe a worker run of {rok.to_dict()['probe_steps']} iterations"]
+    return "\n".join(lines)

@@ -1,0 +1,95 @@
+"""Owns the activation memory of every training iteration inside a worker: a Lightning callback.
+
+Two measures, each per iteration:
+
+* **device** (on a GPU): the caching allocator's peak over the forward and backward, less what was allocated when the
+  forward started: the peak is reset at every ``on_train_batch_start`` and read at ``on_after_backward``, so the
+  figure is what the iteration's forward and backward added on top of the model and optimizer state (activations,
+  and the transient buffers of both passes). Resetting the peak would lose the process's own peak, which the bench
+  reports too: the meter keeps it (:meth:`ActivationMemoryMeter.process_peaks`).
+* **accounting** (wherever the activation offload's hooks run): the offload's ``act/device_peak_bytes``, the most
+  bytes of saved activations the hooks held on the device at once (kept storages plus restored ones). It is the only
+  measure off a GPU, where there are no allocator statistics. It sees what autograd saves for backward; under
+  activation checkpointing that is each block's input, not the internals a block recomputes in backward.
+
+The meter also keeps every iteration's ``act/*`` counters (:meth:`ActivationOffload.metrics`). Put it after the
+:class:`~lightning_dos.activations.ActivationOffloadCallback` in the trainer's callbacks: the offload ends its step
+in its own ``on_train_batch_end``, before the meter reads it. Reading the counters and the allocator's statistics
+waits for nothing on the device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+__all__ = ["ActivationMemoryMeter"]
+
+
+class ActivationMemoryMeter(pl.Callback):
+    """Records each training iteration's peak activation memory and ``act/*`` counters.
+
+    Args:
+        offload: the run's :class:`~lightning_dos.activations.ActivationOffloadCallback`, or None (no hooks: no
+            accounting, no counters).
+    """
+
+    def __init__(self, offload: Any = None) -> None:
+        self.offload = offload
+        self.device_bytes: list[int | None] = []
+        """Per iteration: the allocator's peak over forward and backward less the allocation at the forward's start
+        (None off a GPU)."""
+        self.accounting_bytes: list[int | None] = []
+        """Per iteration: the offload's ``act/device_peak_bytes`` (None without hooks)."""
+        self.counters: list[dict[str, float] | None] = []
+        """Per iteration: the offload's ``act/*`` counters (None without hooks)."""
+        self._device: torch.device | None = None
+        self._start: int | None = None
+        self._peak: int | None = None
+        self._process_allocated = 0
+        self._process_reserved = 0
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        device = trainer.strategy.root_device
+        self._device = device if device.type == "cuda" else None
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._peak = None
+        if self._device is None:
+            return
+        self._keep_process_peaks()
+        self._start = torch.cuda.memory_allocated(self._device)
+        torch.cuda.reset_peak_memory_stats(self._device)
+
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._device is not None and self._start is not None:
+            self._peak = torch.cuda.max_memory_allocated(self._device) - self._start
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self.device_bytes.append(self._peak)
+        offload = getattr(self.offload, "offload", None)
+        metrics = offload.metrics() if offload is not None else {}
+        self.counters.append(metrics or None)
+        peak = metrics.get("act/device_peak_bytes")
+        self.accounting_bytes.append(None if peak is None else int(peak))
+
+    def _keep_process_peaks(self) -> None:
+        assert self._device is not None
+        self._process_allocated = max(self._process_allocated, torch.cuda.max_memory_allocated(self._device))
+        self._process_reserved = max(self._process_reserved, torch.cuda.max_memory_reserved(self._device))
+
+    def process_peaks(self) -> dict[str, int] | None:
+        """The whole process's peak allocated and reserved GPU bytes, across the meter's resets (None off a GPU)."""
+        if self._device is None:
+            return None
+        self._keep_process_peaks()
+        return {"allocated": self._process_allocated, "reserved": self._process_reserved}
+
+    def raw(self) -> dict[str, Any]:
+        """Everything recorded, per iteration, for the worker's result."""
+        return {"device_bytes": list(self.device_bytes), "accounting_bytes": list(self.accounting_bytes),
+                "counters": list(self.counters)}

@@ -1,0 +1,190 @@
+"""Owns rok.md, the ROK curve's markdown report, and the byte formatting its figures share.
+
+It formats rok.json (:func:`~lightning_dos.bench.rok.results.rok_document`) and computes nothing new; the header,
+hardware and versions sections and the number formats are the bench reports' own (:mod:`lightning_dos.bench.report`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from lightning_dos.bench.report import MISSING, _environment_lines, _num, _sig, _table
+from lightning_dos.bench.rok.placements import PLACEMENTS
+
+__all__ = ["format_bytes", "render"]
+
+UNITS = (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
+
+
+def format_bytes(value: float | None) -> str:
+    """``1.50 GiB``, ``12.0 MiB``, ``512 B``; ``–`` for None."""
+    if value is None:
+        return MISSING
+    for unit, size in UNITS:
+        if abs(value) >= size:
+            return f"{value / size:.3g} {unit}" if abs(value) / size < 100 else f"{value / size:,.0f} {unit}"
+    return f"{value:.0f} B"
+
+
+def _pct(value: float | None) -> str:
+    return MISSING if value is None else f"{value:+.1%}"
+
+
+def _reduction(value: float | None) -> str:
+    return MISSING if value is None else f"{value:.1%}"
+
+
+def _iteration(p: dict[str, Any]) -> str:
+    return _num(p.get("headline_ms"))
+
+
+def _curve_table(placements: Sequence[dict[str, Any]]) -> list[str]:
+    header = ("placement", "status", "iteration ms", "overhead vs keep", "peak activation memory",
+              "reduction vs keep", "tokens/s")
+    rows = [(p["placement"], p["status"], _iteration(p), _pct(p.get("overhead_vs_keep")),
+             format_bytes(p.get("peak_activation_bytes")), _reduction(p.get("reduction_vs_keep")),
+             _num(p.get("tokens_per_s"), 0)) for p in placements]
+    return _table(header, rows)
+
+
+def _phase_table(placements: Sequence[dict[str, Any]]) -> list[str]:
+    header = ("placement", "fwd ms", "bwd ms", "step ms", "iteration ms (synchronised)", "peak GPU GiB",
+              "peak host GiB", "final loss", "loss vs keep")
+    rows = []
+    for p in placements:
+        loss = p.get("loss_vs_keep")
+        agree = MISSING if not loss else (
+            "identical" if loss["identical"] else f"max diff {_sig(loss['max_abs_diff'])}")
+        rows.append((p["placement"], _num(p.get("fwd_ms")), _num(p.get("bwd_ms")), _num(p.get("step_ms")),
+                     _num(p.get("iteration_ms")), _num(p.get("peak_gpu_gib"), 2), _num(p.get("peak_host_gib"), 2),
+                     _num(p.get("final_loss"), 4), agree))
+    return _table(header, rows)
+
+
+def _counter_table(placements: Sequence[dict[str, Any]]) -> list[str]:
+    header = ("placement", "saved tensors", "offloaded", "restored", "kept on device", "late restores (all)",
+              "restore wait ms", "NVMe written", "NVMe read", "host pool")
+    rows = []
+    for p in placements:
+        act = p.get("act")
+        if not act:
+            rows.append((p["placement"], *(["no hooks" if p.get("status") == "ok" else MISSING] + [MISSING] * 8)))
+            continue
+        wait = act.get("restore_wait_s")
+        rows.append((p["placement"], _num(act.get("saved_tensors"), 0), format_bytes(act.get("offloaded_bytes")),
+                     format_bytes(act.get("restored_bytes")), format_bytes(act.get("kept_bytes")),
+                     _num(act.get("late_restores_total"), 0), _num(None if wait is None else wait * 1e3, 2),
+                     format_bytes(act.get("nvme_written_bytes")), format_bytes(act.get("nvme_read_bytes")),
+                     format_bytes(act.get("host_pool_bytes"))))
+    return _table(header, rows)
+
+
+def _disk_lines(disk: dict[str, Any] | None) -> list[str]:
+    if not disk:
+        return []
+    lines = ["## NVMe directory bandwidth", ""]
+    if disk.get("error"):
+        return lines + [f"Not measured in `{disk['directory']}`: {disk['error']}.", ""]
+    lines += _table(("directory", "file", "write MB/s (with fsync)", "read MB/s", "how"),
+                    [(f"`{disk['directory']}`", format_bytes(disk["bytes"]), _num(disk.get("write_mb_s"), 0),
+                      _num(disk.get("read_mb_s"), 0), disk.get("read_cache") or MISSING)])
+    return lines + ["", "A temporary file written in 8 MiB chunks and fsync-ed, read back, then removed; MB = 10^6 "
+                    "bytes.", ""]
+
+
+def _probe_text(probe: dict[str, Any]) -> str:
+    mb = probe["micro_batch"]
+    if probe["fits"] is None:
+        return f"{mb}: {probe['status']}"
+    if probe["status"] == "oom":
+        return f"{mb}: OOM"
+    return f"{mb}: {format_bytes(probe['peak_bytes'])} {'fits' if probe['fits'] else 'too big'}"
+
+
+def _budget_lines(budget: dict[str, Any] | None) -> list[str]:
+    if not budget:
+        return []
+    lines = [f"## What the memory buys: the largest micro-batch within {budget['budget_gib']:g} GiB", "",
+             f"Peak activation memory budget {budget['budget_gib']:g} GiB ({format_bytes(budget['budget_bytes'])}), "
+             f"measured as above. Search: {budget['method']}.", ""]
+    rows = []
+    for s in budget["searches"]:
+        rows.append((s["placement"], str(s["largest_micro_batch"]) if s["status"] != "incomplete"
+                     else f">= {s['largest_micro_batch']}", format_bytes(s.get("peak_bytes")),
+                     _num(s.get("tokens_per_s"), 0), s["status"] + (f" ({s['reason']})" if s.get("reason") else ""),
+                     "; ".join(_probe_text(p) for p in s["probes"])))
+    lines += _table(("placement", "largest micro-batch", "its peak activation memory", "its tokens/s", "search",
+                     "probes (micro-batch: peak)"), rows)
+    return lines + ["", "tokens/s of the starting micro-batch come from the placement's own run, the others from "
+                    "their probe's (end to end where timed so).", ""]
+
+
+def _claim_lines(claims: Sequence[dict[str, Any]]) -> list[str]:
+    lines = ["## Claims", "", "From the placements of this invocation; \"not measured\" when one of them did not "
+             "complete.", ""]
+    lines += _table(("claim", "threshold", "measured", "status", "from"),
+                    [(c["claim"], c["threshold"], _sig(c["value"]), c["status"], c["detail"]) for c in claims])
+    return lines + [""]
+
+
+def render(doc: dict[str, Any], chart: str | None = "rok.png") -> str:
+    """rok.md of a rok.json document."""
+    cfg, rok, model, m = doc["config"], doc["rok"], doc["model"], doc["measurement"]
+    device = doc["hardware"].get("gpu_name") or "CPU"
+    placements = doc["placements"]
+    lines = [f"# lightning-dos ROK curve: {cfg['model']} on {device}", "", f"Date: {doc['date']}", ""]
+    if doc.get("interrupted"):
+        lines += ["**Interrupted**: what ran after the interruption is missing or marked skipped.", ""]
+    planned = doc.get("placements_planned") or []
+    if len(planned) > len(placements):
+        lines += [f"**Partial**: {len(placements)} of {len(planned)} placements so far.", ""]
+    lines += _environment_lines(doc)
+    measures = m.get("memory_measures") or {}
+    lines += ["", "## Configuration", "",
+              f"- Model: {model['preset']}, {model['params']:,} parameters ({model['n_layer']} blocks, n_embd "
+              f"{model['n_embd']}); micro-batch {cfg['micro_batch']} x seq {cfg['seq_len']} = "
+              f"{cfg['micro_batch'] * cfg['seq_len']:,} tokens per iteration, {cfg['precision']}, data {cfg['data']}, "
+              f"seed {cfg['seed']}",
+              f"- Strategy: {rok['strategy']} (plan {rok['plan']}), sub_group_size {cfg['sub_group_size']:,}, the same "
+              "for every placement; each placement in a fresh worker process",
+              f"- Activation offload: min_tensor_bytes {rok['min_tensor_bytes']:,}, keep_last_layers "
+              f"{rok['keep_last_layers']}" + (f", NVMe path `{rok['nvme_path']}`" if rok.get("nvme_path") else ""),
+              f"- Iterations: {cfg['steps']} per run; warm-up {m['warmup_iterations'] or 'none'}, end to end "
+              f"{m['e2e_iterations'] or 'none'}, synchronised {m['phase_iterations'] or 'none'}",
+              f"- Iteration ms (the headline): {m['headline']}. Overhead vs keep = iteration / keep's - 1; "
+              "reduction vs keep = 1 - peak activation memory / keep's; tokens/s = tokens per iteration / iteration.",
+              f"- {m['timing']}"]
+    if measures:
+        lines += [f"- Peak activation memory ({name}): {text}." for name, text in measures.items()]
+    lines += ["", "| placement | activation checkpointing | saved tensors go to | offload hooks |", "|---|---|---|---|"]
+    for p in placements:
+        hooks = MISSING if p.get("hooks") is None else ("on" if p["hooks"] else "off")
+        if p.get("hooks") and not p.get("offload"):
+            hooks = "on, measuring only (placement keep)"
+        lines.append(f"| {p['placement']} | {'on' if p['checkpointing'] else 'off'} | "
+                     f"{p['offload'] or 'stay on the device'} | {hooks} |")
+    lines += ["", "## ROK curve", ""]
+    if chart:
+        lines += [f"![iteration time against peak activation memory]({chart})", ""]
+    lines += _curve_table(placements)
+    lines += ["", "## Phases (synchronised iterations)", ""]
+    lines += _phase_table(placements)
+    lines += ["", "## Activation offload counters (act/*, per iteration, median over the measured iterations)", ""]
+    lines += _counter_table(placements)
+    failed = [p for p in placements if p["status"] != "ok"]
+    if failed:
+        lines += ["", "## Not completed", ""]
+        lines += [f"- {p['placement']}: {p['status']}: {p['reason']} (log: `{p.get('log')}`)" for p in failed]
+    lines += [""]
+    lines += _disk_lines(doc.get("disk"))
+    lines += _budget_lines(doc.get("budget"))
+    lines += _claim_lines(doc["claims"])
+    lines += ["## Placements", ""]
+    lines += [f"- **{name}**: {p.summary}." for name, p in PLACEMENTS.items() if name in rok["placements"]]
+    lines += ["", "Full resolved configuration:", "", "```json"]
+    lines += json.dumps({"bench": cfg, "rok": rok}, indent=2).splitlines()
+    lines += ["```", "", "Per-iteration figures (activation memory, act/* counters, phase times, losses) are in each "
+              "run's `result.json` under `runs/`, with its log.", ""]
+    return "\n".join(lines)

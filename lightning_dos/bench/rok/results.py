@@ -1,0 +1,201 @@
+"""Owns turning ROK workers' raw measurements into figures, the claims and the rok.json document (pure Python).
+
+A placement's summary: its headline iteration time (the median end-to-end iteration, unsynchronised, as the bench's
+headline: :func:`~lightning_dos.bench.results.e2e_samples`; the synchronised median when no iteration was timed end
+to end), the synchronised phase medians, tokens/s, the peak activation memory (the largest over the measured
+iterations of the measure the run has: the GPU allocator's, else the offload's accounting, see
+:mod:`~lightning_dos.bench.rok.meter`), the ``act/*`` counters (per-iteration medians over the measured iterations;
+``late_restores`` also summed), and against ``keep``: the overhead in time, the reduction in peak activation memory
+and the loss agreement. A search probe's result becomes a :class:`~lightning_dos.bench.rok.search.Probe`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from lightning_dos.bench.claims import rok_claims
+from lightning_dos.bench.config import PHASES, BenchConfig
+from lightning_dos.bench.results import SCHEMA_VERSION, e2e_samples
+from lightning_dos.bench.rok.config import RokConfig
+from lightning_dos.bench.rok.placements import placement
+from lightning_dos.bench.rok.search import Probe
+from lightning_dos.bench.stats import median, spread
+
+__all__ = ["MEASURES", "activation_peak", "placement_summary", "probe_of", "rok_document"]
+
+GIB = 1024**3
+#: The memory measures: what each one is, for rok.json and the report.
+MEASURES = {
+    "device": "torch.cuda.max_memory_allocated over each measured iteration's forward and backward, less the memory "
+              "allocated when its forward started (the peak is reset at every forward's start); the largest over the "
+              "measured iterations",
+    "accounting": "no device memory statistics here (CPU): the activation offload's own accounting, "
+                  "act/device_peak_bytes, the most bytes of tensors saved for backward held resident at once (kept "
+                  "storages plus restored ones); the largest over the measured iterations. It counts what autograd "
+                  "saves: under recompute, each block's input, not the internals a block recomputes during backward "
+                  "(a GPU's measure includes those)",
+}
+#: The ``act/*`` counters kept per placement, besides the memory measure.
+COUNTERS = ("saved_tensors", "offloaded_tensors", "offloaded_bytes", "restored_tensors", "restored_bytes",
+            "kept_bytes", "late_restores", "restore_wait_s", "write_wait_s", "nvme_written_bytes", "nvme_read_bytes",
+            "host_pool_bytes", "host_peak_bytes", "nvme_peak_bytes", "device_peak_bytes")
+
+
+def _finite(values: Sequence[Any]) -> list[float]:
+    return [float(v) for v in values if v is not None and isinstance(v, (int, float)) and math.isfinite(v)]
+
+
+def _at(values: Sequence[Any] | None, indices: Sequence[int]) -> list[Any]:
+    values = values or []
+    return [values[i] for i in indices if i < len(values)]
+
+
+def activation_peak(result: dict[str, Any], config: BenchConfig) -> tuple[int | None, str | None, list[int | None]]:
+    """``(peak bytes, measure, per measured iteration)`` of a worker's result: the GPU allocator's figures where the
+    run has them, else the offload's accounting; ``(None, None, [])`` without either."""
+    raw = result.get("activations") or {}
+    measured = range(config.warmup, config.steps)
+    for measure, key in (("device", "device_bytes"), ("accounting", "accounting_bytes")):
+        values = _at(raw.get(key), measured)
+        present = [int(v) for v in values if v is not None]
+        if present:
+            return max(present), measure, values
+    return None, None, []
+
+
+def headline(result: dict[str, Any], config: BenchConfig) -> tuple[float | None, str]:
+    """``(ms, how)``: the median end-to-end iteration, or the synchronised one when none was timed end to end."""
+    iterations = result.get("iterations") or {}
+    e2e = median(e2e_samples(iterations, config))
+    if e2e is not None:
+        return e2e, "end to end"
+    return median(_finite(_at(iterations.get("iteration_ms"), config.phase_iterations))), "synchronised"
+
+
+def counters(result: dict[str, Any], config: BenchConfig) -> dict[str, float | None] | None:
+    """Per-iteration medians of the ``act/*`` counters over the measured iterations, plus ``late_restores_total``;
+    None for a run without the offload's hooks."""
+    per = [c for c in _at((result.get("activations") or {}).get("counters"), range(config.warmup, config.steps)) if c]
+    if not per:
+        return None
+    out: dict[str, float | None] = {name: median(_finite([c.get(f"act/{name}") for c in per])) for name in COUNTERS}
+    out["late_restores_total"] = sum(_finite([c.get("act/late_restores") for c in per]))
+    out["iterations"] = float(len(per))
+    return out
+
+
+def placement_summary(name: str, result: dict[str, Any], config: BenchConfig) -> dict[str, Any]:
+    """One placement's figures from its worker's raw result (any status); ``config`` is the run's bench settings."""
+    p = placement(name)
+    raw = result.get("activations") or {}
+    iterations = result.get("iterations") or {}
+    ok = result.get("status") == "ok"
+    ms, how = headline(result, config) if ok else (None, "end to end" if config.e2e_count else "synchronised")
+    peak, measure, per_iteration = activation_peak(result, config) if ok else (None, None, [])
+    tokens = config.tokens_per_iteration
+    phases = {phase: spread(_finite(_at(iterations.get(phase), config.phase_iterations))) for phase in PHASES}
+    losses = iterations.get("loss") or []
+    return {
+        "placement": name,
+        "checkpointing": p.checkpointing,
+        "offload": p.offload,
+        "hooks": raw.get("hooks"),
+        "status": result.get("status", "failed"),
+        "reason": result.get("reason"),
+        "micro_batch": config.micro_batch,
+        "tokens_per_iteration": tokens,
+        "headline_ms": ms,
+        "headline": how,
+        "tokens_per_s": tokens / (ms / 1e3) if ms else None,
+        "e2e_iteration_ms": median(e2e_samples(iterations, config)) if ok else None,
+        **{phase: None if s is None else s.median for phase, s in phases.items()},
+        "spread": {phase: None if s is None else s.to_dict() for phase, s in phases.items()},
+        "peak_activation_bytes": peak,
+        "peak_activation_gib": None if peak is None else peak / GIB,
+        "measure": measure,
+        "peak_activation_bytes_per_iteration": per_iteration,
+        "accounting_peak_bytes": max(_finite(_at(raw.get("accounting_bytes"), range(config.warmup, config.steps))),
+                                     default=None),
+        "act": counters(result, config) if ok else None,
+        "losses": losses,
+        "final_loss": losses[-1] if losses else None,
+        "peak_gpu_gib": result.get("peak_gpu_gib"),
+        "peak_host_gib": result.get("peak_host_gib"),
+        "device": result.get("device"),
+        "elapsed_s": result.get("elapsed_s"),
+        "log": result.get("log"),
+        "reused": bool(result.get("reused")),
+    }
+
+
+def compare_to_keep(placements: list[dict[str, Any]]) -> None:
+    """Add ``overhead_vs_keep`` (time / keep's - 1), ``reduction_vs_keep`` (1 - peak / keep's) and ``loss_vs_keep``
+    (largest absolute loss difference over the iterations, and whether every loss is identical) to every summary;
+    None where keep or the placement did not complete."""
+    keep = next((p for p in placements if p["placement"] == "keep" and p["status"] == "ok"), None)
+    for p in placements:
+        ok = keep is not None and p["status"] == "ok"
+        p["overhead_vs_keep"] = (p["headline_ms"] / keep["headline_ms"] - 1.0
+                                 if ok and p["headline_ms"] and keep["headline_ms"] else None)
+        p["reduction_vs_keep"] = (1.0 - p["peak_activation_bytes"] / keep["peak_activation_bytes"]
+                                  if ok and p["peak_activation_bytes"] is not None and keep["peak_activation_bytes"]
+                                  else None)
+        pairs = list(zip(p["losses"], keep["losses"])) if ok else []
+        p["loss_vs_keep"] = None if not pairs else {
+            "max_abs_diff": max(abs(a - b) for a, b in pairs if a is not None and b is not None),
+            "identical": all(a == b for a, b in pairs) and len(p["losses"]) == len(keep["losses"]),
+            "iterations_compared": len(pairs)}
+
+
+def probe_of(result: dict[str, Any], config: BenchConfig, budget_bytes: float, source: str = "probe") -> Probe:
+    """The search probe a worker's result (or a placement's own run) stands for: it fits when it completed with its
+    peak activation memory within ``budget_bytes``; not when it ran out of memory; unknown otherwise."""
+    status = result.get("status", "failed")
+    common = {"micro_batch": config.micro_batch, "status": status, "reason": result.get("reason"), "source": source,
+              "elapsed_s": result.get("elapsed_s"), "log": result.get("log")}
+    if status == "oom":
+        return Probe(fits=False, **common)
+    if status != "ok":
+        return Probe(fits=None, **common)
+    peak, _, _ = activation_peak(result, config)
+    ms, _ = headline(result, config)
+    tokens_per_s = config.tokens_per_iteration / (ms / 1e3) if ms else None
+    if peak is None:
+        return Probe(fits=None, tokens_per_s=tokens_per_s,
+                     **{**common, "reason": "no activation memory measured (no GPU statistics, no offload hooks)"})
+    return Probe(fits=peak <= budget_bytes, peak_bytes=peak, tokens_per_s=tokens_per_s, **common)
+
+
+def rok_document(hardware: dict[str, Any], versions: dict[str, Any], rok: RokConfig, model: dict[str, Any],
+                 placements: list[dict[str, Any]], date: str, timing_note: str, disk: dict[str, Any] | None,
+                 budget: dict[str, Any] | None, interrupted: bool) -> dict[str, Any]:
+    """The rok.json document: the settings, the host, every placement's figures, the search and the claims."""
+    config = rok.bench
+    measures = sorted({p["measure"] for p in placements if p.get("measure")})
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "rok_curve",
+        "date": date,
+        "hardware": hardware,
+        "versions": versions,
+        "config": config.to_dict(),
+        "rok": rok.to_dict(),
+        "model": model,
+        "measurement": {
+            "warmup_iterations": list(range(1, config.warmup + 1)),
+            "measured_iterations": list(range(config.warmup + 1, config.steps + 1)),
+            "e2e_iterations": [k + 1 for k in config.e2e_iterations],
+            "phase_iterations": [k + 1 for k in config.phase_iterations],
+            "headline": "the median end-to-end iteration (unsynchronised, as the bench's headline); the "
+                        "synchronised median where no iteration was timed end to end",
+            "memory_measures": {m: MEASURES[m] for m in measures},
+            "timing": timing_note,
+        },
+        "interrupted": interrupted,
+        "disk": disk,
+        "placements": placements,
+        "budget": budget,
+        "claims": rok_claims(placements),
+    }

@@ -1,0 +1,92 @@
+"""Owns the search for the largest micro-batch that fits a memory budget: doubling, then bisection (pure Python).
+
+From the micro-batch the placement ran with: while it fits, double it (up to ``max_micro_batch``); once one does
+not fit, bisect between the largest that fitted and the smallest that did not. If the starting micro-batch does not
+fit, bisect between 0 and it. Whether a micro-batch fits is the probe function's answer (:class:`Probe`): ``True``,
+``False``, or ``None`` when the run could not tell (it failed for another reason, timed out, or was not run), which
+stops the search with what it knows so far. Every probe is kept, in the order run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["SEARCH_STATUSES", "Probe", "search_micro_batch"]
+
+#: How a search ended: the largest fitting micro-batch found; every micro-batch up to the cap fits; not even one
+#: fits; a probe could not tell (the largest known to fit is a lower bound).
+SEARCH_STATUSES = ("found", "capped", "none fits", "incomplete")
+
+
+@dataclass
+class Probe:
+    """One micro-batch tried."""
+
+    micro_batch: int
+    fits: bool | None
+    """Whether its peak activation memory fits the budget (and it did not run out of memory); None: unknown."""
+    peak_bytes: int | None = None
+    """Its peak activation memory, when it completed."""
+    tokens_per_s: float | None = None
+    """Its throughput, when it completed."""
+    status: str = "ok"
+    """The worker's status: ``ok``, ``oom``, ``failed``, ``timeout``, ``skipped``."""
+    reason: str | None = None
+    source: str = "probe"
+    """``probe`` (a short run of its own) or ``placement run`` (the placement's own, at the starting micro-batch)."""
+    elapsed_s: float | None = None
+    log: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable copy."""
+        return asdict(self)
+
+
+def search_micro_batch(start: int, probe: Callable[[int], Probe], max_micro_batch: int,
+                       known: Probe | None = None) -> dict[str, Any]:
+    """The largest micro-batch that fits, searched from ``start`` with ``probe``; ``known`` is the answer for a
+    micro-batch already measured (the placement's own run), used instead of probing it again.
+
+    Returns ``status`` (one of :data:`SEARCH_STATUSES`), ``largest_micro_batch`` (0 when none fits, the largest
+    known to fit when incomplete), its ``peak_bytes`` and ``tokens_per_s``, ``reason`` and every probe in order.
+    """
+    if start < 1 or max_micro_batch < start:
+        raise ValueError(f"micro-batch search: start {start} must be >= 1 and <= max_micro_batch {max_micro_batch}")
+    probes: list[Probe] = []
+
+    def ask(micro_batch: int) -> Probe:
+        answer = known if known is not None and known.micro_batch == micro_batch else probe(micro_batch)
+        probes.append(answer)
+        return answer
+
+    def done(status: str, best: Probe | None, reason: str | None = None) -> dict[str, Any]:
+        return {"status": status, "largest_micro_batch": best.micro_batch if best else 0,
+                "peak_bytes": best.peak_bytes if best else None, "tokens_per_s": best.tokens_per_s if best else None,
+                "reason": reason, "probes": [p.to_dict() for p in probes]}
+
+    def unknown(p: Probe, best: Probe | None) -> dict[str, Any]:
+        return done("incomplete", best, f"micro-batch {p.micro_batch}: {p.status}: {p.reason}")
+
+    first = ask(start)
+    if first.fits is None:
+        return unknown(first, None)
+    fitting: Probe | None = first if first.fits else None
+    too_big: Probe | None = None if first.fits else first
+    while too_big is None:  # doubling
+        assert fitting is not None
+        if fitting.micro_batch >= max_micro_batch:
+            return done("capped", fitting, f"every micro-batch up to --max-micro-batch {max_micro_batch} fits")
+        p = ask(min(2 * fitting.micro_batch, max_micro_batch))
+        if p.fits is None:
+            return unknown(p, fitting)
+        fitting, too_big = (p, None) if p.fits else (fitting, p)
+    while too_big.micro_batch - (fitting.micro_batch if fitting else 0) > 1:  # bisection
+        p = ask(((fitting.micro_batch if fitting else 0) + too_big.micro_batch) // 2)
+        if p.fits is None:
+            return unknown(p, fitting)
+        fitting, too_big = (p, too_big) if p.fits else (fitting, p)
+    if fitting is None:
+        return done("none fits", None, "micro-batch 1 does not fit")
+    return done("found", fitting)
