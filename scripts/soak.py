@@ -65,7 +65,7 @@ def train_one(label: str, args: argparse.Namespace) -> dict[str, Any]:
     from lightning_dos import DeepOptimizerStatesStrategy, ZeRO3OffloadStrategy
     from lightning_dos.data.synthetic import SyntheticDataModule
     from lightning_dos.models.module import GPTModule
-    from lightning_dos.planning.plan import Lane, Plan
+    from lightning_dos.planning.plan import random_plan
 
     class RandomPlan(pl.Callback):
         """A new random plan before every backward (set at batch start), from a seeded generator."""
@@ -76,10 +76,7 @@ def train_one(label: str, args: argparse.Namespace) -> dict[str, Any]:
 
         def on_train_batch_start(self, trainer: pl.Trainer, *_: Any) -> None:
             manager = trainer.strategy.manager
-            lanes = [self.rng.choice((Lane.HOST, Lane.DEVICE)) for _ in manager.sizes]
-            host = [i for i, lane in enumerate(lanes) if lane == Lane.HOST]
-            self.rng.shuffle(host)
-            plan = Plan(lanes=tuple(lanes), buffers=self.rng.choice((1, 2, 3)), source="soak", host_order=tuple(host))
+            plan = random_plan(self.rng, len(manager.sizes), source="soak")
             manager.set_plan(plan)
             self.lanes.append(plan.lane_letters())
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import lightning_dos  # noqa: F401  (registers the strategy)
 from lightning_dos import DeepOptimizerStatesStrategy, ZeRO3OffloadStrategy
 from lightning_dos.optim import adamw, weight_decay_groups
+from lightning_dos.planning.plan import random_plan
 
 VOCAB = 97
 SEQ = 16
@@ -109,8 +111,8 @@ def train(
 ) -> RunResult:
     rec = LossRecorder()
     callbacks: list[pl.Callback] = [rec]
-    if every_step is not None:
-        callbacks.append(every_step)
+    if every_step is not None:  # one callback or several
+        callbacks.extend(every_step if isinstance(every_step, (list, tuple)) else [every_step])
     trainer = pl.Trainer(
         accelerator=accelerator,
         devices=1,
@@ -156,3 +158,18 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     import os
 
     return {**{k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}, **extra}
+
+
+class RandomPlanEveryStep(pl.Callback):
+    """Sets a fresh random plan (lanes, buffering, host order: ``random_plan``) before every step; ``seen`` holds the
+    lanes of each, in order."""
+
+    def __init__(self, seed: int = 7) -> None:
+        self.rng = random.Random(seed)
+        self.seen: list[str] = []
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: object, batch: object, idx: int) -> None:
+        manager = trainer.strategy.manager
+        plan = random_plan(self.rng, len(manager.sizes))
+        manager.set_plan(plan)
+        self.seen.append(plan.lane_letters())

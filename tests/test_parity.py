@@ -7,14 +7,12 @@ every step: a device-lane subgroup that missed either would drift from the contr
 
 from __future__ import annotations
 
-import random
-
 import lightning.pytorch as pl
 import pytest
 import torch
-from parity import TinyLM, rel, train
+from parity import RandomPlanEveryStep, TinyLM, rel, train
 
-from lightning_dos.planning.plan import Lane, Plan
+from lightning_dos.planning.plan import Lane
 
 CLIP = 0.05
 FP32_TOL = 1e-5
@@ -76,23 +74,6 @@ def test_device_lane_follows_the_lr_schedule(vanilla_fp32: dict[int, object]) ->
 def test_clipping_is_active(vanilla_fp32: dict[int, object]) -> None:
     unclipped = train(None, steps=6, clip=None)
     assert rel(unclipped.masters, vanilla_fp32[1].masters) > 1e-4
-
-
-class RandomPlanEveryStep(pl.Callback):
-    """Sets a fresh random plan before every step (what the GPU soak test does for 200+ steps)."""
-
-    def __init__(self, seed: int = 7) -> None:
-        self.rng = random.Random(seed)
-        self.seen: list[str] = []
-
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: object, batch: object, idx: int) -> None:
-        manager = trainer.strategy.manager
-        lanes = tuple(self.rng.choice([Lane.HOST, Lane.DEVICE]) for _ in manager.sizes)
-        host = [i for i, lane in enumerate(lanes) if lane is Lane.HOST]
-        self.rng.shuffle(host)  # the host lane in a random order too
-        manager.set_plan(Plan(lanes=lanes, buffers=self.rng.choice([1, 2, 3]), source="random",
-                              host_order=tuple(host)))
-        self.seen.append("".join(lane.letter for lane in lanes))
 
 
 def test_random_plan_every_step_matches_vanilla(vanilla_fp32: dict[int, object]) -> None:

@@ -75,14 +75,14 @@ def uses_gpu(config: BenchConfig, hardware: dict[str, Any]) -> bool:
     return config.accelerator == "auto" and bool(hardware.get("gpu_count"))
 
 
-def _timing_note(config: BenchConfig, hardware: dict[str, Any], devices: list[dict[str, Any]]) -> str:
+def phase_timing_note(config: BenchConfig, hardware: dict[str, Any], devices: list[dict[str, Any]]) -> str:
     """How phases were timed, from the devices the workers reported (merged into ``hardware``)."""
     merge_worker_device(hardware, devices[0] if devices else None)
     on_gpu = any(d.get("type") == "cuda" for d in devices) or (not devices and uses_gpu(config, hardware))
     return GPU_TIMING if on_gpu else CPU_TIMING
 
 
-def _prepare(config: BenchConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+def prepare_invocation(config: BenchConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     """The host and the model of an invocation, text data tokenised once first if it uses any."""
     hardware = hardware_info()
     if config.data == "text":
@@ -90,7 +90,7 @@ def _prepare(config: BenchConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     return hardware, describe_model(config)
 
 
-def _relative(path: str | None, root: Path) -> str | None:
+def relative_path(path: str | None, root: Path) -> str | None:
     if path is None:
         return None
     try:
@@ -99,11 +99,11 @@ def _relative(path: str | None, root: Path) -> str | None:
         return path
 
 
-def _elapsed(result: dict[str, Any]) -> str:
+def elapsed_note(result: dict[str, Any]) -> str:
     return f" ({result['elapsed_s']:.0f} s)" if result.get("elapsed_s") is not None else ""
 
 
-class _Processes:
+class WorkerProcesses:
     """An invocation's worker processes, one at a time: after an interruption the rest are not run."""
 
     def __init__(self, bar: Any, out_dir: Path, mode: str) -> None:
@@ -124,7 +124,7 @@ class _Processes:
             except KeyboardInterrupt:  # the worker is already stopped; report what ran
                 self.interrupted = True
                 result = complete(skipped(spec, "interrupted while running"))
-        result["log"] = _relative(result.get("log"), self.out_dir)
+        result["log"] = relative_path(result.get("log"), self.out_dir)
         return result
 
     def done(self, line: str) -> None:
@@ -133,9 +133,9 @@ class _Processes:
 
 
 @contextmanager
-def _processes(total: int, mode: str, unit: str, out_dir: Path, progress: bool) -> Iterator[_Processes]:
+def worker_processes(total: int, mode: str, unit: str, out_dir: Path, progress: bool) -> Iterator[WorkerProcesses]:
     with tqdm(total=total, desc=mode, unit=unit, disable=not progress, dynamic_ncols=True) as bar:
-        yield _Processes(bar, out_dir, mode)
+        yield WorkerProcesses(bar, out_dir, mode)
 
 
 # ------------------------------------------------------------------ strategy comparison
@@ -177,7 +177,7 @@ def run_line(index: int, total: int, result: dict[str, Any], config: BenchConfig
     if result.get("reused"):
         head += " (reused from an earlier invocation)"
     if result["status"] != "ok":
-        return f"{head}: {result['status'].upper()}: {result.get('reason')}{_elapsed(result)}"
+        return f"{head}: {result['status'].upper()}: {result.get('reason')}{elapsed_note(result)}"
     iterations = result["iterations"]
     it = {k: median([iterations[k][i] for i in config.phase_iterations if i < len(iterations[k])])
           for k in ("fwd_ms", "bwd_ms", "step_ms", "iteration_ms")}
@@ -191,7 +191,7 @@ def run_line(index: int, total: int, result: dict[str, Any], config: BenchConfig
     e2e_text = f"e2e {e2e:.1f} ms/iteration, " if e2e is not None else ""
     return (f"{head}: ok  {e2e_text}{tokens_per_s or 0:,.0f} tokens/s  synchronised {_num(it['iteration_ms'])} ms "
             f"(fwd {_num(it['fwd_ms'])} | bwd {_num(it['bwd_ms'])} | step {_num(it['step_ms'])})  {memory}  "
-            f"loss {iterations['loss'][-1]:.4f}{_elapsed(result)}")
+            f"loss {iterations['loss'][-1]:.4f}{elapsed_note(result)}")
 
 
 def _num(value: float | None, digits: int = 1) -> str:
@@ -235,18 +235,18 @@ def run_bench(config: BenchConfig, out_dir: Path, launcher: Launcher = launch, p
     """
     now = now or datetime.now(timezone.utc)
     out_dir.mkdir(parents=True, exist_ok=True)
-    hardware, model = _prepare(config)
+    hardware, model = prepare_invocation(config)
     specs = expand(config)
     runs = schedule(specs, config.repeats)
     raw: dict[str, list[dict[str, Any]]] = {spec.label: [] for spec in specs}
-    with _processes(len(runs), "bench", "config", out_dir, progress) as processes:
+    with worker_processes(len(runs), "bench", "config", out_dir, progress) as processes:
         for index, spec in enumerate(runs, start=1):
             processes.begin(spec)
             run_dir = out_dir / "runs" / f"{spec.slug}_r{spec.repeat}"
             too_big = no_offload_skip_reason(config, model, hardware, spec.devices)
             not_here = devices_skip_reason(spec, config, hardware)
             if resume and (prior := reusable_result(config, spec, run_dir)):
-                result = {**prior, "log": _relative(prior["log"], out_dir)}  # on disk: reused even after Ctrl-C
+                result = {**prior, "log": relative_path(prior["log"], out_dir)}  # on disk: reused even after Ctrl-C
             elif not_here and not processes.interrupted:
                 result = {**skipped(spec, not_here), "log": None}
             elif too_big and KINDS[spec.strategy].keeps_states_on_device and not processes.interrupted:
@@ -257,7 +257,7 @@ def run_bench(config: BenchConfig, out_dir: Path, launcher: Launcher = launch, p
             processes.done(run_line(index, len(runs), result, config))
     results = [aggregate(spec, raw[spec.label], config, model) for spec in specs]
     base = compare_to_baseline(results)
-    timing = _timing_note(config, hardware, [r["device"] for r in results if r.get("device")])
+    timing = phase_timing_note(config, hardware, [r["device"] for r in results if r.get("device")])
     doc = bench_document(hardware, versions(), config, model, results, now.isoformat(timespec="seconds"), timing)
     doc["interrupted"] = processes.interrupted
     doc["reused"] = sorted({r["label"] for runs_ in raw.values() for r in runs_ if r.get("reused")})
@@ -341,14 +341,14 @@ def budget_line(index: int, total: int, budget: Budget, summary: dict[str, Any],
         where = summary["fixed"].get("failed_plan")
         return (f"{head} {str(result.get('status')).upper()}: {result.get('reason')}"
                 + (f" during plan {where}" if where else "") + f"; {done}/{len(plans)} fixed plans completed"
-                + _elapsed(result))
+                + elapsed_note(result))
     best_text = f"best {best['plan']} {best['update_ms']:.1f} ms" if best else "no plan measured"
     error = summary["prediction_error_median"]
     error_text = f", median prediction error {error:.1%}" if error is not None else ""
     auto_text = (f"auto {a['update_ms']:.1f} ms" if a["update_ms"] is not None else "auto: no measured update phase")
     fraction = f" (device fraction {a['device_fraction']:.2f})" if a["device_fraction"] is not None else ""
     return (f"{head} ok  {done}/{len(plans)} fixed plans, {best_text}{error_text}; {auto_text}{fraction}"
-            f"{_elapsed(result)}")
+            f"{elapsed_note(result)}")
 
 
 def run_sweep(sweep: SweepConfig, out_dir: Path, launcher: Launcher = launch, progress: bool = True,
@@ -356,7 +356,7 @@ def run_sweep(sweep: SweepConfig, out_dir: Path, launcher: Launcher = launch, pr
     """Run the sweep's processes; write sweep.json, sweep.md and sweep.png under ``out_dir``; return the JSON."""
     now = now or datetime.now(timezone.utc)
     out_dir.mkdir(parents=True, exist_ok=True)
-    hardware, model = _prepare(sweep.bench)
+    hardware, model = prepare_invocation(sweep.bench)
     software = versions()
     budgets = budgets_of(sweep)
     if not budgets:
@@ -365,7 +365,7 @@ def run_sweep(sweep: SweepConfig, out_dir: Path, launcher: Launcher = launch, pr
     devices: list[dict[str, Any]] = []
     extra = {"sweep": {"plans": list(sweep.plans), "steps_per_plan": sweep.steps_per_plan,
                        "auto_steps": sweep.auto_steps}}
-    with _processes(len(budgets), "sweep", "process", out_dir, progress) as processes:
+    with worker_processes(len(budgets), "sweep", "process", out_dir, progress) as processes:
         for index, budget in enumerate(budgets, start=1):
             spec, config = process_spec(sweep, budget), sweep.process_config(budget)
             processes.begin(spec)
@@ -384,7 +384,7 @@ def run_sweep(sweep: SweepConfig, out_dir: Path, launcher: Launcher = launch, pr
             summaries.append(summary)
             # after every budget, so a sweep stopped from outside still leaves the budgets it finished
             doc = sweep_document(hardware, software, sweep, model, summaries, now.isoformat(timespec="seconds"),
-                                 _timing_note(sweep.bench, hardware, devices), processes.interrupted)
+                                 phase_timing_note(sweep.bench, hardware, devices), processes.interrupted)
             doc["budgets_planned"] = [b.to_dict() for b in budgets]
             write_sweep_outputs(doc, out_dir)
     return doc

@@ -304,6 +304,15 @@ def stride_lanes(n: int, stride: int) -> tuple[Lane, ...]:
     return tuple(Lane.DEVICE if (i + 1) % stride == 0 else Lane.HOST for i in range(n))
 
 
+def random_plan(rng: Any, n: int, source: str = "random") -> Plan:
+    """A random plan for ``n`` subgroups from ``rng`` (a ``random.Random``): each subgroup's lane, the host lane's
+    order and the buffering depth (1-3), drawn in that order (the tests and the soak change the plan every step)."""
+    lanes = tuple(rng.choice([Lane.HOST, Lane.DEVICE]) for _ in range(n))
+    host = [i for i, lane in enumerate(lanes) if lane is Lane.HOST]
+    rng.shuffle(host)
+    return Plan(lanes=lanes, buffers=rng.choice([1, 2, 3]), source=source, host_order=tuple(host))
+
+
 def resolve_plan(spec: PlanSpec | Any, sizes: Sequence[int], buffers: int = 2) -> Plan:
     """The concrete plan for an explicit ``plan`` value and the partition's subgroup sizes."""
     spec = parse_plan(spec)

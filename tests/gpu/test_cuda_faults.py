@@ -42,20 +42,7 @@ class _LossScale(pl.Callback):
         self.skipped.append(bool(opt.overflow))
 
 
-class _Both(pl.Callback):
-    def __init__(self, *callbacks: pl.Callback) -> None:
-        self.callbacks = callbacks
-
-    def on_before_optimizer_step(self, *args: Any) -> None:
-        for cb in self.callbacks:
-            cb.on_before_optimizer_step(*args)
-
-    def on_train_batch_end(self, *args: Any) -> None:
-        for cb in self.callbacks:
-            cb.on_train_batch_end(*args)
-
-
-def _fp16(plan: Any, every_step: pl.Callback) -> Any:
+def _fp16(plan: Any, every_step: Any) -> Any:
     # hysteresis 1: the first overflow lowers the scale (Lightning's default, 2, lowers it at the second in a row)
     return train(plan, steps=6, precision="16-mixed", clip=1.0, model=_InfGradAt(), accelerator="cuda",
                  strategy=make_strategy(plan, hysteresis=1), every_step=every_step)
@@ -63,7 +50,7 @@ def _fp16(plan: Any, every_step: pl.Callback) -> Any:
 
 def test_fp16_overflow_skips_both_lanes_and_lowers_the_scale() -> None:
     around, scale, ref_scale = _StateAround(), _LossScale(), _LossScale()
-    run = _fp16(0.5, _Both(around, scale))
+    run = _fp16(0.5, [around, scale])
     ref = _fp16(None, ref_scale)
     assert scale.skipped[INF_AT] and scale.skipped == ref_scale.skipped
     assert scale.scales[INF_AT] < scale.scales[INF_AT - 1] and scale.scales == ref_scale.scales

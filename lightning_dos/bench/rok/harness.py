@@ -22,13 +22,13 @@ from typing import Any
 from lightning_dos.bench.environment import versions
 from lightning_dos.bench.harness import (
     Launcher,
-    _elapsed,
-    _prepare,
-    _Processes,
-    _processes,
-    _relative,
-    _timing_note,
+    WorkerProcesses,
+    elapsed_note,
+    phase_timing_note,
+    prepare_invocation,
+    relative_path,
     uses_gpu,
+    worker_processes,
 )
 from lightning_dos.bench.launcher import launch
 from lightning_dos.bench.results import write_json
@@ -83,14 +83,14 @@ class _Runs:
     def __init__(self, rok: RokConfig, out_dir: Path, on_gpu: bool, launcher: Launcher, resume: bool) -> None:
         self.rok, self.out_dir, self.on_gpu, self.launcher, self.resume = rok, out_dir, on_gpu, launcher, resume
 
-    def run(self, processes: _Processes, name: str, micro_batch: int | None = None) -> dict[str, Any]:
+    def run(self, processes: WorkerProcesses, name: str, micro_batch: int | None = None) -> dict[str, Any]:
         rok = self.rok
         spec, config = rok.spec(name, micro_batch), rok.run_config(name, micro_batch)
         run_dir = self.out_dir / "runs" / spec.slug
         payload = _payload(rok, name, micro_batch, self.on_gpu)
         processes.begin(spec)
         if self.resume and not processes.interrupted and (prior := reusable(run_dir, payload)):
-            return {**prior, "log": _relative(prior["log"], self.out_dir)}
+            return {**prior, "log": relative_path(prior["log"], self.out_dir)}
         extra = {ACTIVATIONS_KEY: payload[ACTIVATIONS_KEY]}
         return processes.run(spec, lambda: self.launcher(config, spec, run_dir, extra=extra))
 
@@ -99,13 +99,13 @@ def placement_line(index: int, total: int, summary: dict[str, Any]) -> str:
     """One line summarising a finished placement run, printed as it completes."""
     head = f"[{index}/{total}] {summary['placement']}" + (" (reused)" if summary.get("reused") else "")
     if summary["status"] != "ok":
-        return f"{head}: {summary['status'].upper()}: {summary['reason']}{_elapsed(summary)}"
+        return f"{head}: {summary['status'].upper()}: {summary['reason']}{elapsed_note(summary)}"
     act = summary.get("act") or {}
     moved = f"  offloaded {format_bytes(act.get('offloaded_bytes'))}/iteration" if act.get("offloaded_bytes") else ""
     ms = summary["headline_ms"]
     return (f"{head}: ok  {ms or 0:.1f} ms/iteration ({summary['headline']}), {summary['tokens_per_s'] or 0:,.0f} "
             f"tokens/s  peak activation memory {format_bytes(summary['peak_activation_bytes'])} "
-            f"({summary['measure']}){moved}  loss {summary['final_loss']:.4f}{_elapsed(summary)}")
+            f"({summary['measure']}){moved}  loss {summary['final_loss']:.4f}{elapsed_note(summary)}")
 
 
 def probe_line(name: str, probe: Probe, budget_gib: float) -> str:
@@ -117,10 +117,10 @@ def probe_line(name: str, probe: Probe, budget_gib: float) -> str:
         return f"{head}: does not fit: out of memory"
     verdict = "fits" if probe.fits else "does not fit"
     return (f"{head}: {verdict} ({format_bytes(probe.peak_bytes)} vs {budget_gib:g} GiB), "
-            f"{probe.tokens_per_s or 0:,.0f} tokens/s{_elapsed(probe.to_dict())}")
+            f"{probe.tokens_per_s or 0:,.0f} tokens/s{elapsed_note(probe.to_dict())}")
 
 
-def _search(rok: RokConfig, runs: _Runs, processes: _Processes, name: str, own: dict[str, Any]) -> dict[str, Any]:
+def _search(rok: RokConfig, runs: _Runs, processes: WorkerProcesses, name: str, own: dict[str, Any]) -> dict[str, Any]:
     """The micro-batch search of placement ``name``; ``own`` is its run's raw result (the starting micro-batch)."""
     assert rok.budget_gib is not None
     budget = rok.budget_gib * GIB
@@ -155,7 +155,7 @@ def run_rok(rok: RokConfig, out_dir: Path, launcher: Launcher = launch, progress
     rok.png under ``out_dir``; return the JSON document."""
     now = now or datetime.now(timezone.utc)
     out_dir.mkdir(parents=True, exist_ok=True)
-    hardware, model = _prepare(rok.bench)
+    hardware, model = prepare_invocation(rok.bench)
     software = versions()
     on_gpu = uses_gpu(rok.bench, hardware)
     disk = None
@@ -171,14 +171,14 @@ def run_rok(rok: RokConfig, out_dir: Path, launcher: Launcher = launch, progress
         compare_to_keep(summaries)
         measure = next((s["measure"] for s in summaries if s.get("measure")), None)
         doc = rok_document(hardware, software, rok, model, summaries, now.isoformat(timespec="seconds"),
-                           _timing_note(rok.bench, hardware, devices), disk, budget_section(rok, searches, measure),
-                           interrupted)
+                           phase_timing_note(rok.bench, hardware, devices), disk,
+                           budget_section(rok, searches, measure), interrupted)
         doc["placements_planned"] = list(rok.placements)
         write_outputs(doc, out_dir)
         return doc
 
     total = len(rok.placements)
-    with _processes(total, "rok", "placement", out_dir, progress) as processes:
+    with worker_processes(total, "rok", "placement", out_dir, progress) as processes:
         for index, name in enumerate(rok.placements, start=1):
             result = runs.run(processes, name)
             raw[name] = result
@@ -190,7 +190,7 @@ def run_rok(rok: RokConfig, out_dir: Path, launcher: Launcher = launch, progress
             document(processes.interrupted)
         interrupted = processes.interrupted
     if rok.budget_gib is not None and not interrupted:
-        with _processes(None, "budget search", "probe", out_dir, progress) as processes:
+        with worker_processes(None, "budget search", "probe", out_dir, progress) as processes:
             for name in rok.placements:
                 searches.append(_search(rok, runs, processes, name, raw[name]))
                 document(processes.interrupted)
