@@ -518,8 +518,10 @@ def test_e2e_headline_from_raw_end_times() -> None:
     compare_to_baseline([base, dos])
     assert dos["speedup_vs_zero3_offload"]["e2e_iteration"] == 62.5 / 23.4375
     claim = next(c for c in check_claims([base, dos]) if c["claim"] == E2E_CLAIM)
-    assert claim["value"] == 62.5 / 23.4375 and claim["status"] == "met"
+    assert claim["value"] == 62.5 / 23.4375 and claim["status"] == "missed"  # 2.67x, under the 3.5x target
     assert claim["detail"] == "dos(auto) 23.4 ms vs zero3_offload 62.5 ms, end to end"
+    faster = dict(dos, e2e_iteration_ms=62.5 / 3.5)
+    assert next(c for c in check_claims([base, faster]) if c["claim"] == E2E_CLAIM)["status"] == "met"
 
     # no warm-up: the first end-to-end sample runs from the training start
     first = BenchConfig(steps=2, warmup=0, e2e_steps=1)

@@ -41,7 +41,8 @@ EPILOG = """examples:
 NOT_FOR_SWEEP = {"strategies": "--strategies", "ratios": "--ratios", "plans": "--plans (use --sweep-plans)",
                  "repeats": "--repeats", "force_no_offload": "--force-no-offload",
                  "memory_budget_gib": "--memory-budget-gib (use --budgets)",
-                 "e2e_steps": "--e2e-steps (the sweep times update phases, every iteration synchronised)"}
+                 "e2e_steps": "--e2e-steps (the sweep times update phases, every iteration synchronised)",
+                 "overlap": "--overlap (the sweep times update phases, which overlap would hide)"}
 #: Options of the plan sweep only.
 SWEEP_ONLY = {"sweep_plans": "--sweep-plans", "steps_per_plan": "--steps-per-plan", "budgets": "--budgets"}
 #: Options of the ROK curve only (``--activations``), and the RokConfig field each sets.
@@ -52,7 +53,7 @@ ROK_ONLY = {"nvme_path": ("--nvme-path", "nvme_path"),
             "max_micro_batch": ("--max-micro-batch", "max_micro_batch"),
             "disk_probe_mib": ("--disk-probe-mib", "disk_probe_mib")}
 #: Options that mean nothing to the ROK curve (one strategy, one device, the placements set checkpointing).
-NOT_FOR_ROK = {"ratios": "--ratios", "repeats": "--repeats",
+NOT_FOR_ROK = {"ratios": "--ratios", "repeats": "--repeats", "overlap": "--overlap",
                "force_no_offload": "--force-no-offload",
                "activation_checkpointing": "--[no-]activation-checkpointing (each placement sets it)"}
 
@@ -71,6 +72,14 @@ class Invocation:
     """The plan sweep to run instead of the strategy comparison (``--sweep``), or None."""
     rok: RokConfig | None = None
     """The ROK curve to run instead of the strategy comparison (``--activations``), or None."""
+
+
+def _on_off(text: str) -> bool:
+    """``on`` or ``off`` as a bool."""
+    value = text.strip().lower()
+    if value not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"{text!r}: use on or off")
+    return value == "on"
 
 
 def _count(text: str) -> int:
@@ -137,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="DOS fixed plans run besides auto: host, device, a fraction, stride:K, or one lane per "
                        "subgroup joined by commas (host,device,...); with --activations, the one plan every placement "
                        "runs under (default auto)")
+    which.add_argument("--overlap", nargs="+", type=_on_off, metavar="off|on",
+                       help="DOS with the update phase overlapped with the next forward (on), without (off) or both "
+                       "(off on): one row each (default off)")
     which.add_argument("--memory-budget-gib", dest="memory_budget_gib", type=float, metavar="GIB",
                        help="DOS device-lane memory budget in GiB (default: what is free)")
     which.add_argument("--pin-memory", dest="pin_memory", action=argparse.BooleanOptionalAction,

@@ -71,6 +71,8 @@ class BenchConfig:
     """Static-split ratios (share of the optimizer state DeepSpeed keeps on the host)."""
     plans: list[str] = field(default_factory=lambda: list(DEFAULT_PLANS))
     """DOS plans: ``auto`` plus any fixed plans (host, device, a fraction, stride:K, or lanes joined by commas)."""
+    overlap: list[bool] = field(default_factory=lambda: [False])
+    """DOS runs with the update phase overlapped with the next forward (True), without (False), or both, in order."""
     data: str = "synthetic"
     """Token source: ``synthetic`` (deterministic random tokens) or ``text`` (a tokenised corpus)."""
     data_paths: list[str] | None = None
@@ -173,6 +175,9 @@ class BenchConfig:
         for ratio in self.ratios:
             if not 0.0 <= ratio < 1.0:
                 problems.append(f"ratios: {ratio} must be in [0, 1) (1.0 is zero3_offload itself)")
+        if (not isinstance(self.overlap, list) or not self.overlap
+                or not all(isinstance(value, bool) for value in self.overlap)):
+            problems.append(f"overlap: {self.overlap!r} must be a non-empty list of true/false (--overlap off on)")
         if self.data not in DATA_SOURCES:
             problems.append(f"data: {self.data!r}; choose one of {', '.join(DATA_SOURCES)}")
         if not self.timeout_s > 0:

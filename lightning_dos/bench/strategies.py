@@ -36,6 +36,8 @@ BASELINE = "zero3_offload"
 DEFAULT_PLANS = ("auto",)
 #: DeepSpeed static-split ratios (fraction of the optimizer state kept on the host).
 DEFAULT_RATIOS = (0.25, 0.5, 0.75)
+#: What a DOS row's plan is followed by in its label when the update overlaps the next forward: ``dos(auto,overlap)``.
+OVERLAP_SUFFIX = ",overlap"
 
 
 @dataclass
@@ -52,6 +54,9 @@ class RunSpec:
     """Index of this repeat, from 0."""
     devices: int = 1
     """Data-parallel ranks (devices) the configuration trains on; its label ends in ``@dp<N>`` above 1."""
+    overlap: bool = False
+    """DOS only: the update phase overlapped with the next forward (``overlap=True``); its label ends in
+    ``,overlap)``."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable copy."""
@@ -106,6 +111,13 @@ def dos_plans(config: BenchConfig) -> list[str]:
     return plans
 
 
+def dos_rows(config: BenchConfig) -> list[RunSpec]:
+    """DOS's configurations: every plan of :func:`dos_plans`, once per ``config.overlap`` setting."""
+    return [RunSpec(label=f"dos({plan}{OVERLAP_SUFFIX if overlap else ''})", strategy="deep_optimizer_states",
+                    plan=plan, overlap=overlap)
+            for plan in dos_plans(config) for overlap in dict.fromkeys(config.overlap)]
+
+
 def _offload(config: BenchConfig, spec: RunSpec) -> Any:
     from lightning_dos.baselines import ZeRO3OffloadStrategy
 
@@ -117,7 +129,8 @@ def _dos(config: BenchConfig, spec: RunSpec) -> Any:
     from lightning_dos import DeepOptimizerStatesStrategy
 
     return DeepOptimizerStatesStrategy(plan=plan_argument(str(spec.plan)), sub_group_size=config.sub_group_size,
-                                       memory_budget_gib=config.memory_budget_gib, pin_memory=config.pin_memory)
+                                       memory_budget_gib=config.memory_budget_gib, pin_memory=config.pin_memory,
+                                       overlap=spec.overlap)
 
 
 def _no_offload(config: BenchConfig, spec: RunSpec) -> Any:
@@ -165,9 +178,8 @@ KINDS: dict[str, StrategyKind] = {kind.name: kind for kind in (
         lambda config: [RunSpec(label=f"static_split({ratio:g})", strategy="static_split", plan=ratio)
                         for ratio in dict.fromkeys(float(r) for r in config.ratios)], _offload),
     StrategyKind(
-        "deep_optimizer_states", "Deep Optimizer States: auto, plus any fixed plans asked for",
-        lambda config: [RunSpec(label=f"dos({plan})", strategy="deep_optimizer_states", plan=plan)
-                        for plan in dos_plans(config)], _dos),
+        "deep_optimizer_states", "Deep Optimizer States: auto, plus any fixed plans asked for, with the update "
+        "overlapped or not (--overlap)", dos_rows, _dos),
     StrategyKind(
         "no_offload", "ZeRO-3 with everything on the GPU", lambda config: [
             RunSpec(label="no_offload", strategy="no_offload", plan=None)], _no_offload, keeps_states_on_device=True),
