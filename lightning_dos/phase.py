@@ -45,7 +45,7 @@ class Phase:
         self.finished = threading.Event()
         self.worker_end = 0.0  # time.perf_counter() when the worker had issued everything
         self._device_wait = device_wait
-        self._finish: Callable[[], Any] = lambda: None
+        self._finish: Callable[[], Any] = _nothing
         self._raised = False
         self._joined = False
         self._result: Any = None
@@ -108,13 +108,18 @@ class Phase:
             return self._result
         self.finished.wait()
         self._joined = True
+        finish, self._finish = self._finish, _nothing  # drops the closure: no cycle keeps the phase's buffers alive
         if self.error is not None:
             self._raise_failure()
             return None
-        self._result = self._finish()
+        self._result = finish()
         return self._result
 
     def _raise_failure(self) -> None:
         if self.error is not None and not self._raised:
             self._raised = True
             raise self.error
+
+
+def _nothing() -> None:
+    return None

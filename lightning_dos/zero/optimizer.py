@@ -292,15 +292,38 @@ class InterleavedZeroOptimizer(_VanillaStage3):
 
     def grads_to_host(self, sub_group_ids: Any) -> None:
         """Bring the device-kept gradients of ``sub_group_ids`` (host lane, demoted) to the host buffers now, on the
-        calling thread (a blocking copy: the worker of an overlapped phase must not make one)."""
+        calling thread (the worker of an overlapped phase must make no blocking copy). Each is widened on the device
+        and sent with a non-blocking copy; the host waits once per ``_HOST_STAGING_NUMEL`` elements in flight."""
+        in_flight: list[torch.Tensor] = []
         for i in sub_group_ids:
-            self._grad_to_host(i)
+            staging = self._grad_to_host(i, wait=False)
+            if staging is None:
+                continue
+            in_flight.append(staging)
+            if sum(t.numel() for t in in_flight) >= _HOST_STAGING_NUMEL:
+                get_accelerator().current_stream().synchronize()
+                in_flight.clear()
+        if in_flight:
+            get_accelerator().current_stream().synchronize()
 
-    def _grad_to_host(self, sub_group_id: int) -> None:
-        """A subgroup planned for the device lane was demoted: bring its device gradient to the host buffer."""
+    def _grad_to_host(self, sub_group_id: int, wait: bool = True) -> torch.Tensor | None:
+        """A subgroup planned for the device lane was demoted: bring its device gradient to the host buffer.
+
+        The gradient is widened to fp32 on the device first (the same values: widening is exact); a copy across
+        devices and dtypes at once would widen on the host, one slow pass over the whole gradient. With
+        ``wait=False`` and a page-locked host buffer the copy is left in flight on the current stream and the
+        widened tensor returned: keep it until the stream is synchronised."""
         device_grad = self._device_grads().pop(sub_group_id, None)
-        if device_grad is not None:
-            self.fp32_partitioned_groups_flat[sub_group_id].grad.copy_(device_grad)
+        if device_grad is None:
+            return None
+        host = self.fp32_partitioned_groups_flat[sub_group_id].grad
+        if device_grad.device == host.device:
+            host.copy_(device_grad)
+            return None
+        widened = device_grad.to(host.dtype)
+        asynchronous = not wait and host.is_pinned()
+        host.copy_(widened, non_blocking=asynchronous)
+        return widened if asynchronous else None
 
     # ------------------------------------------------------------------ the step
     def step(self, closure: Any = None) -> None:
