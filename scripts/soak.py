@@ -1,7 +1,8 @@
 """The soak (docs/reliability.md): a long run of a small GPT with the plan changing at every step, against vanilla.
 
-Two processes, one after the other, train the same model on the same batches: DOS with a new random plan before
-every backward (random lanes, buffering depth and host order; seeded), and vanilla ZeRO-3 offload. Every step each
+Three processes, one after the other, train the same model on the same batches: DOS with a new random plan before
+every backward (random lanes, buffering depth and host order; seeded), the same with ``overlap=True`` (the update
+phase beside the next forward), and vanilla ZeRO-3 offload. Every step each
 records its loss, its host RSS, its GPU memory (allocated and reserved), its threads (Python's and the process's) and,
 on a GPU, the page-locked host memory the caching host allocator holds. The analysis fits a line to each series past
 the warm-up and reports its slope per 1,000 steps: a leak shows as a slope that does not vanish.
@@ -28,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = ("dos-random-plan", "vanilla")
+RUNS = ("dos-random-plan", "dos-random-plan-overlap", "vanilla")
+#: the control every DOS run's losses are compared with
+CONTROL = "vanilla"
 #: the per-step series each run records (besides the loss)
 SERIES = ("rss_gib", "gpu_allocated_gib", "gpu_reserved_gib", "pinned_host_gib", "python_threads", "os_threads")
 #: steps at the start left out of the slopes (allocator and calibration warm-up)
@@ -103,7 +106,8 @@ def train_one(label: str, args: argparse.Namespace) -> dict[str, Any]:
         strategy: Any = ZeRO3OffloadStrategy(sub_group_size=args.sub_group_size)
         callbacks: list[pl.Callback] = []
     else:
-        strategy = DeepOptimizerStatesStrategy(plan="host", sub_group_size=args.sub_group_size)
+        strategy = DeepOptimizerStatesStrategy(plan="host", sub_group_size=args.sub_group_size,
+                                               overlap=label.endswith("-overlap"))
         callbacks = [RandomPlan(args.seed)]
     sampler = Sampler()
     module = GPTModule(args.model, vocab_size=args.vocab_size, block_size=args.seq_len, learning_rate=args.lr,
@@ -149,19 +153,24 @@ def analyse(runs: dict[str, dict[str, Any]], warmup: int) -> dict[str, Any]:
                 "last": present[-1] if present else None,
                 "max": max(present) if present else None,
             }
-        if label == RUNS[0]:
+        if label != CONTROL:
             entry["distinct_plans"] = run["distinct_plans"]
             entry["plan_changes"] = run["plan_changes"]
         out["runs"][label] = entry
-    dos, vanilla = runs[RUNS[0]]["loss"], runs[RUNS[1]]["loss"]
-    diffs = [abs(a - b) for a, b in zip(dos, vanilla)]
-    out["loss"] = {
-        "steps_compared": len(diffs),
-        "mean_abs_diff": sum(diffs) / len(diffs) if diffs else None,
-        "max_abs_diff": max(diffs) if diffs else None,
-        "max_rel_diff": max((d / abs(b) for d, b in zip(diffs, vanilla) if b), default=None),
-        "final": {"dos": dos[-1] if dos else None, "vanilla": vanilla[-1] if vanilla else None},
-    }
+    vanilla = runs[CONTROL]["loss"]
+    out["loss"] = {}
+    for label in runs:
+        if label == CONTROL:
+            continue
+        dos = runs[label]["loss"]
+        diffs = [abs(a - b) for a, b in zip(dos, vanilla)]
+        out["loss"][label] = {
+            "steps_compared": len(diffs),
+            "mean_abs_diff": sum(diffs) / len(diffs) if diffs else None,
+            "max_abs_diff": max(diffs) if diffs else None,
+            "max_rel_diff": max((d / abs(b) for d, b in zip(diffs, vanilla) if b), default=None),
+            "final": {"dos": dos[-1] if dos else None, "vanilla": vanilla[-1] if vanilla else None},
+        }
     return out
 
 
@@ -184,7 +193,7 @@ def _plot(runs: dict[str, dict[str, Any]], path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].legend()
     axes[-1].set_xlabel("step")
-    fig.suptitle("soak: DOS with a random plan every step, and vanilla ZeRO-3 offload")
+    fig.suptitle("soak: DOS with a random plan every step (overlap off and on), and vanilla ZeRO-3 offload")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -203,10 +212,11 @@ def table(summary: dict[str, Any]) -> str:
                     f"{fmt(run['gpu_reserved_gib']['slope_per_1000_steps'])} | "
                     f"{fmt(run['pinned_host_gib']['slope_per_1000_steps'])} | "
                     f"{threads['first']} -> {threads['last']} |")
-    loss = summary["loss"]
-    rows.append(f"\nloss, DOS vs vanilla over {loss['steps_compared']} steps: "
-                f"mean |delta| {loss['mean_abs_diff']:.3g}, max |delta| {loss['max_abs_diff']:.3g} "
-                f"(max relative {loss['max_rel_diff']:.3g})")
+    rows.append("")
+    for label, loss in summary["loss"].items():
+        rows.append(f"loss, {label} vs {CONTROL} over {loss['steps_compared']} steps: "
+                    f"mean |delta| {loss['mean_abs_diff']:.3g}, max |delta| {loss['max_abs_diff']:.3g} "
+                    f"(max relative {loss['max_rel_diff']:.3g})")
     return "\n".join(rows)
 
 

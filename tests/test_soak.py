@@ -30,18 +30,23 @@ def test_soak_runs_both_strategies_and_reports_slopes(tmp_path: Path) -> None:
     proc = subprocess.run(command, env=subprocess_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "| dos-random-plan | 30 |" in proc.stdout and "loss, DOS vs vanilla over 30 steps" in proc.stdout
+    assert "| dos-random-plan | 30 |" in proc.stdout and "| dos-random-plan-overlap | 30 |" in proc.stdout
+    assert "loss, dos-random-plan-overlap vs vanilla over 30 steps" in proc.stdout
     summary = json.loads((out / "soak.json").read_text())
-    dos, vanilla = summary["runs"]["dos-random-plan"], summary["runs"]["vanilla"]
-    assert dos["steps"] == vanilla["steps"] == 30
-    assert dos["distinct_plans"] >= 10 and dos["plan_changes"] >= 20  # the plan really changed nearly every step
-    for run in (dos, vanilla):
+    dos, overlapped, vanilla = (summary["runs"][label] for label in ("dos-random-plan", "dos-random-plan-overlap",
+                                                                      "vanilla"))
+    assert dos["steps"] == overlapped["steps"] == vanilla["steps"] == 30
+    for run in (dos, overlapped):  # the plan really changed nearly every step
+        assert run["distinct_plans"] >= 10 and run["plan_changes"] >= 20
+    for run in (dos, overlapped, vanilla):
         assert run["rss_gib"]["slope_per_1000_steps"] is not None and run["rss_gib"]["first"] > 0
         assert run["os_threads"]["last"] <= run["os_threads"]["first"]  # no thread left behind (others come and go)
         assert run["python_threads"]["first"] == run["python_threads"]["last"]
         assert run["gpu_reserved_gib"]["slope_per_1000_steps"] is None  # no GPU here: not measured, not zero
     # fp32 on the CPU: the random plans train exactly like vanilla
-    assert summary["loss"]["steps_compared"] == 30 and summary["loss"]["max_rel_diff"] <= 1e-4
+    for label in ("dos-random-plan", "dos-random-plan-overlap"):
+        loss = summary["loss"][label]
+        assert loss["steps_compared"] == 30 and loss["max_rel_diff"] <= 1e-4
     assert (out / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the analysis alone redraws from the runs already there
     again = subprocess.run([*command, "--analyse-only"], env=subprocess_env(), stdin=subprocess.DEVNULL,
