@@ -428,6 +428,27 @@ def test_dry_run_lists_configurations(capsys: pytest.CaptureFixture[str]) -> Non
     assert "1 warm-up, then 1 end to end (unsynchronised), then 2 phase by phase (synchronised)" in printed
 
 
+def test_overlap_adds_dos_rows_and_reaches_the_strategy(capsys: pytest.CaptureFixture[str]) -> None:
+    from lightning_dos.bench.strategies import build_strategy
+
+    invocation = parse_args([*TINY, "--strategies", "deep_optimizer_states", "--plans", "host", "--overlap", "off",
+                             "on"])
+    specs = expand(invocation.config)
+    assert [(s.label, s.plan, s.overlap) for s in specs] == [
+        ("dos(auto)", "auto", False), ("dos(auto,overlap)", "auto", True),
+        ("dos(host)", "host", False), ("dos(host,overlap)", "host", True)]
+    assert [build_strategy(invocation.config, s).overlap for s in specs] == [False, True, False, True]
+    assert RunSpec(**specs[1].to_dict()) == specs[1]  # what a worker rebuilds from its payload
+    assert [s.label for s in expand(parse_args([*TINY, "--strategies", "deep_optimizer_states"]).config)] == [
+        "dos(auto)"]  # off by default
+    for bad in (["--overlap", "maybe"], ["--overlap", "on", "--sweep"], ["--overlap", "on", "--activations", "keep"]):
+        with pytest.raises(SystemExit):
+            parse_args([*TINY, *bad])
+        assert "--overlap" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="overlap"):
+        BenchConfig(overlap=[]).validate()
+
+
 def test_repeats_are_interleaved() -> None:
     specs = expand(BenchConfig(strategies=["zero3_offload", "no_offload"]))
     assert [(s.label, s.repeat) for s in schedule(specs, 2)] == [
