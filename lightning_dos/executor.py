@@ -278,8 +278,6 @@ class UpdateExecutor:
         def finish() -> LaneTimings:
             for event in done:
                 event.synchronize()
-            done.clear()
-            lane.signals = None  # the lane, its buffer slots and the phase hold each other no longer: freed at once
             timings = self._end(begun)
             ends = [end for entry in timings.events for stage, span in entry.items()
                     if stage not in ("subgroup", "lane") for end in span[1:]]

@@ -295,14 +295,17 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         calling thread (the worker of an overlapped phase must make no blocking copy). Each is widened on the device
         and sent with a non-blocking copy; the host waits once per ``_HOST_STAGING_NUMEL`` elements in flight."""
         in_flight: list[torch.Tensor] = []
+        numel = 0
         for i in sub_group_ids:
             staging = self._grad_to_host(i, wait=False)
             if staging is None:
                 continue
             in_flight.append(staging)
-            if sum(t.numel() for t in in_flight) >= _HOST_STAGING_NUMEL:
+            numel += staging.numel()
+            if numel >= _HOST_STAGING_NUMEL:
                 get_accelerator().current_stream().synchronize()
                 in_flight.clear()
+                numel = 0
         if in_flight:
             get_accelerator().current_stream().synchronize()
 
