@@ -79,6 +79,11 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             quarter of the device memory free when the engine is built; ``True``/``False``: always/never; an int:
             DeepSpeed's ``stage3_param_persistence_threshold`` (parameters of at most that many elements persist).
             A persistence threshold in ``config`` wins.
+        leaf_blocks: whether ZeRO-3 hooks each repeated block (the modules of an ``nn.ModuleList``: the transformer
+            blocks) once instead of every layer in it (DeepSpeed's z3 leaf modules; ``lightning_dos.zero.leaf_blocks``):
+            a block's parameters are fetched together and its gradients reduced together when its backward ends.
+            ``"auto"``: on one rank (where every parameter persists, so the per-layer hooks fetch nothing);
+            ``True``/``False``: always/never. A ``leaf_module`` entry in ``config`` wins.
         bind_cores: with several ranks on one host, give each rank's process (its CPU Adam and torch's CPU threads)
             its own block of the host's cores, NUMA node by NUMA node (``lightning_dos.host_binding``), so one rank's
             update phase does not take another's cores. Nothing changes with one rank per host.
@@ -114,6 +119,7 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         cost_overrides: Optional[dict[str, float]] = None,
         pin_memory: bool = True,
         param_persistence: Union[str, bool, int] = "auto",
+        leaf_blocks: Union[str, bool] = "auto",
         bind_cores: bool = True,
         stage: int = 3,
         offload_optimizer: bool = True,
@@ -158,6 +164,11 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             raise ValueError(f"param_persistence: {param_persistence!r}; set 'auto', true, false, or a number of "
                              "elements >= 0 (parameters of at most that many elements stay whole on the device)")
         self.param_persistence = param_persistence
+        if not (leaf_blocks == "auto" or isinstance(leaf_blocks, bool)):
+            raise ValueError(f"leaf_blocks: {leaf_blocks!r}; set 'auto', true or false")
+        self.leaf_blocks = leaf_blocks
+        #: Names of the blocks ZeRO-3 hooks as leaves (empty: hooks on every layer).
+        self.leaf_block_names: list[str] = []
         self.bind_cores = bool(bind_cores)
         self.bound_cores: Optional[list[int]] = None  # this rank's cores, once bound
         self.persistence_threshold: Optional[int] = None  # what prepare_config decided (None: DeepSpeed's default)
@@ -237,6 +248,11 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         zero = self.config["zero_optimization"]
         if self._auto_sub_group_size:
             zero["sub_group_size"] = auto_sub_group_size(_partition_numel(model, self.world_size))
+        if "leaf_module" not in zero and (self.leaf_blocks is True or (self.leaf_blocks == "auto"
+                                                                       and self.world_size == 1)):
+            from lightning_dos.zero.leaf_blocks import mark_leaf_blocks
+
+            self.leaf_block_names = mark_leaf_blocks(model)
         if any(key in zero for key in _PERSISTENCE_KEYS):
             return  # the user's DeepSpeed config decides
         free = _free_device_bytes(self.root_device)
@@ -276,7 +292,9 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             overlap=self.overlap,
         )
         persistent = self.persistence_threshold == PERSIST_ALL
-        rank_zero_info(manager.describe() + ("; 16-bit parameters kept whole on the device" if persistent else ""))
+        blocks = f"; ZeRO-3 hooks {len(self.leaf_block_names)} blocks as leaves" if self.leaf_block_names else ""
+        rank_zero_info(manager.describe() + ("; 16-bit parameters kept whole on the device" if persistent else "")
+                       + blocks)
         return manager
 
     # ------------------------------------------------------------------ overlap: joins

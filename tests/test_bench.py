@@ -449,6 +449,26 @@ def test_overlap_adds_dos_rows_and_reaches_the_strategy(capsys: pytest.CaptureFi
         BenchConfig(overlap=[]).validate()
 
 
+def test_leaf_blocks_adds_dos_rows_and_reaches_the_strategy(capsys: pytest.CaptureFixture[str]) -> None:
+    from lightning_dos.bench.strategies import build_strategy
+
+    invocation = parse_args([*TINY, "--strategies", "deep_optimizer_states", "--overlap", "off", "on",
+                             "--leaf-blocks", "on", "off"])
+    specs = expand(invocation.config)
+    assert [(s.label, s.overlap, s.leaf_blocks) for s in specs] == [
+        ("dos(auto)", False, True), ("dos(auto,layer-hooks)", False, False),
+        ("dos(auto,overlap)", True, True), ("dos(auto,overlap,layer-hooks)", True, False)]
+    assert [build_strategy(invocation.config, s).leaf_blocks for s in specs] == ["auto", False, "auto", False]
+    assert RunSpec(**specs[1].to_dict()) == specs[1]
+    for bad in (["--leaf-blocks", "maybe"], ["--leaf-blocks", "off", "--sweep"],
+                ["--leaf-blocks", "off", "--activations", "keep"]):
+        with pytest.raises(SystemExit):
+            parse_args([*TINY, *bad])
+        assert "--leaf-blocks" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="leaf_blocks"):
+        BenchConfig(leaf_blocks=[]).validate()
+
+
 def test_repeats_are_interleaved() -> None:
     specs = expand(BenchConfig(strategies=["zero3_offload", "no_offload"]))
     assert [(s.label, s.repeat) for s in schedule(specs, 2)] == [

@@ -42,7 +42,8 @@ NOT_FOR_SWEEP = {"strategies": "--strategies", "ratios": "--ratios", "plans": "-
                  "repeats": "--repeats", "force_no_offload": "--force-no-offload",
                  "memory_budget_gib": "--memory-budget-gib (use --budgets)",
                  "e2e_steps": "--e2e-steps (the sweep times update phases, every iteration synchronised)",
-                 "overlap": "--overlap (the sweep times update phases, which overlap would hide)"}
+                 "overlap": "--overlap (the sweep times update phases, which overlap would hide)",
+                 "leaf_blocks": "--leaf-blocks (the sweep times update phases)"}
 #: Options of the plan sweep only.
 SWEEP_ONLY = {"sweep_plans": "--sweep-plans", "steps_per_plan": "--steps-per-plan", "budgets": "--budgets"}
 #: Options of the ROK curve only (``--activations``), and the RokConfig field each sets.
@@ -53,7 +54,7 @@ ROK_ONLY = {"nvme_path": ("--nvme-path", "nvme_path"),
             "max_micro_batch": ("--max-micro-batch", "max_micro_batch"),
             "disk_probe_mib": ("--disk-probe-mib", "disk_probe_mib")}
 #: Options that mean nothing to the ROK curve (one strategy, one device, the placements set checkpointing).
-NOT_FOR_ROK = {"ratios": "--ratios", "repeats": "--repeats", "overlap": "--overlap",
+NOT_FOR_ROK = {"ratios": "--ratios", "repeats": "--repeats", "overlap": "--overlap", "leaf_blocks": "--leaf-blocks",
                "force_no_offload": "--force-no-offload",
                "activation_checkpointing": "--[no-]activation-checkpointing (each placement sets it)"}
 
@@ -149,6 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--overlap", nargs="+", type=_on_off, metavar="off|on",
                        help="DOS with the update phase overlapped with the next forward (on), without (off) or both "
                        "(off on): one row each (default off)")
+    which.add_argument("--leaf-blocks", dest="leaf_blocks", nargs="+", type=_on_off, metavar="on|off",
+                       help="DOS with ZeRO-3 hooking each transformer block once (on, the strategy's default on one "
+                       "device), every layer (off, rows dos(PLAN,layer-hooks)), or both (on off): one row each "
+                       "(default on)")
     which.add_argument("--memory-budget-gib", dest="memory_budget_gib", type=float, metavar="GIB",
                        help="DOS device-lane memory budget in GiB (default: what is free)")
     which.add_argument("--pin-memory", dest="pin_memory", action=argparse.BooleanOptionalAction,

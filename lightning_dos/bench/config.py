@@ -73,6 +73,9 @@ class BenchConfig:
     """DOS plans: ``auto`` plus any fixed plans (host, device, a fraction, stride:K, or lanes joined by commas)."""
     overlap: list[bool] = field(default_factory=lambda: [False])
     """DOS runs with the update phase overlapped with the next forward (True), without (False), or both, in order."""
+    leaf_blocks: list[bool] = field(default_factory=lambda: [True])
+    """DOS runs with ZeRO-3 hooking each transformer block once (True, the strategy's default on one device), every
+    layer (False), or both, in order."""
     data: str = "synthetic"
     """Token source: ``synthetic`` (deterministic random tokens) or ``text`` (a tokenised corpus)."""
     data_paths: list[str] | None = None
@@ -178,6 +181,10 @@ class BenchConfig:
         if (not isinstance(self.overlap, list) or not self.overlap
                 or not all(isinstance(value, bool) for value in self.overlap)):
             problems.append(f"overlap: {self.overlap!r} must be a non-empty list of true/false (--overlap off on)")
+        if (not isinstance(self.leaf_blocks, list) or not self.leaf_blocks
+                or not all(isinstance(value, bool) for value in self.leaf_blocks)):
+            problems.append(f"leaf_blocks: {self.leaf_blocks!r} must be a non-empty list of true/false "
+                            "(--leaf-blocks on off)")
         if self.data not in DATA_SOURCES:
             problems.append(f"data: {self.data!r}; choose one of {', '.join(DATA_SOURCES)}")
         if not self.timeout_s > 0:

@@ -38,6 +38,8 @@ DEFAULT_PLANS = ("auto",)
 DEFAULT_RATIOS = (0.25, 0.5, 0.75)
 #: What a DOS row's plan is followed by in its label when the update overlaps the next forward: ``dos(auto,overlap)``.
 OVERLAP_SUFFIX = ",overlap"
+#: ... and when ZeRO-3 hooks every layer instead of each block (``leaf_blocks=False``): ``dos(auto,layer-hooks)``.
+LAYER_HOOKS_SUFFIX = ",layer-hooks"
 
 
 @dataclass
@@ -57,6 +59,9 @@ class RunSpec:
     overlap: bool = False
     """DOS only: the update phase overlapped with the next forward (``overlap=True``); its label ends in
     ``,overlap)``."""
+    leaf_blocks: bool = True
+    """DOS only: ZeRO-3 hooks each transformer block once (``leaf_blocks="auto"``, the default) or, when False, every
+    layer (``leaf_blocks=False``); the label then ends in ``,layer-hooks)``."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable copy."""
@@ -112,10 +117,12 @@ def dos_plans(config: BenchConfig) -> list[str]:
 
 
 def dos_rows(config: BenchConfig) -> list[RunSpec]:
-    """DOS's configurations: every plan of :func:`dos_plans`, once per ``config.overlap`` setting."""
-    return [RunSpec(label=f"dos({plan}{OVERLAP_SUFFIX if overlap else ''})", strategy="deep_optimizer_states",
-                    plan=plan, overlap=overlap)
-            for plan in dos_plans(config) for overlap in dict.fromkeys(config.overlap)]
+    """DOS's configurations: every plan of :func:`dos_plans`, once per ``config.overlap`` and ``config.leaf_blocks``
+    setting."""
+    return [RunSpec(label=f"dos({plan}{OVERLAP_SUFFIX if overlap else ''}{'' if leaf else LAYER_HOOKS_SUFFIX})",
+                    strategy="deep_optimizer_states", plan=plan, overlap=overlap, leaf_blocks=leaf)
+            for plan in dos_plans(config) for overlap in dict.fromkeys(config.overlap)
+            for leaf in dict.fromkeys(config.leaf_blocks)]
 
 
 def _offload(config: BenchConfig, spec: RunSpec) -> Any:
@@ -130,7 +137,7 @@ def _dos(config: BenchConfig, spec: RunSpec) -> Any:
 
     return DeepOptimizerStatesStrategy(plan=plan_argument(str(spec.plan)), sub_group_size=config.sub_group_size,
                                        memory_budget_gib=config.memory_budget_gib, pin_memory=config.pin_memory,
-                                       overlap=spec.overlap)
+                                       overlap=spec.overlap, leaf_blocks="auto" if spec.leaf_blocks else False)
 
 
 def _no_offload(config: BenchConfig, spec: RunSpec) -> Any:

@@ -58,15 +58,18 @@ def clear_release_cache() -> None:
 
 
 def remove_gradient_hooks(optimizer: Any) -> int:
-    """Remove the ZeRO optimizer's hooks on the parameters' gradient accumulators; return how many there were.
+    """Remove the ZeRO optimizer's gradient hooks (on the parameters' gradient accumulators, and on leaf modules);
+    return how many there were.
 
     Training with this optimizer is over once they are gone: a later backward no longer reaches it.
     """
-    hooks = getattr(optimizer, "_grad_acc_hooks", None) or []
-    for hook in hooks:
-        hook.remove()
-    count = len(hooks)
-    hooks.clear()
+    count = 0
+    for attribute in ("_grad_acc_hooks", "_leaf_module_hooks"):  # the second: leaf blocks' full backward hooks
+        hooks = getattr(optimizer, attribute, None) or []
+        for hook in hooks:
+            hook.remove()
+        count += len(hooks)
+        hooks.clear()
     accumulators = getattr(optimizer, "grad_accs", None)
     if isinstance(accumulators, list):
         accumulators.clear()
