@@ -28,6 +28,7 @@ RUN_L_VANILLA = BENCHMARKS / "gpt-2.7b_H200_2026-11-21_runL_vanilla.json"
 RUN_L_BACKWARD = BENCHMARKS / "gpt-2.7b_H200_2026-11-21_runL_backward.json"
 RUN_P = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runP.json"
 RUN_P2 = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runP2.json"
+RUN_S = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runS.json"
 
 
 def _result(label: str, strategy: str, plan: str, iteration: float, step: float, gpu: float, loss: float) -> dict:
@@ -68,8 +69,8 @@ def test_claims_of_run_h_as_quoted_in_the_docs() -> None:
 
 
 def test_run_p_every_peer_as_quoted_in_the_docs() -> None:
-    """Run P (every peer, one invocation, H200): the README's gpt-2.7b row and the peers it names, end to end; the
-    claims its report prints are the ones the claim checks give for its results."""
+    """Run P (every peer, one invocation, H200): the figures its index row and docs/strategy.md quote, end to end;
+    the claims its report prints are the ones the claim checks give for its results."""
     doc = json.loads(RUN_P.read_text())
     results = doc["results"]
     claims = _by_claim(check_claims(results))
@@ -95,6 +96,28 @@ def test_run_p_every_peer_as_quoted_in_the_docs() -> None:
     overlapped = after["dos(auto,overlap)"]
     assert (round(overlapped["fwd_ms"]), round(overlapped["step_ms"])) == (626, 179)
     assert (round(after["dos(auto)"]["fwd_ms"]), round(after["dos(auto)"]["step_ms"])) == (141, 571)
+
+
+def test_run_s_leaf_blocks_as_quoted_in_the_docs() -> None:
+    """Run S (H200): the README's gpt-2.7b row and peers, and the leaf-blocks A/B its report and docs quote."""
+    doc = json.loads(RUN_S.read_text())
+    results = {r["label"]: r for r in doc["results"]}
+    claims = _by_claim(check_claims(doc["results"]))
+    assert {name: c["status"] for name, c in claims.items()} == {c["claim"]: c["status"] for c in doc["claims"]}
+    quoted = {"zero3_offload": (3612, 11.55), "dos(auto)": (1257, 12.28), "dos(auto,layer-hooks)": (1173, 12.28),
+              "torchao_offload": (972, 27.55), "plain": (368, 48.32)}
+    assert {label: (round(results[label]["e2e_iteration_ms"]), round(results[label]["peak_gpu_gib"], 2))
+            for label in quoted} == quoted
+    leaf, layers = results["dos(auto)"], results["dos(auto,layer-hooks)"]
+    assert [round(leaf[k]) for k in ("fwd_ms", "bwd_ms", "step_ms")] == [158, 381, 578]
+    assert [round(layers[k]) for k in ("fwd_ms", "bwd_ms", "step_ms")] == [159, 437, 518]
+    assert (round(leaf["spread"]["bwd_ms"]["min"]), round(layers["spread"]["bwd_ms"]["min"])) == (290, 404)
+    assert round(results["zero3_offload"]["e2e_iteration_ms"] / leaf["e2e_iteration_ms"], 2) == 2.87
+    assert round(leaf["e2e_iteration_ms"] / results["torchao_offload"]["e2e_iteration_ms"], 2) == 1.29
+    assert round((leaf["fwd_ms"] + leaf["bwd_ms"]) / (results["plain"]["fwd_ms"] + results["plain"]["bwd_ms"]),
+                 2) == 1.56
+    assert {c["status"] for name, c in claims.items() if name.startswith("end-to-end")} == {"missed"}
+    assert claims["forward + backward vs plain"]["status"] == "missed"
 
 
 def _row(label: str, strategy: str, e2e: float, gpu: float, fwd: float = 100.0, bwd: float = 200.0,

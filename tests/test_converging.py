@@ -59,7 +59,8 @@ def test_three_runs_of_the_debug_recipe_end_to_end(tmp_path: Path, monkeypatch: 
 
 
 def test_the_committed_gpu_run_gives_the_figures_docs_converging_quotes(tmp_path: Path) -> None:
-    """docs/converging.md's table and speeds, re-derived from the three runs' committed logs."""
+    """The first GPU run's figures (its control stopped at step 142; the index's superseded row quotes them),
+    re-derived from the three runs' committed logs."""
     import shutil
 
     committed = Path(converging.ROOT) / "docs" / "benchmarks" / "converging_gpt2-124m_H100_2026-11-25"
@@ -84,4 +85,35 @@ def test_the_committed_gpu_run_gives_the_figures_docs_converging_quotes(tmp_path
     dos, vanilla = figures("dos-auto"), figures("vanilla")
     assert (round(dos["tokens_per_s"] / 1e3, 1), round(vanilla["tokens_per_s"] / 1e3, 1)) == (33.7, 25.3)
     assert (round(dos["iteration_ms"]), round(vanilla["iteration_ms"])) == (243, 323)
+    assert (round(dos["peak_gpu_gib"], 1), round(vanilla["peak_gpu_gib"], 1)) == (7.7, 7.6)
+
+
+def test_the_full_length_gpu_run_gives_the_figures_docs_converging_quotes() -> None:
+    """docs/converging.md's table, from the committed converging.json; DOS vs vanilla and the speeds re-derived from
+    the two committed logs (the control's log was not brought back from the GPU host)."""
+    committed = Path(converging.ROOT) / "docs" / "benchmarks" / "converging_gpt2-124m_H100_2026-11-25_full"
+    summary = json.loads((committed / "converging.json").read_text())
+    train, val = summary["train/loss"], summary["val/loss"]
+    assert train["dos_vs_vanilla"]["steps"] == train["vanilla_vs_vanilla"]["steps"] == 300
+    quoted = {"dos_vs_vanilla": ("9.57e-02", "1.06e-02", ["8.78e-03", "1.81e-02", "1.00e-02", "5.52e-03"]),
+              "vanilla_vs_vanilla": ("4.93e-02", "6.64e-03", ["2.51e-03", "1.12e-02", "8.05e-03", "4.81e-03"])}
+    for pair, (top, mean, windows) in quoted.items():
+        assert (f"{train[pair]['max']:.2e}", f"{train[pair]['mean']:.2e}") == (top, mean), pair
+        assert [f"{w['mean']:.2e}" for w in train[pair]["windows"]] == windows, pair
+    assert [f"{w['mean']:.2e}" for w in val["dos_vs_vanilla"]["windows"]] == ["8.69e-03", "5.72e-03", "1.66e-03"]
+    assert [f"{w['mean']:.2e}" for w in val["vanilla_vs_vanilla"]["windows"]] == ["1.77e-02", "3.50e-03", "1.06e-03"]
+    final = {label: (round(v["train/loss"], 4), round(v["val/loss"], 4)) for label, v in summary["final"].items()}
+    assert final == {"dos-auto": (4.4032, 3.8881), "vanilla": (4.4013, 3.8865), "vanilla-control": (4.3985, 3.8875)}
+    runs = {label: converging.read_run(committed, label) for label in ("dos-auto", "vanilla")}
+    again = converging.distances(runs["dos-auto"]["train/loss"], runs["vanilla"]["train/loss"])
+    assert again["mean"] == pytest.approx(train["dos_vs_vanilla"]["mean"], rel=1e-12)
+    from recipe_run import summary as run_summary
+
+    def figures(label: str) -> dict:
+        with open(committed / label / "version_0" / "metrics.csv", newline="") as handle:
+            return run_summary(list(csv.DictReader(handle)))
+
+    dos, vanilla = figures("dos-auto"), figures("vanilla")
+    assert (round(dos["iteration_ms"]), round(vanilla["iteration_ms"])) == (248, 317)
+    assert (round(dos["tokens_per_s"] / 1e3, 1), round(vanilla["tokens_per_s"] / 1e3, 1)) == (33.0, 25.8)
     assert (round(dos["peak_gpu_gib"], 1), round(vanilla["peak_gpu_gib"], 1)) == (7.7, 7.6)

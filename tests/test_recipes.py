@@ -284,3 +284,11 @@ def test_data_defaults_to_text_and_synthetic_is_selectable(tmp_path: Path) -> No
     assert type(cli.datamodule) is SyntheticDataModule
     assert (cli.model.config.vocab_size, cli.model.config.block_size) == (96, 16)
     assert cli.datamodule.batch_size == 4  # the recipe's batch_size carried over to the new class
+
+
+def test_the_family_table_of_docs_recipes_gives_each_recipes_steps() -> None:
+    text = (ROOT / "docs" / "recipes.md").read_text()
+    family = text[text.index("## The family"):text.index("## The largest model")]
+    steps = {cells[1].strip(" `"): int(cells[6].replace(",", ""))
+             for cells in (line.split("|") for line in family.splitlines() if line.startswith("| `"))}
+    assert steps == {p.stem: yaml.safe_load(p.read_text())["trainer"]["max_steps"] for p in RECIPES}
