@@ -38,11 +38,12 @@ class ResidualBlock(torch.nn.Module):
 
 
 class BlockLM(TinyLM):
-    """Embedding -> a ``ModuleList`` of residual blocks, each under activation checkpointing -> head."""
+    """Embedding -> a ``ModuleList`` of residual blocks, each under activation checkpointing (non-reentrant, or the
+    reentrant kind many model libraries default to) -> head."""
 
-    def __init__(self, freeze_embedding: bool = False, **kwargs: Any) -> None:
+    def __init__(self, freeze_embedding: bool = False, reentrant: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.freeze_embedding = freeze_embedding
+        self.freeze_embedding, self.reentrant = freeze_embedding, reentrant
 
     def configure_model(self) -> None:
         if self.net is not None:
@@ -60,7 +61,7 @@ class BlockLM(TinyLM):
         x, y = batch
         h = self.net["embed"](x)
         for block in self.net["blocks"]:
-            h = checkpoint(block, h, use_reentrant=False)
+            h = checkpoint(block, h, use_reentrant=self.reentrant)
         logits = self.net["head"](h)
         return torch.nn.functional.cross_entropy(logits.float().view(-1, VOCAB), y.view(-1))
 
@@ -93,10 +94,11 @@ def test_the_blocks_are_the_modules_of_a_module_list() -> None:
         assert repeated_blocks(model) == []
 
 
-@pytest.mark.parametrize("accumulate", [1, 2])
-def test_leaf_blocks_train_like_vanilla_zero3_hooking_every_layer(accumulate: int) -> None:
-    vanilla = train(None, steps=5, accumulate=accumulate, clip=CLIP, model=BlockLM())
-    dos = train(0.5, steps=5, accumulate=accumulate, clip=CLIP, model=BlockLM())
+@pytest.mark.parametrize(("accumulate", "reentrant"), [(1, False), (2, False), (1, True)],
+                         ids=["non-reentrant", "accumulate-2", "reentrant"])
+def test_leaf_blocks_train_like_vanilla_zero3_hooking_every_layer(accumulate: int, reentrant: bool) -> None:
+    vanilla = train(None, steps=5, accumulate=accumulate, clip=CLIP, model=BlockLM(reentrant=reentrant))
+    dos = train(0.5, steps=5, accumulate=accumulate, clip=CLIP, model=BlockLM(reentrant=reentrant))
     assert _block_layers_hooked(vanilla.strategy.lightning_module) == [True] * BLOCKS
     assert _block_layers_hooked(dos.strategy.lightning_module) == [False] * BLOCKS
     assert dos.strategy.leaf_block_names == [f"net.blocks.{i}" for i in range(BLOCKS)]
