@@ -83,7 +83,9 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             blocks) once instead of every layer in it (DeepSpeed's z3 leaf modules; ``lightning_dos.zero.leaf_blocks``):
             a block's parameters are fetched together and its gradients reduced together when its backward ends.
             ``"auto"``: on one rank (where every parameter persists, so the per-layer hooks fetch nothing);
-            ``True``/``False``: always/never. A ``leaf_module`` entry in ``config`` wins.
+            ``True``/``False``: always/never (on several ranks a whole block is gathered at once and its gradients
+            reduced only when its backward ends: more device memory, later communication; not measured). A
+            ``leaf_module`` entry in ``config`` wins.
         bind_cores: with several ranks on one host, give each rank's process (its CPU Adam and torch's CPU threads)
             its own block of the host's cores, NUMA node by NUMA node (``lightning_dos.host_binding``), so one rank's
             update phase does not take another's cores. Nothing changes with one rank per host.
