@@ -117,6 +117,14 @@ def test_leaf_blocks_false_keeps_zero3_hooks_on_every_layer() -> None:
     assert _block_layers_hooked(run.strategy.lightning_module) == [True] * BLOCKS
 
 
+def test_a_leaf_module_entry_in_the_deepspeed_config_wins() -> None:
+    config = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "sub_group_size": 2000,
+                                    "leaf_module": {"names": []}}}
+    run = train(0.5, steps=1, model=BlockLM(), strategy=make_strategy(0.5, config=config))
+    assert run.strategy.leaf_block_names == []
+    assert _block_layers_hooked(run.strategy.lightning_module) == [True] * BLOCKS
+
+
 def test_a_block_whose_inputs_need_no_gradient_is_refused() -> None:
     with pytest.raises(RuntimeError, match=r"leaf_blocks: block 'net.blocks.0'.*set leaf_blocks: false"):
         train(0.5, steps=1, model=BlockLM(freeze_embedding=True))
