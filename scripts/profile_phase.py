@@ -1,27 +1,37 @@
-"""Profile the backward pass of one training iteration under a bench strategy (no offload, ZeRO-3 offload, DOS).
+"""Profile the forward or the backward pass of one training iteration under a bench strategy (plain, no offload,
+ZeRO-3 offload, DOS).
 
 Builds exactly what a ``lightning-dos bench`` worker builds (module, data, strategy: the helpers of
-``lightning_dos.bench``), trains ``--steps`` iterations and runs ``torch.profiler`` over the *last* iteration's
-backward only: from ``on_before_backward`` to ``on_after_backward``, i.e. ``engine.backward`` with its gradient
-hooks, reduce-scatter, gradient partitioning and epilogue. On a GPU the device is synchronised at both ends
-(outside the timed window at the start, inside it at the end), so the window holds every kernel the backward
-queued and the wall time is comparable to the bench's ``bwd_ms``.
+``lightning_dos.bench``), trains ``--steps`` iterations, times one window of every iteration and runs
+``torch.profiler`` over the *last* iteration's window only. ``--phase`` picks the window, the same spans as the
+bench's ``fwd_ms`` and ``bwd_ms``:
+
+* ``forward``: from ``on_train_batch_start`` to ``on_before_backward``, i.e. the engine's forward and the loss
+  (with Lightning's ``zero_grad``, which runs between the two);
+* ``backward`` (the default): from ``on_before_backward`` to ``on_after_backward``, i.e. ``engine.backward`` with
+  its gradient hooks, reduce-scatter, gradient partitioning and epilogue.
+
+On a GPU the device is synchronised at both ends (outside the timed window at the start, inside it at the end), so
+the window holds every kernel the phase queued and its wall time is comparable to the bench's figure. ``--strategy
+plain`` (no ZeRO, everything on the device) is the floor the others are measured against.
 
 Written to ``--out``:
 
-* ``summary.json``: the backward wall time of every iteration (the profiled one separately, the profiler costs
-  a little), every synchronising CUDA runtime call (count and total host time, with the operators that issued
-  it), kernel launches, device kernels / copies by kind, busy time per stream and device idle time in the
-  window, and the number of calls of the operators that matter for per-parameter gradient work;
+* ``summary.json``: the phase and its wall time in every iteration (the profiled one separately, the profiler
+  costs a little), every synchronising CUDA runtime call (count and total host time, with the operators that
+  issued it), kernel launches, device kernels / copies by kind, busy time per stream and device idle time in the
+  window, the number of calls of the operators that matter for per-parameter gradient work and the ZeRO-3
+  optimizer's settings as it runs them (None under ``plain``, which has no ZeRO-3 optimizer);
 * ``ops_by_self_cpu.txt`` and, on a GPU, ``ops_by_self_device.txt``: ``key_averages`` tables, top rows;
 * ``trace.json.gz``: the Chrome trace of the window (open it in Perfetto or chrome://tracing).
 
 A short summary table goes to stdout. On a CPU-only machine it runs too (DeepSpeed's CPU accelerator): the
 CUDA figures are then zero and the operator counts still show the per-parameter work.
 
-GPU host example::
+GPU host examples::
 
-    python scripts/profile_backward.py --model gpt-2.7b --strategy dos --plan device --out runs/profile/dos-device
+    python scripts/profile_phase.py --model gpt-2.7b --strategy dos --plan device --out runs/profile/dos-device
+    python scripts/profile_phase.py --model gpt-2.7b --strategy plain --phase forward --out runs/profile/plain-fwd
 """
 
 from __future__ import annotations
@@ -42,7 +52,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 #: ``--strategy`` choices and the bench strategy kind each one runs.
-STRATEGY_KINDS = {"no_offload": "no_offload", "zero3_offload": "zero3_offload", "dos": "deep_optimizer_states"}
+STRATEGY_KINDS = {"plain": "plain", "no_offload": "no_offload", "zero3_offload": "zero3_offload",
+                  "dos": "deep_optimizer_states"}
+#: ``--phase`` choices: the Lightning hooks that open and close each window.
+PHASE_WINDOWS = {"forward": ("on_train_batch_start", "on_before_backward"),
+                 "backward": ("on_before_backward", "on_after_backward")}
 #: CUDA runtime calls after which the host has waited for the device (``cudaStreamWaitEvent`` only orders
 #: streams, it is counted because every cross-stream dependency of ZeRO-3 goes through it).
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
@@ -69,18 +83,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     defaults = BenchConfig()
     p = argparse.ArgumentParser(
-        description="Profile the last iteration's backward pass under one bench strategy.",
+        description="Profile the last iteration's forward or backward pass under one bench strategy.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--model", default=defaults.model, choices=sorted(PRESETS), help="model preset")
     p.add_argument("--strategy", default="dos", choices=sorted(STRATEGY_KINDS),
-                   help="no_offload (ZeRO-3), zero3_offload (vanilla optimizer offload) or dos")
+                   help="plain (no ZeRO, everything on the device: the floor), no_offload (ZeRO-3), zero3_offload "
+                   "(vanilla optimizer offload) or dos")
+    p.add_argument("--phase", default="backward", choices=sorted(PHASE_WINDOWS),
+                   help="the window timed every iteration and profiled in the last one: forward "
+                   "(on_train_batch_start -> on_before_backward: forward and loss) or backward "
+                   "(on_before_backward -> on_after_backward)")
     p.add_argument("--plan", default="auto", help="DOS plan (auto, host, device, a fraction, stride:K, lanes "
-                   "joined by commas); ignored by the other strategies")
+                   "joined by commas); used by dos only, ignored by the other strategies")
     p.add_argument("--seq-len", type=int, default=defaults.seq_len, help="tokens per sequence")
     p.add_argument("--micro-batch", type=int, default=defaults.micro_batch, help="sequences per iteration")
     p.add_argument("--precision", default=defaults.precision, help="Lightning precision, e.g. bf16-mixed, 32-true")
-    p.add_argument("--steps", type=int, default=4, help="iterations to train; the last one's backward is profiled")
+    p.add_argument("--steps", type=int, default=4, help="iterations to train; the last one's phase is profiled")
     p.add_argument("--accelerator", default=defaults.accelerator, help="auto, gpu/cuda or cpu")
     p.add_argument("--sub-group-size", type=float, default=defaults.sub_group_size,
                    help="parameters per optimizer-state subgroup")
@@ -92,10 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=defaults.seed, help="model and data seed")
     p.add_argument("--zero", action="append", default=[], metavar="KEY=VALUE",
                    help="set zero_optimization.KEY in the strategy's DeepSpeed config (JSON value), e.g. "
-                   "reduce_bucket_size=5e8 or reduce_scatter=false; repeatable, applied to any strategy")
+                   "reduce_bucket_size=5e8 or reduce_scatter=false; repeatable, applied to any strategy but "
+                   "plain (which has no DeepSpeed config)")
     p.add_argument("--max-reduce-events", type=int, default=None, metavar="N",
                    help="reduce buckets ZeRO-3 may queue before backward waits for the oldest "
-                   "(max_param_reduce_events, DeepSpeed's default 2)")
+                   "(max_param_reduce_events, DeepSpeed's default 2); not with plain (no ZeRO-3 optimizer)")
     p.add_argument("--with-stack", action="store_true", help="record Python stacks (bigger trace; names the "
                    "source line behind each synchronising call)")
     p.add_argument("--rows", type=int, default=40, help="rows of each operator table")
@@ -109,6 +129,7 @@ def bench_config(args: argparse.Namespace) -> tuple[Any, Any]:
     from lightning_dos.bench.strategies import RunSpec
 
     kind = STRATEGY_KINDS[args.strategy]
+    dos = kind == "deep_optimizer_states"
     sub_group_size = float(args.sub_group_size)
     if sub_group_size != int(sub_group_size):
         raise SystemExit(f"--sub-group-size: {args.sub_group_size} is not a whole number of parameters")
@@ -116,12 +137,12 @@ def bench_config(args: argparse.Namespace) -> tuple[Any, Any]:
         model=args.model, n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, vocab_size=args.vocab_size,
         seq_len=args.seq_len, micro_batch=args.micro_batch, precision=args.precision,
         activation_checkpointing=not args.no_activation_checkpointing, sub_group_size=int(sub_group_size),
-        steps=args.steps, warmup=min(3, args.steps - 1), strategies=[kind], plans=[args.plan] if kind ==
-        "deep_optimizer_states" else [], seed=args.seed, accelerator=args.accelerator, out=str(args.out),
+        steps=args.steps, warmup=min(3, args.steps - 1), strategies=[kind], plans=[args.plan] if dos else [],
+        seed=args.seed, accelerator=args.accelerator, out=str(args.out),
     )
     config.validate()
-    plan: str | float | None = {"no_offload": None, "zero3_offload": 1.0}.get(kind, args.plan)
-    label = f"dos({args.plan})" if kind == "deep_optimizer_states" else kind
+    plan: str | float | None = args.plan if dos else {"zero3_offload": 1.0}.get(kind)  # None: no_offload, plain
+    label = f"dos({args.plan})" if dos else kind
     return config, RunSpec(label=label, strategy=kind, plan=plan)
 
 
@@ -143,38 +164,42 @@ def zero_overrides(pairs: list[str]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- the profiler hook
-def _backward_profiler_class() -> type:
+def is_zero3(optimizer: Any) -> bool:
+    """Whether ``optimizer`` is DeepSpeed's ZeRO-3 optimizer (or a subclass: DOS's): it has the reduce-event knob."""
+    return optimizer is not None and hasattr(optimizer, "max_param_reduce_events")
+
+
+def _phase_profiler_class() -> type:
     """The Lightning callback class (built lazily so ``--help`` does not import torch)."""
     import lightning.pytorch as pl
     import torch
 
-    class BackwardProfiler(pl.Callback):
-        """Times every backward pass and runs ``torch.profiler`` over the ``profile_at``-th one (1-based)."""
+    class PhaseProfiler(pl.Callback):
+        """Times one phase's window (:data:`PHASE_WINDOWS`) of every iteration and runs ``torch.profiler`` over the
+        ``profile_at``-th one (1-based)."""
 
-        def __init__(self, profile_at: int, with_stack: bool, max_reduce_events: int | None = None) -> None:
+        def __init__(self, phase: str, profile_at: int, with_stack: bool,
+                     max_reduce_events: int | None = None) -> None:
+            if phase not in PHASE_WINDOWS:
+                raise ValueError(f"phase: {phase!r} is not one of {', '.join(PHASE_WINDOWS)}")
+            self.phase = phase
             self.profile_at = profile_at
             self.with_stack = with_stack
             self.max_reduce_events = max_reduce_events
             self.calls = 0
-            self.backward_ms: list[float] = []
+            self.phase_ms: list[float] = []
             self.profiled_ms: float | None = None
             self.prof: Any = None
-            self._started = 0.0
+            self._started: float | None = None
             self._device: torch.device | None = None
 
         def _sync(self) -> None:
             if self._device is not None and self._device.type == "cuda":
                 torch.cuda.synchronize(self._device)
 
-        def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-            self._device = trainer.strategy.root_device
-            if self.max_reduce_events is not None:  # the engine exists now; its ZeRO-3 optimizer reads it per bucket
-                optimizer = getattr(trainer.strategy.model, "optimizer", None)
-                if not hasattr(optimizer, "max_param_reduce_events"):
-                    raise RuntimeError("--max-reduce-events: the engine's optimizer is not DeepSpeed's ZeRO-3 one")
-                optimizer.max_param_reduce_events = self.max_reduce_events
-
-        def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
+        def _open(self) -> None:
+            """The window's start: the device synchronised first (outside it), the profiler started if it is the
+            one to profile."""
             self.calls += 1
             self._sync()
             if self.calls == self.profile_at:
@@ -185,16 +210,43 @@ def _backward_profiler_class() -> type:
                 self.prof.start()
             self._started = time.perf_counter()
 
-        def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-            self._sync()  # inside the window: the backward is over when its kernels are
+        def _close(self) -> None:
+            """The window's end: the device synchronised inside it (the phase is over when its kernels are)."""
+            if self._started is None:
+                return  # the closing hook without its opening one (cannot happen in one Lightning iteration)
+            self._sync()
             elapsed_ms = (time.perf_counter() - self._started) * 1e3
+            self._started = None
             if self.prof is not None and self.profiled_ms is None:
                 self.prof.stop()
                 self.profiled_ms = elapsed_ms
             else:
-                self.backward_ms.append(elapsed_ms)
+                self.phase_ms.append(elapsed_ms)
 
-    return BackwardProfiler
+        def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            self._device = trainer.strategy.root_device
+            if self.max_reduce_events is not None:  # the engine exists now; its ZeRO-3 optimizer reads it per bucket
+                optimizer = getattr(trainer.strategy.model, "optimizer", None)
+                if not is_zero3(optimizer):
+                    raise RuntimeError("--max-reduce-events: the engine's optimizer is not DeepSpeed's ZeRO-3 one")
+                optimizer.max_param_reduce_events = self.max_reduce_events
+
+        def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                                 batch_idx: int) -> None:
+            if self.phase == "forward":
+                self._open()
+
+        def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
+            if self.phase == "forward":
+                self._close()
+            else:
+                self._open()
+
+        def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            if self.phase == "backward":
+                self._close()
+
+    return PhaseProfiler
 
 
 # ---------------------------------------------------------------------------------------------- analysis
@@ -240,8 +292,9 @@ def _issuer(event: Any) -> str:
     return f"{where} @ {frame}" if frame else where
 
 
-def analyse(events: Any, backward_ms: float) -> dict[str, Any]:
-    """Synchronising calls, launches, device work per stream and operator counts of one profiled window."""
+def analyse(events: Any, window_ms: float) -> dict[str, Any]:
+    """Synchronising calls, launches, device work per stream and operator counts of one profiled window, which took
+    ``window_ms`` of wall time (the device is idle for the rest of it)."""
     from torch.autograd import DeviceType
 
     sync: dict[str, dict[str, Any]] = {name: {"count": 0, "total_ms": 0.0, "issuers": Counter()} for name in SYNC_CALLS}
@@ -294,14 +347,17 @@ def analyse(events: Any, backward_ms: float) -> dict[str, Any]:
         "kernel_launches": launches,
         "device_work": dict(device_kinds),
         "device_busy_ms": busy_ms,
-        "device_idle_ms": max(0.0, backward_ms - busy_ms) if all_intervals else None,
+        "device_idle_ms": max(0.0, window_ms - busy_ms) if all_intervals else None,
         "streams": per_stream,
         "op_counts": {name: ops[name] for name in OPS_OF_INTEREST},
     }
 
 
-def zero3_settings(optimizer: Any) -> dict[str, Any]:
-    """The ZeRO-3 optimizer's backward-relevant settings as it runs them (read back, not from the config)."""
+def zero3_settings(optimizer: Any) -> dict[str, Any] | None:
+    """The ZeRO-3 optimizer's backward-relevant settings as it runs them (read back, not from the config); None for
+    a strategy without one (``plain``)."""
+    if not is_zero3(optimizer):
+        return None
     names = ("reduce_bucket_size", "max_param_reduce_events", "contiguous_gradients", "reduce_scatter",
              "offload_optimizer", "gradient_accumulation_dtype", "communication_data_type",
              "master_weights_and_grads_dtype")
@@ -342,12 +398,12 @@ def write_trace(prof: Any, out: Path) -> str:
 
 def print_summary(summary: dict[str, Any]) -> None:
     """A short table on stdout."""
-    a = summary["analysis"]
+    a, phase = summary["analysis"], summary["phase"]
     lines = [
-        f"backward profile: {summary['label']} on {summary['device']} ({summary['model']}, "
+        f"{phase} profile: {summary['label']} on {summary['device']} ({summary['model']}, "
         f"{summary['param_tensors']} parameter tensors)",
-        f"  {'backward (profiled)':<34}{summary['backward_ms']:>10.1f} ms",
-        f"  {'backward (earlier, median)':<34}{_fmt_ms(summary['backward_ms_unprofiled_median'])}",
+        f"  {phase + ' (profiled)':<34}{summary['phase_ms']:>10.1f} ms",
+        f"  {phase + ' (earlier, median)':<34}{_fmt_ms(summary['phase_ms_unprofiled_median'])}",
         f"  {'device busy / idle in window':<34}{_fmt_ms(a['device_busy_ms'])} / {_fmt_ms(a['device_idle_ms'])}",
         f"  {'kernel launches':<34}{a['kernel_launches']:>10d}",
     ]
@@ -366,10 +422,15 @@ def _fmt_ms(value: float | None) -> str:
 
 # ---------------------------------------------------------------------------------------------- run
 def main(argv: list[str] | None = None) -> int:
-    """Train, profile the last backward, write the files and print the summary; 0 on success."""
+    """Train, profile the last iteration's phase, write the files and print the summary; 0 on success."""
     args = build_parser().parse_args(argv)
     if args.steps < 1:
         raise SystemExit("--steps: profile at least one iteration")
+    if args.strategy == "plain" and args.max_reduce_events is not None:
+        raise SystemExit("--max-reduce-events: plain has no ZeRO-3 optimizer; use it with no_offload, zero3_offload "
+                         "or dos")
+    if args.strategy == "plain" and args.zero:
+        raise SystemExit("--zero: plain has no DeepSpeed config; use it with no_offload, zero3_offload or dos")
     config, spec = bench_config(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -384,11 +445,12 @@ def main(argv: list[str] | None = None) -> int:
     overrides = zero_overrides(args.zero)
     pl.seed_everything(config.seed, verbose=False)
     strategy = build_strategy(config, spec)
-    strategy.config["zero_optimization"].update(overrides)
+    if overrides:  # never under plain (refused above): it has no DeepSpeed config
+        strategy.config["zero_optimization"].update(overrides)
     module = build_module(config)
     data = build_data(config, module.config.vocab_size)
-    profiler = _backward_profiler_class()(profile_at=config.steps, with_stack=args.with_stack,
-                                             max_reduce_events=args.max_reduce_events)
+    profiler = _phase_profiler_class()(phase=args.phase, profile_at=config.steps, with_stack=args.with_stack,
+                                       max_reduce_events=args.max_reduce_events)
     trainer = pl.Trainer(
         accelerator=config.accelerator, devices=1, strategy=strategy, precision=config.precision,
         max_steps=config.steps, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
@@ -397,13 +459,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     trainer.fit(module, datamodule=data)
     if profiler.prof is None or profiler.profiled_ms is None:
-        raise SystemExit(f"the backward of iteration {config.steps} never ran ({profiler.calls} backward passes)")
+        raise SystemExit(f"the {args.phase} of iteration {config.steps} never ran ({profiler.calls} {args.phase} "
+                         "windows opened)")
 
     device = trainer.strategy.root_device
     on_cuda = device.type == "cuda"
     files = write_tables(profiler.prof, out, args.rows, on_cuda)
     files.append(write_trace(profiler.prof, out))
-    earlier = sorted(profiler.backward_ms)
+    earlier = sorted(profiler.phase_ms)
     summary = {
         "label": spec.label,
         "strategy": spec.strategy,
@@ -414,12 +477,14 @@ def main(argv: list[str] | None = None) -> int:
         "config": config.to_dict(),
         "zero_overrides": overrides,
         "max_reduce_events": args.max_reduce_events,
-        "zero_optimization": trainer.strategy.config.get("zero_optimization"),
+        "zero_optimization": (getattr(trainer.strategy, "config", None) or {}).get("zero_optimization"),
         "zero3_in_effect": zero3_settings(getattr(trainer.strategy.model, "optimizer", None)),
         "param_tensors": sum(1 for p in module.parameters() if p.requires_grad),
-        "backward_ms": profiler.profiled_ms,
-        "backward_ms_unprofiled": profiler.backward_ms,
-        "backward_ms_unprofiled_median": earlier[len(earlier) // 2] if earlier else None,
+        "phase": args.phase,
+        "window": " -> ".join(PHASE_WINDOWS[args.phase]),
+        "phase_ms": profiler.profiled_ms,
+        "phase_ms_unprofiled": profiler.phase_ms,
+        "phase_ms_unprofiled_median": earlier[len(earlier) // 2] if earlier else None,
         "analysis": analyse(profiler.prof.events(), profiler.profiled_ms),
         "out": str(out),
         "files": ["summary.json", *files],
