@@ -231,20 +231,23 @@ def _phase_profiler_class() -> type:
                     raise RuntimeError("--max-reduce-events: the engine's optimizer is not DeepSpeed's ZeRO-3 one")
                 optimizer.max_param_reduce_events = self.max_reduce_events
 
+        def _at(self, hook: str) -> None:
+            """Lightning reached ``hook``: it opens or closes the phase's window (:data:`PHASE_WINDOWS`), or neither."""
+            opening, closing = PHASE_WINDOWS[self.phase]
+            if hook == closing:
+                self._close()
+            if hook == opening:
+                self._open()
+
         def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                                  batch_idx: int) -> None:
-            if self.phase == "forward":
-                self._open()
+            self._at("on_train_batch_start")
 
         def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
-            if self.phase == "forward":
-                self._close()
-            else:
-                self._open()
+            self._at("on_before_backward")
 
         def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-            if self.phase == "backward":
-                self._close()
+            self._at("on_after_backward")
 
     return PhaseProfiler
 
