@@ -262,6 +262,11 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             self.param_persistence, self.world_size, _model_bytes(model, self.precision_plugin.precision), free)
         if self.persistence_threshold is not None:
             zero["stage3_param_persistence_threshold"] = self.persistence_threshold
+        if self.persistence_threshold == PERSIST_ALL and "memory_efficient_linear" not in zero:
+            from lightning_dos.zero.linear import restore_torch_linear
+
+            zero["memory_efficient_linear"] = False  # nothing is released: torch's linear (lightning_dos.zero.linear)
+            restore_torch_linear()
 
     @override
     def initialize_context(self) -> contextlib.AbstractContextManager:
@@ -271,6 +276,9 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
 
     @override
     def after_initialize(self, engine: Any, optimizer: Any) -> None:
+        from lightning_dos.zero.forward_trace import reset_once_per_forward
+
+        reset_once_per_forward(optimizer)  # ZeRO-3 completes its module trace under Lightning
         self.manager = self._build_manager(optimizer)
         if self.overlap and not self.manager.active:
             raise MisconfigurationException(
