@@ -1,15 +1,18 @@
-"""Profile the forward or the backward pass of one training iteration under a bench strategy (plain, no offload,
+"""Profile the forward, the backward or the step of one training iteration under a bench strategy (plain, no offload,
 ZeRO-3 offload, DOS).
 
 Builds exactly what a ``lightning-dos bench`` worker builds (module, data, strategy: the helpers of
 ``lightning_dos.bench``), trains ``--steps`` iterations, times one window of every iteration and runs
 ``torch.profiler`` over the *last* iteration's window only. ``--phase`` picks the window, the same spans as the
-bench's ``fwd_ms`` and ``bwd_ms``:
+bench's ``fwd_ms``, ``bwd_ms`` and ``step_ms``:
 
 * ``forward``: from ``on_train_batch_start`` to ``on_before_backward``, i.e. the engine's forward and the loss
   (with Lightning's ``zero_grad``, which runs between the two);
 * ``backward`` (the default): from ``on_before_backward`` to ``on_after_backward``, i.e. ``engine.backward`` with
-  its gradient hooks, reduce-scatter, gradient partitioning and epilogue.
+  its gradient hooks, reduce-scatter, gradient partitioning and epilogue;
+* ``step``: from ``on_before_optimizer_step`` to ``on_train_batch_end``, the bench's ``step_ms`` (DOS's dispatch, the
+  clipping, the update phase, the parameter upload, the scheduler). CPU Adam's worker threads show in the trace;
+  the tables are the training thread's view.
 
 On a GPU the device is synchronised at both ends (outside the timed window at the start, inside it at the end), so
 the window holds every kernel the phase queued and its wall time is comparable to the bench's figure. ``--strategy
@@ -56,7 +59,8 @@ STRATEGY_KINDS = {"plain": "plain", "no_offload": "no_offload", "zero3_offload":
                   "dos": "deep_optimizer_states"}
 #: ``--phase`` choices: the Lightning hooks that open and close each window.
 PHASE_WINDOWS = {"forward": ("on_train_batch_start", "on_before_backward"),
-                 "backward": ("on_before_backward", "on_after_backward")}
+                 "backward": ("on_before_backward", "on_after_backward"),
+                 "step": ("on_before_optimizer_step", "on_train_batch_end")}
 #: CUDA runtime calls after which the host has waited for the device (``cudaStreamWaitEvent`` only orders
 #: streams, it is counted because every cross-stream dependency of ZeRO-3 goes through it).
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
@@ -92,8 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(vanilla optimizer offload) or dos")
     p.add_argument("--phase", default="backward", choices=sorted(PHASE_WINDOWS),
                    help="the window timed every iteration and profiled in the last one: forward "
-                   "(on_train_batch_start -> on_before_backward: forward and loss) or backward "
-                   "(on_before_backward -> on_after_backward)")
+                   "(on_train_batch_start -> on_before_backward: forward and loss), backward "
+                   "(on_before_backward -> on_after_backward) or step (on_before_optimizer_step -> "
+                   "on_train_batch_end: the update phase)")
     p.add_argument("--plan", default="auto", help="DOS plan (auto, host, device, a fraction, stride:K, lanes "
                    "joined by commas); used by dos only, ignored by the other strategies")
     p.add_argument("--seq-len", type=int, default=defaults.seq_len, help="tokens per sequence")
@@ -248,6 +253,13 @@ def _phase_profiler_class() -> type:
 
         def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
             self._at("on_after_backward")
+
+        def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+            self._at("on_before_optimizer_step")
+
+        def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                               batch_idx: int) -> None:
+            self._at("on_train_batch_end")
 
     return PhaseProfiler
 

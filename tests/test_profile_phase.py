@@ -169,3 +169,12 @@ def test_analysis_of_cuda_events() -> None:
     assert list(streams) == ["7", "13"]  # busiest first
     assert streams["7"] == {"kernels": 2, "busy_ms": pytest.approx(2.0), "gaps_over_0.5ms": 1,
                             "gap_ms_total": pytest.approx(2.0)}
+
+
+def test_profile_step_on_cpu(tmp_path: Path) -> None:
+    """``--phase step``: the window from ``on_before_optimizer_step`` to the batch's end, the update phase."""
+    proc, out, summary = _run(tmp_path, "--strategy", "dos", "--plan", "host", "--phase", "step")
+    assert summary["phase"] == "step" and summary["window"] == "on_before_optimizer_step -> on_train_batch_end"
+    assert _printed_ms(proc.stdout, "step (profiled)") > 0
+    # the update ran inside the window: CPU Adam's step is among the profiled operators
+    assert "DeepSpeedCPUAdam.step" in (out / "ops_by_self_cpu.txt").read_text()

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lightning_dos.bench.stats import median
-from lightning_dos.bench.strategies import devices_of
+from lightning_dos.bench.strategies import OVERLAP_SUFFIX, devices_of
 
 #: the claims, with their thresholds (from the project's targets for the reference GPU host)
 ITERATION_VS_VANILLA = 2.5
@@ -95,11 +95,17 @@ def _device_claims(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         detail = f"{best['label']} {best['iteration_ms']:.1f} ms vs {vanilla['label']} {vanilla['iteration_ms']:.1f} ms"
         claims.append(_claim("iteration vs zero3_offload", f">= {ITERATION_VS_VANILLA}x", ratio,
                              ratio >= ITERATION_VS_VANILLA, detail))
-        step_best = min(dos, key=lambda r: r["step_ms"])
-        step_ratio = vanilla["step_ms"] / step_best["step_ms"]
-        claims.append(_claim("update phase (step) vs zero3_offload", f">= {STEP_VS_VANILLA}x", step_ratio,
-                             step_ratio >= STEP_VS_VANILLA,
-                             f"{step_best['label']} {step_best['step_ms']:.1f} ms vs {vanilla['step_ms']:.1f} ms"))
+        # an overlapped row's step returns once the update is issued (the update runs in the next forward)
+        serial = [r for r in dos if OVERLAP_SUFFIX not in r["label"]]
+        if serial:
+            step_best = min(serial, key=lambda r: r["step_ms"])
+            step_ratio = vanilla["step_ms"] / step_best["step_ms"]
+            claims.append(_claim("update phase (step) vs zero3_offload", f">= {STEP_VS_VANILLA}x", step_ratio,
+                                 step_ratio >= STEP_VS_VANILLA,
+                                 f"{step_best['label']} {step_best['step_ms']:.1f} ms vs {vanilla['step_ms']:.1f} ms"))
+        else:
+            claims.append(_claim("update phase (step) vs zero3_offload", f">= {STEP_VS_VANILLA}x", None, None,
+                                 "needs a DOS configuration without overlap (an overlapped step holds no update)"))
         final, base = best.get("final_loss"), vanilla.get("final_loss")
         rel = abs(final - base) / abs(base) if final is not None and base else None
         claims.append(_claim("final loss vs zero3_offload", f"within {LOSS_REL_TOLERANCE:.0%}", rel,
