@@ -14,7 +14,7 @@ rank: storage freed and rebuilt per module, ``record_stream`` on each), and neve
 
 :func:`reset_once_per_forward` replaces that pre-hook with one that resets only when the module is entered from
 outside itself (a depth count, kept by a forward hook that also runs when the forward raises). The nested call is
-then recorded as one more module, the same in every iteration, and the trace completes on the third iteration.
+then recorded as one more module, the same in every iteration, and the trace is complete from the second iteration on.
 """
 
 from __future__ import annotations
