@@ -29,6 +29,7 @@ RUN_L_BACKWARD = BENCHMARKS / "gpt-2.7b_H200_2026-11-21_runL_backward.json"
 RUN_P = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runP.json"
 RUN_P2 = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runP2.json"
 RUN_S = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runS.json"
+RUN_T = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runT.json"
 
 
 def _result(label: str, strategy: str, plan: str, iteration: float, step: float, gpu: float, loss: float) -> dict:
@@ -42,6 +43,21 @@ def _by_claim(claims: list[dict]) -> dict[str, dict]:
 
 def _results(path: Path) -> dict[str, dict]:
     return {r["label"]: r for r in json.loads(path.read_text())["results"]}
+
+
+def _checked_report(path: Path) -> tuple[dict[str, dict], dict[str, dict]]:
+    """A committed report's rows by label and its claims as the claim checks give them today, after asserting that
+    every claim's status is the one the report carries."""
+    doc = json.loads(path.read_text())
+    claims = _by_claim(check_claims(doc["results"]))
+    assert {name: c["status"] for name, c in claims.items()} == {c["claim"]: c["status"] for c in doc["claims"]}
+    return {r["label"]: r for r in doc["results"]}, claims
+
+
+def _assert_quoted(results: dict[str, dict], quoted: dict[str, tuple[int, float]]) -> None:
+    """Each row's end-to-end ms and peak GPU GiB as the docs round them (whole ms, GiB to 2 decimals)."""
+    assert {label: (round(results[label]["e2e_iteration_ms"]), round(results[label]["peak_gpu_gib"], 2))
+            for label in quoted} == quoted
 
 
 def test_claims_of_run_h_as_quoted_in_the_docs() -> None:
@@ -100,14 +116,10 @@ def test_run_p_every_peer_as_quoted_in_the_docs() -> None:
 
 def test_run_s_leaf_blocks_as_quoted_in_the_docs() -> None:
     """Run S (H200): the README's gpt-2.7b row and peers, and the leaf-blocks A/B its report and docs quote."""
-    doc = json.loads(RUN_S.read_text())
-    results = {r["label"]: r for r in doc["results"]}
-    claims = _by_claim(check_claims(doc["results"]))
-    assert {name: c["status"] for name, c in claims.items()} == {c["claim"]: c["status"] for c in doc["claims"]}
-    quoted = {"zero3_offload": (3612, 11.55), "dos(auto)": (1257, 12.28), "dos(auto,layer-hooks)": (1173, 12.28),
-              "torchao_offload": (972, 27.55), "plain": (368, 48.32)}
-    assert {label: (round(results[label]["e2e_iteration_ms"]), round(results[label]["peak_gpu_gib"], 2))
-            for label in quoted} == quoted
+    results, claims = _checked_report(RUN_S)
+    _assert_quoted(results, {"zero3_offload": (3612, 11.55), "dos(auto)": (1257, 12.28),
+                             "dos(auto,layer-hooks)": (1173, 12.28), "torchao_offload": (972, 27.55),
+                             "plain": (368, 48.32)})
     leaf, layers = results["dos(auto)"], results["dos(auto,layer-hooks)"]
     assert [round(leaf[k]) for k in ("fwd_ms", "bwd_ms", "step_ms")] == [158, 381, 578]
     assert [round(layers[k]) for k in ("fwd_ms", "bwd_ms", "step_ms")] == [159, 437, 518]
@@ -402,19 +414,12 @@ def test_run_q3_prediction_errors_by_plan_as_quoted_in_the_docs() -> None:
     assert all(0.065 <= signed[p] <= 0.105 for p in ("0.7", "0.8", "0.9", "1.0"))
 
 
-RUN_T = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runT.json"
-
-
 def test_run_t_trace_and_linear_as_quoted_in_the_docs() -> None:
     """Run T (H200): the README's gpt-2.7b row and peers paragraph, strategy.md's before/after against run S."""
-    doc = json.loads(RUN_T.read_text())
-    results = _results(RUN_T)
-    claims = _by_claim(check_claims(doc["results"]))
-    assert {name: c["status"] for name, c in claims.items()} == {c["claim"]: c["status"] for c in doc["claims"]}
-    quoted = {"zero3_offload": (2814, 11.55), "dos(auto)": (879, 12.29), "dos(auto,overlap)": (978, 17.58),
-              "torchao_offload": (1068, 27.55), "plain": (366, 48.32)}
-    assert {label: (round(results[label]["e2e_iteration_ms"]), round(results[label]["peak_gpu_gib"], 2))
-            for label in quoted} == quoted
+    results, claims = _checked_report(RUN_T)
+    _assert_quoted(results, {"zero3_offload": (2814, 11.55), "dos(auto)": (879, 12.29),
+                             "dos(auto,overlap)": (978, 17.58), "torchao_offload": (1068, 27.55),
+                             "plain": (366, 48.32)})
     dos, plain, torchao = results["dos(auto)"], results["plain"], results["torchao_offload"]
     assert [round(dos[k]) for k in ("fwd_ms", "bwd_ms", "step_ms")] == [82, 249, 560]
     assert [round(plain[k]) for k in ("fwd_ms", "bwd_ms")] == [90, 256]

@@ -53,16 +53,6 @@ def reset_once_per_forward(optimizer: Any) -> bool:
     return True
 
 
-def remove_exit_hook(optimizer: Any) -> None:
-    """Remove the depth-counting forward hook :func:`reset_once_per_forward` added (the pre-hook goes with
-    DeepSpeed's own hooks)."""
-    offload = getattr(optimizer, "parameter_offload", None)
-    handle = getattr(offload, _EXIT_HOOK, None)
-    if handle is not None:
-        handle.remove()
-        setattr(offload, _EXIT_HOOK, None)
-
-
 def trace_complete(optimizer: Any) -> bool | None:
     """Whether the ZeRO-3 optimizer ``optimizer`` holds a complete module trace (None: not ZeRO-3)."""
     offload = getattr(optimizer, "parameter_offload", None)
