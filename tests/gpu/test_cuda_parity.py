@@ -15,6 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from parity import RandomPlanEveryStep, rel, train  # noqa: E402
+from test_step_preamble import NormProbe, ReleaseProbe  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -45,6 +46,22 @@ def test_cuda_fp32_parity(plan: object, vanilla: dict[str, object]) -> None:
     records = run.strategy.manager.records
     assert all((r.timings.prefetched_ahead > 0) == (k > 0 and bool(r.plan.device_subgroups()))
                for k, r in enumerate(records))
+
+
+def test_cuda_step_preamble(monkeypatch: pytest.MonkeyPatch, vanilla: dict[str, object]) -> None:
+    """On real streams: the subgroups' norms equal vanilla's from one all-reduce, and every persistent parameter
+    stays a view of its partition on the device through the step (none freed), with parity to vanilla."""
+    norms, releases = NormProbe(monkeypatch), ReleaseProbe(monkeypatch)
+    run = train(0.5, steps=8, clip=CLIP, accelerator="cuda", every_step=[norms, releases])
+    opt = run.strategy.model.optimizer
+    assert norms.reduces == [(1, len(opt.fp16_groups))] * 8
+    for ours, theirs in norms.pairs:
+        assert [float(a) for a in ours] == pytest.approx([float(b) for b in theirs], rel=1e-6)
+    assert releases.freed == [0] * 8 and releases.whole == [True] * 8 and releases.same_storage == [True] * 8
+    assert opt.persistent_parameters and all(p.is_cuda and p.data_ptr() == p.ds_tensor.data_ptr()
+                                             for p in opt.persistent_parameters)
+    ref = vanilla["fp32"]
+    assert rel(run.masters, ref.masters) <= 1e-5
 
 
 def _assert_state_pinned_in_place(opt: object) -> None:
