@@ -89,6 +89,7 @@ class ReleaseProbe(pl.Callback):
         self.freed: list[int] = []
         self.whole: list[bool] = []
         self.same_storage: list[bool] = []
+        self.own_partition: list[bool] = []
         self._pointers: dict[int, int] | None = None
         self._in_step = False
         free_param = partition_parameters.free_param
@@ -108,6 +109,7 @@ class ReleaseProbe(pl.Callback):
         self._in_step = False
         params = list(pl_module.parameters())
         self.whole.append(all(p.ds_status == ZeroParamStatus.AVAILABLE and p.numel() == p.ds_numel for p in params))
+        self.own_partition.append(all(p.data_ptr() == p.ds_tensor.data_ptr() for p in params))
         pointers = {p.ds_id: p.data_ptr() for p in params}
         if self._pointers is None:
             self._pointers = pointers
@@ -122,6 +124,7 @@ def test_persistent_parameters_are_neither_released_nor_gathered_at_one_rank(mon
     assert probe.freed == [0, 0, 0, 0]
     assert probe.whole == [True] * 4 and probe.same_storage == [True] * 4
     # each parameter is a view of its partition: what the update wrote is what the next forward reads
+    assert probe.own_partition == [True] * 4
     for param in optimizer.persistent_parameters:
         assert param.data_ptr() == param.ds_tensor.data_ptr()
         assert torch.equal(param.data.reshape(-1), param.ds_tensor.data.reshape(-1)[: param.ds_numel])
@@ -135,7 +138,7 @@ def test_vanilla_releases_and_gathers_them_every_step(monkeypatch: pytest.Monkey
     assert persistent > 0
     # the first iteration records ZeRO-3's trace and releases most parameters after their modules already
     assert probe.freed[0] > 0 and probe.freed[1:] == [persistent] * 2
-    assert probe.whole == [True] * 3
+    assert probe.whole == [True] * 3 and probe.own_partition == [True] * 3  # gathered back as views, as here
 
 
 def test_training_is_unchanged_with_clipping_and_validation() -> None:

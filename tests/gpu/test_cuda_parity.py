@@ -58,8 +58,8 @@ def test_cuda_step_preamble(monkeypatch: pytest.MonkeyPatch, vanilla: dict[str, 
     for ours, theirs in norms.pairs:
         assert [float(a) for a in ours] == pytest.approx([float(b) for b in theirs], rel=1e-6)
     assert releases.freed == [0] * 8 and releases.whole == [True] * 8 and releases.same_storage == [True] * 8
-    assert opt.persistent_parameters and all(p.is_cuda and p.data_ptr() == p.ds_tensor.data_ptr()
-                                             for p in opt.persistent_parameters)
+    assert releases.own_partition == [True] * 8  # while training (the end of fit moves the module to the host)
+    assert opt.persistent_parameters
     ref = vanilla["fp32"]
     assert rel(run.masters, ref.masters) <= 1e-5
 
