@@ -30,6 +30,7 @@ RUN_P = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runP.json"
 RUN_P2 = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runP2.json"
 RUN_S = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runS.json"
 RUN_T = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runT.json"
+RUN_U = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runU.json"
 
 
 def _result(label: str, strategy: str, plan: str, iteration: float, step: float, gpu: float, loss: float) -> dict:
@@ -436,6 +437,40 @@ def test_run_t_trace_and_linear_as_quoted_in_the_docs() -> None:
     assert claims["update phase (step) vs zero3_offload"]["detail"].startswith("dos(auto) ")
     s_leaf = _results(RUN_S)["dos(auto)"]
     assert (round(s_leaf["fwd_ms"]), round(s_leaf["bwd_ms"]), round(s_leaf["e2e_iteration_ms"])) == (158, 381, 1257)
+
+
+def _preamble_ms(row: dict) -> tuple[float, float]:
+    """From the last synchronised iteration's timeline: step start -> update start, update end -> step end (ms)."""
+    timeline = row["iteration_timeline"]
+    marks, update = timeline["marks_ms"], timeline["update"]
+    return update["start_ms"] - marks["step_start"], marks["end"] - (update["start_ms"] + update["total_ms"])
+
+
+def test_run_u_step_preamble_as_quoted_in_the_docs() -> None:
+    """Run U (H200): the README's gpt-2.7b row and peers paragraph, its report's header, strategy.md's preamble figures
+    against run T."""
+    results, claims = _checked_report(RUN_U)
+    _assert_quoted(results, {"zero3_offload": (3245, 11.55), "dos(auto)": (893, 12.29),
+                             "torchao_offload": (985, 27.55), "plain": (363, 48.32)})
+    dos, plain, torchao = results["dos(auto)"], results["plain"], results["torchao_offload"]
+    assert round(results["zero3_offload"]["e2e_iteration_ms"] / dos["e2e_iteration_ms"], 2) == 3.63
+    assert round(dos["e2e_iteration_ms"] / torchao["e2e_iteration_ms"], 2) == 0.91
+    assert round(dos["peak_gpu_gib"] / torchao["peak_gpu_gib"], 2) == 0.45
+    assert round(dos["fwd_ms"] + dos["bwd_ms"]) == round(plain["fwd_ms"] + plain["bwd_ms"]) == 343
+    assert [round(torchao["step_ms"], 1), round(_results(RUN_T)["torchao_offload"]["step_ms"], 1)] == [621.5, 784.2]
+    run_t = _results(RUN_T)["dos(auto)"]
+    assert [round(dos["dos"]["update_ms"], 1), round(run_t["dos"]["update_ms"], 1)] == [521.1, 501.6]
+    assert [round(v, 1) for v in _preamble_ms(dos)] == [14.8, 8.3]
+    assert [round(v, 1) for v in _preamble_ms(run_t)] == [46.0, 11.3]
+    update = dos["iteration_timeline"]["update"]
+    host = [e for e in update["events"] if e["lane"] == "host"]
+    device = [e for e in update["events"] if e["lane"] == "device"]
+    assert round(max(e["flush"][1] for e in device), 1) == 520.6 and round(max(e["adam"][1] for e in host), 1) == 465.9
+    assert [round(dos["dos"][k], 1) for k in ("h2d_gb", "d2h_gb")] == [20.5, 14.1]
+    for claim, status in (("end-to-end iteration vs zero3_offload", "met"), ("forward + backward vs plain", "met"),
+                          ("end-to-end iteration vs torchao_offload at <= 60% its peak GPU memory", "missed"),
+                          ("end-to-end iteration vs every other offloading row", "met")):
+        assert claims[claim]["status"] == status
 
 
 def test_the_step_claim_skips_overlapped_rows() -> None:
