@@ -25,7 +25,7 @@ import torch
 
 from lightning_dos.bench import main
 from lightning_dos.bench.arguments import parse_args
-from lightning_dos.bench.claims import ROK_HOST_VS_KEEP, ROK_HOST_VS_RECOMPUTE, rok_claims
+from lightning_dos.bench.claims import ROK_BUDGET, ROK_HOST_VS_KEEP, ROK_HOST_VS_RECOMPUTE, rok_claims
 from lightning_dos.bench.config import BenchConfig
 from lightning_dos.bench.rok.config import RokConfig
 from lightning_dos.bench.rok.disk import measure_disk
@@ -323,6 +323,11 @@ def test_a_search_on_a_gpu_counts_out_of_memory_as_too_big(tmp_path: Path) -> No
     claims = {c["claim"]: c for c in doc["claims"]}
     assert claims[ROK_HOST_VS_KEEP]["status"] == "met"  # 67% less at +3%
     assert claims[ROK_HOST_VS_RECOMPUTE]["status"] == "met"  # faster, same memory
+    # both fit micro-batch 40 in the budget, keep 4: each against keep by the tokens/s their searches measured
+    leaders = [searches[name]["tokens_per_s"] for name in ("recompute", "offload-host")]
+    assert claims[ROK_BUDGET]["value"] == pytest.approx(min(leaders) / searches["keep"]["tokens_per_s"])
+    assert claims[ROK_BUDGET]["status"] == ("met" if claims[ROK_BUDGET]["value"] > 1 else "missed")
+    assert "at micro-batch 40; keep" in claims[ROK_BUDGET]["detail"]
     report = (tmp_path / "rok.md").read_text()
     assert "Peak activation memory (device): torch.cuda.max_memory_allocated" in report
     assert "4: OOM" not in report and "8: OOM" in report
@@ -417,6 +422,30 @@ def test_rok_claims_met_missed_and_not_measured() -> None:
     assert [c["status"] for c in small] == ["missed", "not measured"]  # 30% less only; no recompute
     assert [c["status"] for c in rok_claims([_summary("keep", 100.0, 1000), _summary("offload-host", None, None)])] \
         == ["not measured", "not measured"]
+
+
+def _search(name: str, largest: int, tokens_per_s: float | None, status: str = "found") -> dict[str, Any]:
+    return {"placement": name, "status": status, "largest_micro_batch": largest, "tokens_per_s": tokens_per_s}
+
+
+def _budget_status(*searches: dict[str, Any]) -> tuple[str, float | None]:
+    (claim,) = [c for c in rok_claims([], {"budget_gib": 8.0, "searches": list(searches)}) if c["claim"] == ROK_BUDGET]
+    return claim["status"], claim["value"]
+
+
+def test_the_budget_claim() -> None:
+    """The placement(s) fitting the largest micro-batch against keep at its own largest, by tokens/s."""
+    assert [c["claim"] for c in rok_claims([])] == [ROK_HOST_VS_KEEP, ROK_HOST_VS_RECOMPUTE]  # no budget: no claim
+    keep = _search("keep", 2, 12_000.0)
+    assert _budget_status(keep, _search("recompute", 6, 31_000.0), _search("offload-host", 6, 18_000.0)) \
+        == ("met", pytest.approx(1.5))  # both tie at 6: the slower of the two decides
+    assert _budget_status(keep, _search("recompute", 6, 31_000.0), _search("offload-host", 6, 11_000.0))[0] == "missed"
+    # only the largest counts: a placement fitting less is not the one the claim is about
+    assert _budget_status(keep, _search("recompute", 5, 9_000.0), _search("offload-host", 6, 13_000.0))[0] == "met"
+    assert _budget_status(keep, _search("offload-host", 2, 20_000.0)) == ("missed", None)  # no larger micro-batch
+    assert _budget_status(_search("keep", 0, None, "none fits"), _search("offload-host", 1, 900.0)) == ("met", None)
+    assert _budget_status(keep, _search("offload-host", 6, 9_000.0, "incomplete"))[0] == "not measured"
+    assert _budget_status(_search("offload-host", 6, 9_000.0))[0] == "not measured"  # keep was not searched
 
 
 def test_disk_bandwidth_is_measured_and_the_file_removed(tmp_path: Path) -> None:

@@ -13,7 +13,15 @@ from statistics import median
 import pytest
 
 from lightning_dos.bench import report
-from lightning_dos.bench.claims import AUTO_VS_BEST, AUTO_VS_STRIDES, NO_OOM, PREDICTION, check_claims
+from lightning_dos.bench.claims import (
+    AUTO_VS_BEST,
+    AUTO_VS_STRIDES,
+    NO_OOM,
+    PREDICTION,
+    ROK_BUDGET,
+    check_claims,
+    rok_claims,
+)
 from lightning_dos.bench.config import BenchConfig, SweepConfig, resolve_budget, sweep_schedule
 from lightning_dos.bench.results import summarize_budget
 from lightning_dos.planning.plan import Lane, Plan
@@ -31,6 +39,8 @@ RUN_P2 = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runP2.json"
 RUN_S = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runS.json"
 RUN_T = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runT.json"
 RUN_U = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runU.json"
+RUN_V = BENCHMARKS / "rok_gpt-1b_H200_2026-11-25_runV.json"
+RUN_V_NVME = BENCHMARKS / "rok_gpt-1b_H200_2026-11-25_runV_nvme.json"
 
 
 def _result(label: str, strategy: str, plan: str, iteration: float, step: float, gpu: float, loss: float) -> dict:
@@ -481,3 +491,26 @@ def test_the_step_claim_skips_overlapped_rows() -> None:
     serial = _row("dos(auto)", "deep_optimizer_states", 1000.0, 12.0)
     claims = _by_claim(check_claims([vanilla, overlapped, serial]))
     assert claims["update phase (step) vs zero3_offload"]["detail"] == "dos(auto) 700.0 ms vs 2700.0 ms"
+
+
+def test_run_v_rok_budget_as_quoted_in_the_docs() -> None:
+    """Run V (H200): activation-offload.md's speed paragraph, the index row and the report's header."""
+    doc = json.loads(RUN_V.read_text())
+    assert doc["claims"] == rok_claims(doc["placements"], doc["budget"])  # the committed claims are today's rule's
+    claims = {c["claim"]: c for c in doc["claims"]}
+    assert [c["status"] for c in doc["claims"]] == ["missed", "missed", "met"]
+    assert round(claims[ROK_BUDGET]["value"], 2) == 1.51
+    placements = {p["placement"]: p for p in doc["placements"]}
+    assert [round(placements[n]["headline_ms"], 1) for n in ("keep", "recompute", "offload-host")] == [338.3, 394.9,
+                                                                                                       529.9]
+    host, keep = placements["offload-host"], placements["keep"]
+    assert round(host["headline_ms"] / keep["headline_ms"] - 1, 2) == 0.57
+    assert round(1 - host["peak_activation_bytes"] / keep["peak_activation_bytes"], 2) == 0.59
+    searches = {s["placement"]: s for s in doc["budget"]["searches"]}
+    assert {n: (s["status"], s["largest_micro_batch"], round(s["tokens_per_s"])) for n, s in searches.items()} == {
+        "keep": ("found", 2, 12131), "recompute": ("found", 6, 31242), "offload-host": ("found", 6, 18370)}
+    nvme = json.loads(RUN_V_NVME.read_text())
+    (run,) = nvme["placements"]
+    assert (run["placement"], run["status"], round(run["headline_ms"]), round(run["tokens_per_s"])) == (
+        "offload-nvme", "ok", 9852, 832)
+    assert [round(nvme["disk"][k]) for k in ("write_mb_s", "read_mb_s")] == [2374, 2309]

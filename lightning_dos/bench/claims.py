@@ -383,7 +383,10 @@ ROK_REDUCTION = 0.40
 ROK_OVERHEAD = 0.05
 ROK_HOST_VS_KEEP = "offload-host cuts peak activation memory >= 40% vs keep at <= 5% iteration overhead"
 ROK_HOST_VS_RECOMPUTE = "offload-host faster than recompute at equal or lower memory"
-ROK_CLAIMS = (ROK_HOST_VS_KEEP, ROK_HOST_VS_RECOMPUTE)
+ROK_BUDGET = "within the activation budget, the placement fitting the largest micro-batch beats keep's tokens/s"
+ROK_CLAIMS = (ROK_HOST_VS_KEEP, ROK_HOST_VS_RECOMPUTE, ROK_BUDGET)
+#: How a finished micro-batch search ended (:data:`~lightning_dos.bench.rok.search.SEARCH_STATUSES` less "incomplete").
+_SEARCHED = ("found", "capped", "none fits")
 
 
 def _measured(placements: Sequence[dict[str, Any]], name: str) -> dict[str, Any] | None:
@@ -392,9 +395,10 @@ def _measured(placements: Sequence[dict[str, Any]], name: str) -> dict[str, Any]
                  and p.get("headline_ms") is not None and p.get("peak_activation_bytes") is not None), None)
 
 
-def rok_claims(placements: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ROK curve's two claims, from its placements' summaries (:mod:`lightning_dos.bench.rok.results`): met /
-    missed / not measured, each with its figure. Times are each placement's headline (end to end where measured)."""
+def rok_claims(placements: Sequence[dict[str, Any]], budget: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The ROK curve's claims, from its placements' summaries (:mod:`lightning_dos.bench.rok.results`) and, with an
+    activation budget, its micro-batch searches (rok.json's ``budget``): met / missed / not measured, each with its
+    figure. Times are each placement's headline (end to end where measured)."""
     host, keep, recompute = (_measured(placements, name) for name in ("offload-host", "keep", "recompute"))
     claims = []
     threshold = f">= {ROK_REDUCTION:.0%} less, <= +{ROK_OVERHEAD:.0%} time"
@@ -418,4 +422,33 @@ def rok_claims(placements: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                              f"recompute {recompute['headline_ms']:.1f} ms / offload-host {host['headline_ms']:.1f} "
                              f"ms ({host['headline']}); offload-host's peak activation memory {memory:.2f}x "
                              "recompute's"))
+    if budget is not None:
+        claims.append(_budget_claim(budget))
     return claims
+
+
+def _budget_claim(budget: dict[str, Any]) -> dict[str, Any]:
+    """Each placement at the largest micro-batch its search found within the budget: the one(s) fitting the largest
+    (other than keep) against keep at its own largest, by tokens/s; met when every such placement is faster."""
+    threshold = "> 1x keep's tokens/s, each at its largest micro-batch"
+    done = {s["placement"]: s for s in budget.get("searches", []) if s["status"] in _SEARCHED}
+    keep = done.get("keep")
+    others = [s for name, s in done.items() if name != "keep" and s["largest_micro_batch"] > 0]
+    if keep is None or not others:
+        return _claim(ROK_BUDGET, threshold, None, None, "needs keep's search and another placement's, finished")
+    largest = max(s["largest_micro_batch"] for s in others)
+    leaders = [s for s in others if s["largest_micro_batch"] == largest]
+    gib = f"{budget['budget_gib']:g} GiB"
+    if largest <= keep["largest_micro_batch"]:
+        return _claim(ROK_BUDGET, threshold, None, False,
+                      f"no placement fits a larger micro-batch than keep's {keep['largest_micro_batch']} in {gib}")
+    if any(s["tokens_per_s"] is None for s in leaders) or (keep["largest_micro_batch"] and not keep["tokens_per_s"]):
+        return _claim(ROK_BUDGET, threshold, None, None, "a search found its micro-batch without a throughput")
+    keep_tps = keep["tokens_per_s"] or 0.0
+    described = "; ".join(f"{s['placement']} {s['tokens_per_s']:,.0f} tokens/s" for s in leaders)
+    detail = (f"in {gib}: {described} at micro-batch {largest}; keep {keep_tps:,.0f} tokens/s at micro-batch "
+              f"{keep['largest_micro_batch']}")
+    if not keep_tps:
+        return _claim(ROK_BUDGET, threshold, None, True, detail)
+    ratio = min(s["tokens_per_s"] for s in leaders) / keep_tps
+    return _claim(ROK_BUDGET, threshold, ratio, ratio > 1.0, detail)

@@ -197,5 +197,5 @@ def rok_document(hardware: dict[str, Any], versions: dict[str, Any], rok: RokCon
         "disk": disk,
         "placements": placements,
         "budget": budget,
-        "claims": rok_claims(placements),
+        "claims": rok_claims(placements, budget),
     }
