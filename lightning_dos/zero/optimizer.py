@@ -341,14 +341,13 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         """Release the parameters before the update, except those whose data *is* their partition.
 
         Vanilla's step releases every parameter (``_partition_all_parameters``) and ``_post_step`` gathers the
-        persistent ones again. A persistent
-        parameter partitioned over one rank, with its partition on the device, is a view of that partition (the
-        gather at world size 1 makes a view, no copy): the update writes it in place, so releasing it frees nothing
-        and gathering it back restores the same view. Vanilla still pays both for every such parameter at every step
-        (a ``record_stream`` and an allocation per release; a wait for the current stream in the gather). Those
-        parameters stay whole here, and ``_post_step``'s gather, which only gathers released ones, skips them.
-        Every other parameter is released as vanilla releases it. Checkpoint saves and loads keep vanilla's
-        release of every parameter (``checkpoint_event_prologue``).
+        persistent ones again. A persistent parameter partitioned over one rank, with its partition on the device, is
+        a view of that partition (the gather at world size 1 makes a view, no copy): the update writes it in place,
+        so releasing it frees nothing and gathering it back restores the same view. Vanilla still pays both for every
+        such parameter at every step (a ``record_stream`` and an allocation per release; a wait for the current
+        stream in the gather). Those parameters stay whole here, and ``_post_step``'s gather, which only gathers
+        released ones, skips them. Every other parameter is released as vanilla releases it. Checkpoint saves and
+        loads keep vanilla's release of every parameter (``checkpoint_event_prologue``).
         """
         module = self.parameter_offload.module
         sizes: dict[int, int] = {}
@@ -385,9 +384,9 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         """Each subgroup's gradient norm, as vanilla's ``complete_grad_norm_calculation_for_cpu_offload`` computes
         it, with one reduction for all subgroups.
 
-        Vanilla, per subgroup: a squared-norm kernel and an add per parameter, a wait for the device (``float``),
-        an upload, an all-reduce, a root, a mask and a copy to the host: at gpt-2.7b 27 all-reduces, 57 waits and
-        over 400 kernels on a GPU host, before any update starts. Here: the per-parameter norms (fp64) squared in
+        Vanilla, per subgroup: a square and an add per parameter, a wait for the device (``float``), an upload, an
+        all-reduce, a root, a mask and a copy to the host (a second wait): at gpt-2.7b 27 all-reduces, 54 waits and
+        over 800 small kernels on a GPU host, before any update starts. Here: the per-parameter norms (fp64) squared in
         one kernel, summed per subgroup, rounded to fp32 as vanilla's ``float`` -> ``FloatTensor`` rounds them,
         all-reduced together over the one partition group (a sum, as vanilla's, element by element), rooted and
         masked together, one copy to the host. The same values up to the fp64 summation order within a subgroup.
