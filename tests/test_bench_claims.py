@@ -476,6 +476,13 @@ def test_run_u_step_preamble_as_quoted_in_the_docs() -> None:
     host = [e for e in update["events"] if e["lane"] == "host"]
     device = [e for e in update["events"] if e["lane"] == "device"]
     assert round(max(e["flush"][1] for e in device), 1) == 520.6 and round(max(e["adam"][1] for e in host), 1) == 465.9
+    # that iteration ran run T's plan (auto alternated two plans in its trials); there the host lane was the longer
+    t_update = run_t["iteration_timeline"]["update"]
+    assert update["lanes"] == t_update["lanes"] == "HDHDHDHHDHDHHDHDHHDHDHHDHDH"
+    assert dos["dos"]["lanes"][-2:] == ["HDHDHDHDHDHDHHDHDHDHDHHDHDH", "HDHDHDHHDHDHHDHDHHDHDHHDHDH"]
+    t_events = t_update["events"]
+    assert max(e["adam"][1] for e in t_events if e["lane"] == "host") > max(
+        e["flush"][1] for e in t_events if e["lane"] == "device")
     assert [round(dos["dos"][k], 1) for k in ("h2d_gb", "d2h_gb")] == [20.5, 14.1]
     for claim, status in (("end-to-end iteration vs zero3_offload", "met"), ("forward + backward vs plain", "met"),
                           ("end-to-end iteration vs torchao_offload at <= 60% its peak GPU memory", "missed"),
