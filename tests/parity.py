@@ -145,6 +145,15 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
 
 
+def assert_tracks(run: RunResult, ref: RunResult, tol: float) -> None:
+    """``run`` trained as the control ``ref``: as many losses (at least one), each within ``tol`` of the control's
+    (relative), and fp32 masters within ``tol`` (relative norm)."""
+    assert len(run.losses) == len(ref.losses) and run.losses
+    for step, (a, b) in enumerate(zip(run.losses, ref.losses)):
+        assert abs(a - b) <= tol * abs(b), f"step {step}: loss {a} vs control {b}"
+    assert rel(run.masters, ref.masters) <= tol
+
+
 
 #: What an in-process fit writes into ``os.environ`` for its process group, which a child must not inherit: the group
 #: keeps listening on MASTER_PORT until the process ends.

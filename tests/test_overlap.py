@@ -18,7 +18,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
-from parity import RandomPlanEveryStep, TinyLM, make_strategy, rel, train
+from parity import RandomPlanEveryStep, TinyLM, assert_tracks, make_strategy, rel, train
 
 from lightning_dos import DeepOptimizerStatesStrategy
 from lightning_dos.executor import UpdateExecutor
@@ -41,13 +41,6 @@ def _overlap(plan: Any) -> DeepOptimizerStatesStrategy:
     return make_strategy(plan, overlap=True)
 
 
-def _assert_tracks(run: Any, ref: Any) -> None:
-    """Per step within the fp32 tolerance of the control, and the same fp32 masters."""
-    assert len(run.losses) == len(ref.losses) and run.losses
-    for step, (a, b) in enumerate(zip(run.losses, ref.losses)):
-        assert abs(a - b) <= TOL * abs(b), f"step {step}: loss {a} vs {b}"
-    assert rel(run.masters, ref.masters) <= TOL
-
 
 def _assert_identical(run: Any, ref: Any) -> None:
     assert run.losses == ref.losses
@@ -62,7 +55,7 @@ def vanilla() -> Any:
 @pytest.mark.parametrize("plan", PLANS, ids=_ids)
 def test_every_plan_matches_vanilla_and_is_bit_identical_to_no_overlap(plan: Any, vanilla: Any) -> None:
     run = train(plan, steps=6, clip=CLIP, strategy=_overlap(plan))
-    _assert_tracks(run, vanilla)
+    assert_tracks(run, vanilla, TOL)
     _assert_identical(run, train(plan, steps=6, clip=CLIP))
     manager = run.strategy.manager
     assert manager.overlap and len(manager.records) == 6  # the last one recorded at the end of the run
@@ -80,7 +73,7 @@ def test_gradient_accumulation() -> None:
     """With 2 micro-batches per step the update overlaps the first micro-batch's forward; the boundary backward's
     copies into the host gradients (DeepSpeed's own accumulation path) wait for it."""
     run = train(0.5, steps=4, accumulate=2, clip=CLIP, strategy=_overlap(0.5))
-    _assert_tracks(run, train(None, steps=4, accumulate=2, clip=CLIP))
+    assert_tracks(run, train(None, steps=4, accumulate=2, clip=CLIP), TOL)
     _assert_identical(run, train(0.5, steps=4, accumulate=2, clip=CLIP))
     assert len(run.strategy.manager.records) == 4
 
@@ -103,7 +96,7 @@ def test_validation_after_every_step() -> None:
     assert len(model.val_losses) == 8
     assert model.val_losses == off_model.val_losses
     _assert_identical(run, off)
-    _assert_tracks(run, ref)
+    assert_tracks(run, ref, TOL)
     for a, b in zip(model.val_losses, ref_model.val_losses):
         assert abs(a - b) <= TOL * abs(b)
 
@@ -139,7 +132,7 @@ def test_a_plan_change_every_step(vanilla: Any) -> None:
     cb = RandomPlanEveryStep()
     run = train("host", steps=6, clip=CLIP, strategy=_overlap("host"), every_step=cb)
     assert len(set(cb.seen)) > 1
-    _assert_tracks(run, vanilla)
+    assert_tracks(run, vanilla, TOL)
     _assert_identical(run, train("host", steps=6, clip=CLIP, every_step=RandomPlanEveryStep()))
 
 
