@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     defaults = BenchConfig()
     p = argparse.ArgumentParser(
-        description="Profile the last iteration's forward or backward pass under one bench strategy.",
+        description="Profile the last iteration's forward, backward or step under one bench strategy.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--model", default=defaults.model, choices=sorted(PRESETS), help="model preset")
