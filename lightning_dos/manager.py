@@ -15,6 +15,7 @@ one step later than without overlap.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -133,7 +134,10 @@ class OptimizerStateManager:
         if self.active:  # a fixed device footprint (the host lane's upload ring), allocated before any plan runs
             self.executor.reserve_upload_buffers(max(self.sizes, default=1))
         self.records: list[StepRecord] = []
-        self._pending: tuple[Plan, int | None, tuple[int, ...], int] | None = None  # plan, free, demoted, ahead
+        # plan, free, demoted, early prefetches, (device order, host order) it runs in
+        self._pending: tuple[Plan, int | None, tuple[int, ...], int, tuple[tuple[int, ...], tuple[int, ...]]] | None
+        self._pending = None
+        self._grads_plan: Plan = self.base_plan  # the plan the next backward places its gradients for
         self._auto_steps = 0  # update phases run under auto since it started (its probe's included)
         self._replan_checked = 0  # auto's update phases done when it last (re-)planned or weighed a re-plan
         self.trials = self._new_trials()  # auto's measured comparisons of plans the model ranks close together
@@ -246,6 +250,7 @@ class OptimizerStateManager:
         gradients go to the host as in vanilla.
         """
         self.optimizer.device_grad_subgroups = self._kept_grads(self.base_plan)
+        self._grads_plan = self.base_plan
 
     def _new_trials(self) -> PlanTrials:
         """``auto``'s trials; two plans are told apart by their lanes and by whether the device lane keeps its
@@ -275,9 +280,15 @@ class OptimizerStateManager:
     def dispatch(self) -> Plan:
         """Finalise this step's plan: fit the device lane into the memory free now and within the budget, and issue
         the device lane's first prefetches, so they overlap what runs before the update phase (overflow check,
-        gradient norm). The phase still in flight, if any, is joined first (its calibration may change the plan)."""
+        gradient norm). The phase still in flight, if any, is joined first (its calibration may change the plan).
+
+        With ``overlap`` the join comes after the backward, so a plan it puts in force runs from the next step: this
+        step runs the plan the backward placed its gradients for (none of them then crosses the link here, and the
+        host does not wait for such copies before issuing the update). Both lanes then run in the order the forward
+        first reads the subgroups (``forward_order``), so the next forward waits for as little as it can."""
+        placed = self._grads_plan
         self.join()
-        plan = self.base_plan
+        plan = placed if self.overlap else self.base_plan
         free = self.free_device_bytes()
         limit = self.memory_budget_bytes
         if free is not None:
@@ -289,10 +300,14 @@ class OptimizerStateManager:
             demoted = tuple(demoted_ids)
             log.info("deep_optimizer_states: %d subgroups demoted to the host lane (limit %.2f GiB)",
                      len(demoted), limit / GIB)
+        orders = (plan.order, plan.host_order)
+        if self.overlap:
+            orders = (forward_order(plan.order, self.optimizer.forward_order()),
+                      forward_order(plan.host_order, self.optimizer.forward_order()))
         ahead = 0
         if self.active and self.optimizer.state_homes_ready():  # not before the first update phase made them
-            ahead = self.executor.prefetch_ahead(plan.lanes, plan.order, plan.buffers, self.optimizer.subgroups())
-        self._pending = (plan, free, demoted, ahead)
+            ahead = self.executor.prefetch_ahead(plan.lanes, orders[0], plan.buffers, self.optimizer.subgroups())
+        self._pending = (plan, free, demoted, ahead, orders)
         return plan
 
     # ------------------------------------------------------------------ the update phase
@@ -301,7 +316,7 @@ class OptimizerStateManager:
         if self._pending is None:
             self.dispatch()
         assert self._pending is not None
-        plan, free, demoted, ahead = self._pending
+        plan, free, demoted, ahead, (order, host_order) = self._pending
         self._pending = None
         if self.overlap:  # the worker must make no blocking copy: demoted gradients come to the host here
             optimizer.grads_to_host([i for i, lane in enumerate(plan.lanes) if lane == Lane.HOST])
@@ -310,13 +325,13 @@ class OptimizerStateManager:
         cost = self.cost if ahead else replace(self.cost, dispatch_lead_s=0.0)  # no head start without early ones
         predicted = predicted_makespan_s(plan, self.sizes, cost, grads_on_device=kept)
         if self.overlap:
-            phase = self.executor.issue(plan.lanes, plan.order, plan.buffers, subgroups, inv_scale, host_step,
-                                        host_order=plan.host_order)
+            phase = self.executor.issue(plan.lanes, order, plan.buffers, subgroups, inv_scale, host_step,
+                                        host_order=host_order)
             self._in_flight = _InFlight(phase, plan, free, demoted, predicted)
             optimizer.in_flight = phase
             return
-        timings = self.executor.run(plan.lanes, plan.order, plan.buffers, subgroups, inv_scale, host_step,
-                                    host_order=plan.host_order)
+        timings = self.executor.run(plan.lanes, order, plan.buffers, subgroups, inv_scale, host_step,
+                                    host_order=host_order)
         self._record(plan, timings, free, demoted, predicted)
 
     def join(self, raise_error: bool = True) -> None:
@@ -497,3 +512,10 @@ class OptimizerStateManager:
         if median is not None:
             out["dos/median_prediction_error"] = median
         return out
+
+
+def forward_order(order: Sequence[int], first_read: Sequence[int]) -> tuple[int, ...]:
+    """``order``'s subgroups sorted by when the forward first reads them (``first_read``: subgroup ids in that
+    order); those it does not read keep their relative order, after the others."""
+    rank = {sg: k for k, sg in enumerate(first_read)}
+    return tuple(sorted(order, key=lambda sg: rank.get(sg, len(rank))))

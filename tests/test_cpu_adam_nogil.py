@@ -1,4 +1,5 @@
-"""The GIL-free CPU Adam op: DeepSpeed's kernel bit for bit, and a thread running it leaves the interpreter free."""
+"""The host lane's CPU Adam op: DeepSpeed's kernel bit for bit (the gradient factor applied as it reads, as
+vanilla's separate pass applies it), and a thread running it leaves the interpreter free."""
 
 from __future__ import annotations
 
@@ -47,6 +48,46 @@ def test_bitwise_equal_to_deepspeed_cpu_adam_with_an_lr_that_changes_every_step(
     ours.close()  # once only
 
 
+def test_scaled_step_is_vanillas_multiply_then_cpu_adam_bit_for_bit() -> None:
+    """``grad_scale`` gives what vanilla gives with ``grad.mul_(factor)`` before DeepSpeedCPUAdam: over several
+    tiles, a length that leaves a vector and a scalar remainder, a factor and an lr changing every step; the host
+    gradient is left unscaled."""
+    torch.manual_seed(1)
+    n = 5 * 16384 + 64 + 13
+    start = torch.randn(n)
+    reference = torch.nn.Parameter(start.clone())
+    ds = DeepSpeedCPUAdam([reference], lr=_lr(0), betas=BETAS, eps=1e-8, weight_decay=0.1)
+    master = start.clone()
+    state = {"step": 0, "exp_avg": torch.zeros(n), "exp_avg_sq": torch.zeros(n)}
+    ours = HostAdam(ds.defaults, adamw=True)
+    for step in range(4):
+        grad = torch.randn(n) * 10.0 ** step
+        factor = torch.tensor(1.0) / (torch.tensor(0.37 + step, dtype=torch.float32) * 3.3)  # an fp32 factor
+        for group in ds.param_groups:
+            group["lr"] = _lr(step)
+        reference.grad = grad.clone().mul_(factor)  # vanilla: unscale_and_clip_grads, then CPU Adam
+        ds.step()
+        master.grad = grad.clone()
+        ours.step(state, master, AdamHyper(lr=_lr(step), beta1=BETAS[0], beta2=BETAS[1], eps=1e-8,
+                                           weight_decay=0.1, adamw=True), grad_scale=float(factor))
+        expected = ds.state[reference]
+        assert torch.equal(master, reference.data), f"step {step}"
+        assert torch.equal(state["exp_avg"], expected["exp_avg"]), f"step {step}"
+        assert torch.equal(state["exp_avg_sq"], expected["exp_avg_sq"]), f"step {step}"
+        assert torch.equal(master.grad, grad), "the host gradient is read, not scaled in place"
+    # the control: the factor matters (the same step without it gives other values)
+    unscaled = start.clone()
+    unscaled.grad = torch.randn(n)
+    scaled = unscaled.clone()
+    scaled.grad = unscaled.grad.clone()
+    states = [{"step": 0, "exp_avg": torch.zeros(n), "exp_avg_sq": torch.zeros(n)} for _ in range(2)]
+    hyper = AdamHyper(lr=1e-2, beta1=BETAS[0], beta2=BETAS[1], eps=1e-8, weight_decay=0.0, adamw=True)
+    ours.step(states[0], unscaled, hyper)
+    ours.step(states[1], scaled, hyper, grad_scale=0.25)
+    assert not torch.equal(states[0]["exp_avg"], states[1]["exp_avg"])
+    ours.close()
+
+
 def _main_thread_ran_during(update: object) -> bool:
     """Whether the main thread ran Python while a worker thread was inside ``update``.
 
@@ -83,6 +124,9 @@ def test_a_thread_in_cpu_adam_does_not_hold_the_gil() -> None:
     hyper = AdamHyper(lr=1e-3, beta1=BETAS[0], beta2=BETAS[1], eps=1e-8, weight_decay=0.0, adamw=True)
     assert _main_thread_ran_during(lambda: adam.step(state, master, hyper))
     assert state["step"] == 1
+
+    assert _main_thread_ran_during(lambda: adam.step(state, master, hyper, grad_scale=0.5))  # the tiled path
+    assert state["step"] == 2
 
     held = DeepSpeedCPUAdam([torch.nn.Parameter(torch.zeros(1))], **defaults)
     assert not _main_thread_ran_during(lambda: held.ds_opt_adam.adam_update(

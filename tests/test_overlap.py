@@ -182,11 +182,11 @@ class _HoldOneSubgroup(pl.Callback):
     def _patch(self, monkeypatch: pytest.MonkeyPatch) -> None:
         host_step, wait_params, join, issue = HostAdam.step, Phase.wait_params, Phase.join, UpdateExecutor.issue
 
-        def held_step(adam: HostAdam, state: dict, master: torch.Tensor, *args: Any) -> None:
+        def held_step(adam: HostAdam, state: dict, master: torch.Tensor, *args: Any, **kwargs: Any) -> None:
             if master is self.target:
                 self.timed_out |= not self.reached.wait(10.0)
                 time.sleep(0.1)
-            host_step(adam, state, master, *args)
+            host_step(adam, state, master, *args, **kwargs)
             if master is self.target:
                 self.k_done.set()
 
@@ -320,10 +320,10 @@ def test_a_worker_failure_surfaces_in_the_training_loop_with_its_message(update:
     the run raises it. Nothing hangs and the worker thread is gone afterwards."""
     host_step = HostAdam.step
 
-    def failing(adam: HostAdam, state: dict, *args: Any) -> None:
+    def failing(adam: HostAdam, state: dict, *args: Any, **kwargs: Any) -> None:
         if state["step"] == update - 1:
             raise RuntimeError(f"CPU Adam failed at update {update} (test)")
-        host_step(adam, state, *args)
+        host_step(adam, state, *args, **kwargs)
 
     monkeypatch.setattr(HostAdam, "step", failing)
     with pytest.raises(RuntimeError, match=f"CPU Adam failed at update {update} \\(test\\)") as raised:
@@ -414,3 +414,70 @@ def test_the_throughput_timer_stops_synchronising_only_with_overlap() -> None:
     config["timers"] = {"throughput": {"synchronized": True}}
     user = DeepOptimizerStatesStrategy(overlap=True, config=config)
     assert user.config["timers"] == {"throughput": {"synchronized": True}}  # the user's config wins
+
+
+def test_both_lanes_issue_their_subgroups_in_the_order_the_forward_first_reads_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next forward waits at its first module for the subgroups that module reads (here the no-decay group,
+    the last subgroup id, is read by the first layers): each lane takes its subgroups in the order the forward first
+    reads them, not in id order, so the forward can start long before the phase ends."""
+    issued: list[list[int]] = []
+    wrote, issue = Phase.wrote, UpdateExecutor.issue
+
+    def new_phase(executor: UpdateExecutor, *args: Any, **kwargs: Any) -> Phase:
+        issued.append([])
+        return issue(executor, *args, **kwargs)
+
+    def noting(phase: Phase, i: int, event: Any) -> None:
+        issued[-1].append(i)
+        wrote(phase, i, event)
+
+    monkeypatch.setattr(UpdateExecutor, "issue", new_phase)
+    monkeypatch.setattr(Phase, "wrote", noting)
+    run = train(0.5, steps=4, clip=CLIP, strategy=_overlap(0.5))
+    optimizer = run.strategy.model.optimizer
+    first_reads = optimizer.forward_order()
+    n = len(optimizer.fp16_groups)
+    assert sorted(first_reads) == list(range(n))
+    assert list(first_reads) != sorted(first_reads)  # the case this is about: id order is not the forward's
+    lanes = run.strategy.manager.records[-1].plan.lanes
+    assert len(issued) == 4 and all(sorted(each) == list(range(n)) for each in issued)
+    for each in issued[1:]:  # from the second phase on (the first forward has recorded the order)
+        for lane in (Lane.HOST, Lane.DEVICE):
+            in_lane = [i for i in each if lanes[i] is lane]
+            assert in_lane == [i for i in first_reads if lanes[i] is lane], lane
+    assert_tracks(run, train(None, steps=4, clip=CLIP), TOL)
+
+
+def test_a_plan_put_in_force_at_a_join_runs_from_the_next_step_with_no_gradient_moved(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With overlap the join, and with it any plan change the calibration makes, comes after the backward that
+    placed the gradients for the plan in force. The step then runs that plan; the new one runs from the next step.
+    A device-lane gradient brought to the host at the step (a blocking copy on a GPU) would mean the step ran a
+    plan its backward did not place gradients for."""
+    from lightning_dos.manager import OptimizerStateManager
+
+    calibrate, grad_to_host = OptimizerStateManager._calibrate, InterleavedZeroOptimizer._grad_to_host
+    plans = {"device": None, "host": None}
+    moved: list[int] = []
+
+    def alternating(manager: OptimizerStateManager, record: Any) -> None:
+        calibrate(manager, record)
+        n = len(manager.sizes)
+        plans["device"] = plans["device"] or Plan(lanes=(Lane.DEVICE,) * n)
+        plans["host"] = plans["host"] or Plan(lanes=(Lane.HOST,) * n)
+        manager.set_plan(plans["host"] if record.plan.lanes[0] is Lane.DEVICE else plans["device"])
+
+    def counting(optimizer: InterleavedZeroOptimizer, sub_group_id: int, wait: bool = True) -> Any:
+        if sub_group_id in optimizer._device_grads():
+            moved.append(sub_group_id)
+        return grad_to_host(optimizer, sub_group_id, wait=wait)
+
+    monkeypatch.setattr(OptimizerStateManager, "_calibrate", alternating)
+    monkeypatch.setattr(InterleavedZeroOptimizer, "_grad_to_host", counting)
+    run = train("device", steps=6, clip=CLIP, strategy=_overlap("device"))
+    ran = [record.plan.lanes[0] for record in run.strategy.manager.records]
+    # each join answers the phase before it; its plan runs from the step after the one it dispatches
+    assert ran == [Lane.DEVICE, Lane.DEVICE, Lane.HOST, Lane.HOST, Lane.DEVICE, Lane.DEVICE]
+    assert moved == []
+    assert_tracks(run, train(None, steps=6, clip=CLIP), TOL)

@@ -1,13 +1,19 @@
-"""Owns the GIL-free build of DeepSpeed's CPU Adam, the host lane's kernel when the update overlaps the forward.
+"""Owns the host lane's CPU Adam op: DeepSpeed's kernel, bound so that it releases the GIL and applies the step's
+gradient factor as it reads the gradient.
 
-deepspeed 0.19.8 binds ``adam_update`` without releasing the GIL: a thread running CPU Adam freezes every other
-Python thread for the whole call, so an update phase on a worker thread would stop the next forward's host thread.
-This op compiles DeepSpeed's own ``csrc/adam/cpu_adam_impl.cpp`` (the same kernel, bit for bit) with a binding of
-its own (``csrc/dos_cpu_adam.cpp``) that releases the GIL during the update. It keeps its own registry of C++
-optimizer instances, so one :class:`HostAdam` must serve every host-lane update of an optimizer from its first
-step: the instance's running ``beta^t`` then follows the sequence DeepSpeed's instance would have followed.
+- deepspeed 0.19.8 binds ``adam_update`` without releasing the GIL: a thread running CPU Adam freezes every other
+  Python thread for the whole call, so an update phase on a worker thread (``overlap``) would stop the next forward's
+  host thread. This op compiles DeepSpeed's own ``csrc/adam/cpu_adam_impl.cpp`` (the same kernel, bit for bit) with a
+  binding of its own (``csrc/dos_cpu_adam.cpp``) that releases the GIL during the update.
+- Vanilla ZeRO-3 first multiplies the whole host gradient by the step's factor (``unscale_and_clip_grads``: the
+  loss scale and the clipping), a pass of its own over host memory, then runs CPU Adam. The op scales each tile of
+  the gradient into a per-thread buffer as CPU Adam reads it: one pass, the same values bit for bit (one fp32
+  multiply either way). The host gradient is left unscaled.
 
-``scripts/build_ops.py`` builds it once per run, like DeepSpeed's own ops (same ``TORCH_EXTENSIONS_DIR``).
+It keeps its own registry of C++ optimizer instances, so one :class:`HostAdam` must serve every host-lane update of
+an optimizer from its first step: the instance's running ``beta^t`` then follows the sequence DeepSpeed's instance
+would have followed. ``scripts/build_ops.py`` builds it once per run, like DeepSpeed's own ops (same
+``TORCH_EXTENSIONS_DIR``).
 """
 
 from __future__ import annotations
@@ -41,7 +47,10 @@ def _builder() -> Any:
             return f"lightning_dos.zero.{OP_NAME}_op"
 
         def sources(self) -> list[str]:
-            return [str(_SOURCE), "csrc/adam/cpu_adam_impl.cpp"]  # the kernel: DeepSpeed's own source
+            return [str(_SOURCE)]  # it includes the kernel, DeepSpeed's own csrc/adam/cpu_adam_impl.cpp
+
+        def include_paths(self) -> list[str]:
+            return [*super().include_paths(), "csrc/adam"]
 
     return NoGilCPUAdamBuilder()
 
@@ -74,19 +83,22 @@ class HostAdam:
         self.opt_id = next(_ids)
         beta1, beta2 = defaults["betas"]
         self.op.create_adam(self.opt_id, float(defaults["lr"]), float(beta1), float(beta2), float(defaults["eps"]),
-                            float(defaults["weight_decay"]), bool(adamw), False)
+                            float(defaults["weight_decay"]), bool(adamw))
         self._limited: set[int] = set()
 
-    def step(self, state: dict[str, Any], master: torch.Tensor, hyper: AdamHyper, bias_correction: bool = True) -> None:
+    def step(self, state: dict[str, Any], master: torch.Tensor, hyper: AdamHyper, bias_correction: bool = True,
+             grad_scale: float = 1.0) -> None:
         """``DeepSpeedCPUAdam.step`` for one tensor, with hyperparameters read when the update was issued.
 
-        ``state`` holds the integer ``step`` and the moments; ``master.grad`` is the (unscaled) gradient.
+        ``state`` holds the integer ``step`` and the moments; ``master.grad`` is the gradient as the backward left
+        it, which the kernel multiplies by ``grad_scale`` (an fp32 value: vanilla's ``1 / combined_scale``) as it
+        reads it, leaving ``master.grad`` as it was.
         """
         self._limit_threads()
         state["step"] += 1
-        self.op.adam_update(self.opt_id, state["step"], hyper.lr, hyper.beta1, hyper.beta2, hyper.eps,
-                            hyper.weight_decay, bias_correction, master.data, master.grad.data, state["exp_avg"],
-                            state["exp_avg_sq"])
+        self.op.adam_step(self.opt_id, state["step"], hyper.lr, hyper.beta1, hyper.beta2, hyper.eps,
+                          hyper.weight_decay, bias_correction, master.data, master.grad.data, state["exp_avg"],
+                          state["exp_avg_sq"], grad_scale)
 
     def _limit_threads(self) -> None:
         """On a worker thread, leave one core to the main thread (set once per thread; OpenMP's setting is the

@@ -88,6 +88,9 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         self._dos_allgather_sequential = bool(zero.get("stage3_allgather_sequential",
                                                        zero.get("allgather_sequential", False)))
         self._dos_host_adam: Any = None
+        self._dos_first_reads: list[int] = []  # subgroups in the order the first forward reads them (overlap)
+        self._dos_first_read_set: set[int] = set()
+        self._dos_first_reads_done = False
 
     # ------------------------------------------------------------------ pinned, single-home state
     def _create_fp32_partitions(self) -> None:
@@ -452,19 +455,8 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         self.timers(_stage3.OPTIMIZER_STEP_TIMER).start()
 
         inv_scale = self._inverse_combined_scale(scaled_global_grad_norm)
-        # x * 1.0 == x exactly: skip a full read-modify-write pass over the host gradients when nothing scales
-        unit_scale = float(inv_scale) == 1.0
-
-        def host_step(sub_group_id: int) -> None:
-            # vanilla's own per-subgroup code: unscale/clip, then DeepSpeedCPUAdam on the host
-            self._grad_to_host(sub_group_id)
-            if not unit_scale:
-                self.unscale_and_clip_grads(sub_group_id, scaled_global_grad_norm)
-            self._optimizer_step(sub_group_id)
-
         self._ensure_state_homes()
-        if self._dos_host_adam is not None:
-            host_step = self._overlapped_host_step(scaled_global_grad_norm, unit_scale)
+        host_step = self._host_lane_step(float(inv_scale), bring_grads=self.join_phase is None)
         self.update_phase(self, host_step, inv_scale)
         for sub_group_id in range(len(self.fp16_groups)):
             self._unflatten_partitioned_parameters(sub_group_id)  # views only: nothing is read
@@ -475,33 +467,45 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         self.timers(_stage3.OPTIMIZER_STEP_TIMER).stop()
         self._post_step(timer_names)
 
-    def _overlapped_host_step(self, scaled_global_grad_norm: Any, unit_scale: bool) -> Callable[[int], None]:
-        """The host lane's step for a worker thread: unscale/clip (vanilla's code), then CPU Adam through the GIL-free
-        op with each param group's hyperparameters and state read now, on this thread (the scheduler changes the lr
-        before the next forward, while the worker may still run). Demoted gradients are already on the host."""
+    def _host_lane_step(self, grad_scale: float, bring_grads: bool) -> Callable[[int], None]:
+        """The host lane's step for one subgroup: vanilla's unscale/clip and ``DeepSpeedCPUAdam`` in one pass (the
+        host-lane op multiplies the gradient by ``grad_scale``, vanilla's ``1 / combined_scale``, as it reads it:
+        the same values as vanilla's ``unscale_and_clip_grads`` followed by CPU Adam, bit for bit).
+
+        Each param group's hyperparameters and state are read now, on this thread: with ``overlap`` the step runs on
+        a worker while the scheduler changes the lr before the next forward. ``bring_grads``: a demoted subgroup's
+        gradient is brought to the host first (without overlap; with it the manager has brought them already, since
+        the worker must make no blocking copy)."""
         groups = self.optimizer.param_groups
         hypers = [self._hyper(group) for group in groups]
         bias_correction = [bool(group.get("bias_correction", True)) for group in groups]
         states = [self.optimizer.state[master] for master in self.fp32_partitioned_groups_flat]
-        adam = self._dos_host_adam
+        adam = self._host_adam()
 
         def host_step(sub_group_id: int) -> None:
-            if not unit_scale:
-                self.unscale_and_clip_grads(sub_group_id, scaled_global_grad_norm)
+            if bring_grads:
+                self._grad_to_host(sub_group_id)
             gid = self.sub_group_to_group_id[sub_group_id]
             adam.step(states[sub_group_id], self.fp32_partitioned_groups_flat[sub_group_id], hypers[gid],
-                      bias_correction[gid])
+                      bias_correction[gid], grad_scale=grad_scale)
 
         return host_step
+
+    def _host_adam(self) -> Any:
+        """The host lane's CPU Adam (one instance for the whole run: see ``cpu_adam_nogil``), made on first use."""
+        if self._dos_host_adam is None:
+            from lightning_dos.zero.cpu_adam_nogil import HostAdam
+
+            self._dos_host_adam = HostAdam(self.optimizer.defaults,
+                                           bool(getattr(self.optimizer, "adam_w_mode", True)))
+        return self._dos_host_adam
 
     # ------------------------------------------------------------------ overlap: gates and joins
     def enable_overlap(self, join: Callable[[], None]) -> None:
         """Let ``step`` return with its update phase in flight: gate every reader of what it writes (see the module
         docstring). ``join`` joins the phase in flight (the manager's); call before the first step."""
-        from lightning_dos.zero.cpu_adam_nogil import HostAdam
-
         self.join_phase = join
-        self._dos_host_adam = HostAdam(self.optimizer.defaults, bool(getattr(self.optimizer, "adam_w_mode", True)))
+        self._host_adam()
         self._dos_subgroup_of = {p.ds_id: i for i, group in enumerate(self.fp16_groups) for p in group}
         coordinator = self._get_param_coordinator()
         fetch = coordinator.fetch_sub_module
@@ -510,9 +514,15 @@ class InterleavedZeroOptimizer(_VanillaStage3):
 
         def gated_fetch(module: torch.nn.Module, forward: bool) -> Any:
             phase = self.in_flight
-            if phase is not None:  # the module's kernels and any gather of its params read its subgroups
-                params = iter_params(module, recurse=z3_leaf_module(module))
-                phase.wait_params(self._subgroups_of(params), self._read_streams(allgather_stream))
+            noting = forward and not self._dos_first_reads_done
+            if not forward:
+                self._dos_first_reads_done = True  # the first backward: the forward's order is known
+            if phase is not None or noting:  # the module's kernels and any gather of its params read its subgroups
+                ids = self._subgroups_of(iter_params(module, recurse=z3_leaf_module(module)))
+                if noting:
+                    self._note_first_reads(ids)
+                if phase is not None:
+                    phase.wait_params(ids, self._read_streams(allgather_stream))
             return fetch(module, forward=forward)
 
         def gated_gather(params: Any, forward: bool) -> Any:
@@ -523,6 +533,18 @@ class InterleavedZeroOptimizer(_VanillaStage3):
 
         coordinator.fetch_sub_module = gated_fetch
         setattr(coordinator, _GATHER, gated_gather)
+
+    def _note_first_reads(self, ids: list[int]) -> None:
+        seen = self._dos_first_read_set
+        for i in ids:
+            if i not in seen:
+                seen.add(i)
+                self._dos_first_reads.append(i)
+
+    def forward_order(self) -> tuple[int, ...]:
+        """Subgroup ids in the order the forward first reads them (recorded by the gates during the first forward,
+        with ``overlap``; empty before it, or without overlap)."""
+        return tuple(self._dos_first_reads)
 
     def wait_for_update(self) -> None:
         """Join the update phase in flight, if any (its writes are then complete, its timings recorded)."""
