@@ -1,12 +1,12 @@
 """Owns the execution of one update phase for a given plan: the host lane and the device lane.
 
-Host lane, per subgroup: unscale/clip + DeepSpeed's CPU Adam (supplied by the seam as ``host_step``, the
-very code vanilla ZeRO-3 runs), then the new fp32 master weights are uploaded asynchronously, straight from
-their pinned home, through a small ring of fp32 buffers on the device, where a kernel writes them into the
-16-bit params (``upload``). The host itself neither converts nor waits: the 16-bit conversion is a memory-bound
-pass that cost the host lane about a quarter of its time (read off a GPU host's timeline) and is a short kernel
-on the device; it doubles the upload's bytes on the link (4 instead of 2 per parameter), which the performance
-model weighs.
+Host lane, per subgroup: DeepSpeed's CPU Adam with vanilla's unscale/clip factor applied as it reads the gradient
+(supplied by the seam as ``host_step``; the same values as vanilla's two passes, bit for bit), then the new fp32
+master weights are uploaded asynchronously, straight from their pinned home, through a small ring of fp32 buffers on
+the device, where a kernel writes them into the 16-bit params (``upload``). The host itself neither converts nor
+waits: the 16-bit conversion is a memory-bound pass that cost the host lane about a quarter of its time (read off a
+GPU host's timeline) and is a short kernel on the device; it doubles the upload's bytes on the link (4 instead of 2
+per parameter), which the performance model weighs.
 
 Device lane, per subgroup, through a ring of buffer slots on the device:
 ``prefetch`` (host->device: master, exp_avg, exp_avg_sq, grad) -> ``adam`` (unscale + fused AdamW on the

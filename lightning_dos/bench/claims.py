@@ -213,7 +213,8 @@ def _e2e_best(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 
 def peer_claims(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """DOS against the peers a user could pick instead, end to end: torchao's offload (faster at less GPU memory),
-    every other offloading row, and plain PyTorch's forward + backward (the floor one GPU can reach)."""
+    every other offloading row, and plain PyTorch's forward + backward (the floor one GPU can reach; DOS's fastest
+    configuration without overlap, whose synchronised forward holds no wait for an update in flight)."""
     dos = _ok(results, "deep_optimizer_states")
     claims = []
 
@@ -251,14 +252,17 @@ def peer_claims(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
     name, threshold = "forward + backward vs plain", f"<= {FWD_BWD_VS_PLAIN}x"
     plain = next(iter(_ok(results, "plain")), None)
-    if best is None or plain is None or best.get("fwd_ms") is None or plain.get("fwd_ms") is None:
+    # an overlapped row's synchronised forward holds its wait for the update in flight: not a forward to compare
+    serial = _e2e_best([r for r in dos if OVERLAP_SUFFIX not in r["label"]])
+    if serial is None or plain is None or serial.get("fwd_ms") is None or plain.get("fwd_ms") is None:
         claims.append(_claim(name, threshold, None, None,
-                             "needs plain and DOS phase times" + _not_ok(results, "plain")))
+                             "needs plain and the phase times of a DOS configuration without overlap"
+                             + _not_ok(results, "plain")))
     else:
-        ours, floor = best["fwd_ms"] + best["bwd_ms"], plain["fwd_ms"] + plain["bwd_ms"]
+        ours, floor = serial["fwd_ms"] + serial["bwd_ms"], plain["fwd_ms"] + plain["bwd_ms"]
         ratio = ours / floor
         claims.append(_claim(name, threshold, ratio, ratio <= FWD_BWD_VS_PLAIN,
-                             f"{best['label']} {best['fwd_ms']:.1f} + {best['bwd_ms']:.1f} ms vs plain "
+                             f"{serial['label']} {serial['fwd_ms']:.1f} + {serial['bwd_ms']:.1f} ms vs plain "
                              f"{plain['fwd_ms']:.1f} + {plain['bwd_ms']:.1f} ms (synchronised)"))
     return claims
 
