@@ -302,8 +302,8 @@ class OptimizerStateManager:
                      len(demoted), limit / GIB)
         orders = (plan.order, plan.host_order)
         if self.overlap:
-            orders = (forward_order(plan.order, self.optimizer.forward_order()),
-                      forward_order(plan.host_order, self.optimizer.forward_order()))
+            first_reads = self.optimizer.forward_order()
+            orders = (forward_order(plan.order, first_reads), forward_order(plan.host_order, first_reads))
         ahead = 0
         if self.active and self.optimizer.state_homes_ready():  # not before the first update phase made them
             ahead = self.executor.prefetch_ahead(plan.lanes, orders[0], plan.buffers, self.optimizer.subgroups())

@@ -88,8 +88,7 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         self._dos_allgather_sequential = bool(zero.get("stage3_allgather_sequential",
                                                        zero.get("allgather_sequential", False)))
         self._dos_host_adam: Any = None
-        self._dos_first_reads: list[int] = []  # subgroups in the order the first forward reads them (overlap)
-        self._dos_first_read_set: set[int] = set()
+        self._dos_first_reads: dict[int, None] = {}  # subgroups in the order the first forward reads them (overlap)
         self._dos_first_reads_done = False
 
     # ------------------------------------------------------------------ pinned, single-home state
@@ -520,7 +519,7 @@ class InterleavedZeroOptimizer(_VanillaStage3):
             if phase is not None or noting:  # the module's kernels and any gather of its params read its subgroups
                 ids = self._subgroups_of(iter_params(module, recurse=z3_leaf_module(module)))
                 if noting:
-                    self._note_first_reads(ids)
+                    self._dos_first_reads.update(dict.fromkeys(ids))  # a dict keeps each id's first insertion
                 if phase is not None:
                     phase.wait_params(ids, self._read_streams(allgather_stream))
             return fetch(module, forward=forward)
@@ -533,13 +532,6 @@ class InterleavedZeroOptimizer(_VanillaStage3):
 
         coordinator.fetch_sub_module = gated_fetch
         setattr(coordinator, _GATHER, gated_gather)
-
-    def _note_first_reads(self, ids: list[int]) -> None:
-        seen = self._dos_first_read_set
-        for i in ids:
-            if i not in seen:
-                seen.add(i)
-                self._dos_first_reads.append(i)
 
     def forward_order(self) -> tuple[int, ...]:
         """Subgroup ids in the order the forward first reads them (recorded by the gates during the first forward,
