@@ -270,10 +270,14 @@ class UpdateExecutor:
             if self.streams.is_cuda:
                 torch.cuda.set_device(self.device)
             with torch.no_grad():  # grad mode is per thread
-                done.extend(self._run_host_lane(begun.host_ids, subgroups, host_step, begun.timings, begun.spans,
-                                                lane, phase))
+                # the subgroups through the lane only, which lets them go at its release (the closure outlives it)
+                done.extend(self._run_host_lane(begun.host_ids, lane.subgroups, host_step, begun.timings,
+                                                begun.spans, lane, phase))
                 done.extend(lane.issue_all())
             phase.worker_end = time.perf_counter()
+            for event in done:  # then the lane's device memory goes back before the join, which may come late
+                event.synchronize()
+            lane.release()
 
         def finish() -> LaneTimings:
             for event in done:
@@ -510,6 +514,15 @@ class _DeviceLane:
         """Wait for the issued prefetches (before slots that a copy may still write are released)."""
         for event in self.prefetched:
             event.synchronize()
+
+    def release(self) -> None:
+        """Drop the lane's device memory once its work is complete: the buffer slots and the subgroups (with the
+        gradients they kept on the device). With overlap the manager joins a phase only at the next dispatch, after
+        the next forward and backward; the phase ends during that forward, and without this the backward ran with
+        the slots and both steps' kept gradients allocated at once."""
+        self.slots = []
+        self.staged = []
+        self.subgroups = ()
 
     @property
     def remaining(self) -> int:

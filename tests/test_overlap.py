@@ -481,3 +481,46 @@ def test_a_plan_put_in_force_at_a_join_runs_from_the_next_step_with_no_gradient_
     assert ran == [Lane.DEVICE, Lane.DEVICE, Lane.HOST, Lane.HOST, Lane.DEVICE, Lane.DEVICE]
     assert moved == []
     assert_tracks(run, train(None, steps=6, clip=CLIP), TOL)
+
+
+def test_an_issued_phase_frees_its_slots_and_kept_gradients_once_its_work_is_done_before_the_join(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The manager joins a phase only at the next dispatch, after the next forward and backward. The phase's buffer
+    slots and the gradients its subgroups kept on the device must go back as soon as its work is complete, or the
+    next backward runs with them and its own kept gradients allocated at once (on a GPU host: gigabytes)."""
+    import weakref
+
+    from lightning_dos.executor import _DeviceLane
+    from lightning_dos.subgroup import AdamHyper, Subgroup
+
+    hyper = AdamHyper(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, adamw=True)
+    g = torch.Generator().manual_seed(0)
+    subgroups = []
+    for i, n in enumerate([300, 120, 500, 80]):
+        master = torch.randn(n, generator=g)
+        subgroups.append(Subgroup(index=i, numel=n, master=master, exp_avg=torch.zeros(n), exp_avg_sq=torch.zeros(n),
+                                  state={"step": 0}, grad=torch.randn(n, generator=g).to(torch.bfloat16),
+                                  param16=master.to(torch.bfloat16), hyper=hyper, grad_on_device=True))
+    kept = [weakref.ref(sg.grad) for sg in subgroups]
+    slots: list[Any] = []
+    bind = _DeviceLane.bind
+
+    def noting(lane: _DeviceLane, *args: Any) -> None:
+        bind(lane, *args)
+        slots.extend(weakref.ref(slot) for slot in lane.slots)
+
+    monkeypatch.setattr(_DeviceLane, "bind", noting)
+    executor = UpdateExecutor(torch.device("cpu"))
+    lanes = [Lane.DEVICE] * len(subgroups)
+    expected = [sg.master.clone() for sg in subgroups]
+    phase = executor.issue(lanes, [], 2, subgroups, 1.0, lambda i: None)
+    masters = [sg.master for sg in subgroups]
+    del subgroups
+    try:
+        assert phase.finished.wait(10)
+        assert slots and all(ref() is None for ref in slots)  # the phase is not joined yet
+        assert all(ref() is None for ref in kept)
+        assert phase.join() is not None
+        assert all(not torch.equal(m, e) for m, e in zip(masters, expected))  # the update did land
+    finally:
+        executor.close()
