@@ -55,6 +55,7 @@ import torch
 from lightning_dos.phase import Phase
 from lightning_dos.planning.perf_model import PREFETCH_WINDOW, buffer_slots, early_prefetches
 from lightning_dos.planning.plan import Lane
+from lightning_dos.resident import ResidentState
 from lightning_dos.subgroup import Subgroup
 
 #: Prefetches and flushes are issued in chunks of this many fp32 elements (64 MB), so no single copy command
@@ -94,6 +95,8 @@ class LaneTimings:
     upload_bytes: int = 0
     device_buffer_bytes: int = 0
     """Device memory the executor held: the device lane's buffer slots plus the upload ring (once allocated)."""
+    resident_params: int = 0
+    """Parameters of the resident subgroups updated on the device, in neither lane (``resident_gib``)."""
     prefetched_ahead: int = 0
     """Device-lane prefetches issued before the update phase began (``UpdateExecutor.prefetch_ahead``)."""
     lead_s: float = 0.0
@@ -178,6 +181,8 @@ class UpdateExecutor:
         self._upload: list[torch.Tensor] = []
         self._ahead: _DeviceLane | None = None
         self._pool: ThreadPoolExecutor | None = None
+        #: the subgroups whose state stays on the device (``resident_gib``): in neither lane, updated first
+        self.resident: ResidentState | None = None
 
     @torch.no_grad()
     def prefetch_ahead(
@@ -189,7 +194,7 @@ class UpdateExecutor:
         dropped first.
         """
         self.discard_ahead()
-        ids = _device_ids(lanes, order)
+        ids = _device_ids(lanes, order, self._resident_ids())
         if not ids:
             return 0
         lane = _DeviceLane(self.streams, ids, buffers, subgroups)
@@ -232,13 +237,14 @@ class UpdateExecutor:
         """Update every subgroup once: ``lanes[i]`` says where; ``order`` is the device lane's order and
         ``host_order`` the host lane's (each: then any subgroup of that lane it left out, ascending)."""
         begun = self._begin(lanes, order, buffers, subgroups, inv_scale, host_order)
+        resident_done = self._run_resident(subgroups, inv_scale, begun.timings)
         host_done = self._run_host_lane(begun.host_ids, subgroups, host_step, begun.timings, begun.spans,
                                         begun.device_lane)
         device_done = begun.device_lane.issue_all()
 
         # the caller's stream (next forward's all-gather) must see every param write
         s = self.streams
-        for event in (*device_done, *host_done):
+        for event in (*resident_done, *device_done, *host_done):
             s.wait(s.current(), event)
             event.synchronize()
         begun.timings.total_s = time.perf_counter() - begun.t0
@@ -264,7 +270,7 @@ class UpdateExecutor:
         lane.signals = phase
         for k, prefetched in enumerate(lane.prefetched):  # issued before the phase began, on this thread
             phase.read_grad(lane.ids[k], prefetched)
-        done: list[Any] = []
+        done: list[Any] = self._run_resident(subgroups, inv_scale, begun.timings, phase)  # issued here, at once
 
         def work() -> None:
             if self.streams.is_cuda:
@@ -318,8 +324,9 @@ class UpdateExecutor:
             raise ValueError(f"plan has {len(lanes)} lanes but the optimizer has {len(subgroups)} subgroups")
         t0 = time.perf_counter()
         timings = LaneTimings(started_s=t0)
-        device_ids = _device_ids(lanes, order)
-        host_ids = _lane_ids(lanes, host_order, Lane.HOST)
+        resident = self._resident_ids()
+        device_ids = _device_ids(lanes, order, resident)
+        host_ids = _lane_ids(lanes, host_order, Lane.HOST, resident)
         ahead, self._ahead = self._ahead, None
         if ahead is not None and not ahead.serves(device_ids, buffers, subgroups):
             ahead.settle()  # another plan, or other tensors: its slots are released, its copies unused
@@ -345,6 +352,32 @@ class UpdateExecutor:
         origin = begun.device_lane.origin if timings.prefetched_ahead else None
         _resolve_spans(begun.start, begun.t0, begun.spans, timings, origin=origin)
         return timings
+
+    def _resident_ids(self) -> frozenset[int]:
+        return frozenset(self.resident.ids) if self.resident is not None else frozenset()
+
+    def _run_resident(self, subgroups: Sequence[Subgroup], inv_scale: torch.Tensor | float, timings: LaneTimings,
+                      phase: Phase | None = None) -> list[Any]:
+        """Issue the resident subgroups' updates on the ``adam`` stream, ahead of the device lane's first Adam (which
+        waits for its prefetch anyway); the event after which their 16-bit params are written. With a ``phase``, its
+        readers are told at once (the worker issues nothing for them)."""
+        resident = self.resident
+        if resident is None or not resident.ids:
+            return []
+        s = self.streams
+        with s.use(s.adam):
+            resident.step(subgroups, inv_scale, _adam)
+            done = s.record(s.adam)
+        if s.is_cuda:  # the caller may drop the gradients before the adam stream has read them (overlap)
+            for i in resident.ids:
+                if subgroups[i].grad.is_cuda:
+                    subgroups[i].grad.record_stream(s.adam)
+        for i in resident.ids:
+            timings.resident_params += subgroups[i].numel
+            if phase is not None:
+                phase.read_grad(i, done)
+                phase.wrote(i, done)
+        return [done]
 
     # ------------------------------------------------------------------ host lane
     def _run_host_lane(
@@ -627,15 +660,17 @@ def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     return all(x is y for x, y in zip(a[:4], b[:4])) and a[4] == b[4]
 
 
-def _device_ids(lanes: Sequence[Lane], order: Sequence[int]) -> list[int]:
+def _device_ids(lanes: Sequence[Lane], order: Sequence[int], resident: frozenset[int] = frozenset()) -> list[int]:
     """The device lane's subgroups in processing order (``order``, then any device subgroup it left out)."""
-    return _lane_ids(lanes, order, Lane.DEVICE)
+    return _lane_ids(lanes, order, Lane.DEVICE, resident)
 
 
-def _lane_ids(lanes: Sequence[Lane], order: Sequence[int], lane: Lane) -> list[int]:
-    """``lane``'s subgroups in processing order: ``order``, then any subgroup of the lane it left out, ascending."""
-    ids = [i for i in order if lanes[i] == lane]
-    missing = {i for i, each in enumerate(lanes) if each == lane} - set(ids)
+def _lane_ids(lanes: Sequence[Lane], order: Sequence[int], lane: Lane,
+              resident: frozenset[int] = frozenset()) -> list[int]:
+    """``lane``'s subgroups in processing order: ``order``, then any subgroup of the lane it left out, ascending;
+    never a resident one (its lane in the plan is unused)."""
+    ids = [i for i in order if lanes[i] == lane and i not in resident]
+    missing = {i for i, each in enumerate(lanes) if each == lane} - set(ids) - resident
     return ids + sorted(missing)
 
 

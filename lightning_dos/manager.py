@@ -26,8 +26,9 @@ from lightning_dos.phase import Phase
 from lightning_dos.planning.calibration import Calibrator, StepMeasurement, probe_plans
 from lightning_dos.planning.perf_model import CostParams, device_memory_bytes, predicted_makespan_s
 from lightning_dos.planning.plan import Lane, Plan, PlanSpec, parse_plan, resolve_plan
-from lightning_dos.planning.planner import best_plan, demote_to_fit, kept_grads, rank_plans
+from lightning_dos.planning.planner import best_plan, demote_to_fit, kept_grads, rank_plans, resident_subgroups
 from lightning_dos.planning.trials import TRIAL_SOURCE, PlanTrials, TrialVerdict
+from lightning_dos.resident import RESIDENT_BYTES_PER_PARAM, ResidentState
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,7 @@ class OptimizerStateManager:
         cost_overrides: dict[str, float] | None = None,
         device_gradients: bool = True,
         overlap: bool = False,
+        resident_gib: float = 0.0,
     ) -> None:
         self.optimizer = optimizer
         self.overlap = overlap
@@ -121,8 +123,14 @@ class OptimizerStateManager:
         self._start_cost = base
         self._cost_overrides = cost_overrides
         self.calibrator = Calibrator(base, overrides=cost_overrides)
-        self.sizes = list(optimizer.subgroup_sizes())
         self.active = bool(optimizer._dos_supported())
+        sizes = list(optimizer.subgroup_sizes())
+        #: subgroups whose state stays on the device (``resident_gib``); the planner weighs them as empty
+        self.resident: tuple[int, ...] = ()
+        if self.active and resident_gib > 0:
+            self.resident = resident_subgroups(sizes, int(resident_gib * GIB), RESIDENT_BYTES_PER_PARAM)
+        self.subgroup_sizes = sizes
+        self.sizes = [0 if i in self.resident else n for i, n in enumerate(sizes)]  # what the planner weighs
         self._probes: tuple[Plan, ...] = ()
         if self.spec.kind == "auto":  # measure the lanes first; the planner chooses after the probe steps
             self._probes = probe_plans(self.sizes, buffers=self.buffers or DEFAULT_BUFFERS)
@@ -133,6 +141,9 @@ class OptimizerStateManager:
         self.executor = UpdateExecutor(self.device)
         if self.active:  # a fixed device footprint (the host lane's upload ring), allocated before any plan runs
             self.executor.reserve_upload_buffers(max(self.sizes, default=1))
+        if self.resident:  # likewise the resident copies; the seam keeps the host homes current for its readers
+            self.executor.resident = ResidentState(self.resident, sizes, self.device)
+            optimizer.resident_state = self.executor.resident
         self.records: list[StepRecord] = []
         # plan, free, demoted, early prefetches, (device order, host order) it runs in
         self._pending: tuple[Plan, int | None, tuple[int, ...], int, tuple[tuple[int, ...], tuple[int, ...]]] | None
@@ -249,7 +260,8 @@ class OptimizerStateManager:
         from backward to the end of the update, beside the buffer slots; when a budget is set and both do not fit,
         gradients go to the host as in vanilla.
         """
-        self.optimizer.device_grad_subgroups = self._kept_grads(self.base_plan)
+        resident = frozenset(self.resident) if self.device_gradients else frozenset()
+        self.optimizer.device_grad_subgroups = self._kept_grads(self.base_plan) | resident
         self._grads_plan = self.base_plan
 
     def _new_trials(self) -> PlanTrials:
@@ -319,7 +331,8 @@ class OptimizerStateManager:
         plan, free, demoted, ahead, (order, host_order) = self._pending
         self._pending = None
         if self.overlap:  # the worker must make no blocking copy: demoted gradients come to the host here
-            optimizer.grads_to_host([i for i, lane in enumerate(plan.lanes) if lane == Lane.HOST])
+            optimizer.grads_to_host([i for i, lane in enumerate(plan.lanes) if lane == Lane.HOST
+                                     and i not in self.resident])
         subgroups = optimizer.subgroups()
         kept = frozenset(sg.index for sg in subgroups if sg.grad_on_device)  # these gradients need no prefetch
         cost = self.cost if ahead else replace(self.cost, dispatch_lead_s=0.0)  # no head start without early ones
@@ -351,6 +364,14 @@ class OptimizerStateManager:
             return
         if timings is not None:
             self._record(issued.plan, timings, issued.free_bytes, issued.demoted, issued.predicted_s)
+
+    def state_to_host(self) -> None:
+        """Join the phase in flight and write the resident subgroups' device copies into their host homes: the
+        optimizer state DeepSpeed holds is then the run's, for a reader that goes around DeepSpeed's own methods
+        (those do this themselves)."""
+        self.join()
+        if self.active:
+            self.optimizer.state_to_host()
 
     def close(self) -> None:
         """At the end of a run: join what is in flight (its failure, if any, is raised) and stop the worker."""
@@ -461,7 +482,7 @@ class OptimizerStateManager:
 
     # ------------------------------------------------------------------ reporting
     def describe(self) -> str:
-        sizes = self.sizes
+        sizes = self.subgroup_sizes
         total = sum(sizes)
         if not self.active:
             return (
@@ -469,9 +490,13 @@ class OptimizerStateManager:
                 "is not supported by the interleaved update, so DeepSpeed's own host-only update runs"
             )
         plan = self.base_plan
+        resident = self.executor.resident
+        kept = (f"; subgroups {', '.join(map(str, self.resident))} ({resident.params:,} params, "
+                f"{resident.nbytes / GIB:.2f} GiB) resident on the device, in neither lane"
+                if resident is not None else "")
         return (
             f"deep_optimizer_states: {len(sizes)} subgroups ({total:,} params on this rank, "
-            f"largest {max(sizes):,}); {plan}; device lane runs on {self.device.type}"
+            f"largest {max(sizes):,}); {plan}{kept}; device lane runs on {self.device.type}"
             + (" (the host stands in for the device)" if self.device.type != "cuda" else "")
         )
 
@@ -499,6 +524,7 @@ class OptimizerStateManager:
             "dos/device_buffer_gib": t.device_buffer_bytes / GIB,
             "dos/prefetched_ahead": float(t.prefetched_ahead),
             "dos/dispatch_lead_ms": t.lead_s * 1e3,
+            "dos/resident_subgroups": float(len(self.resident)),
         }
         if t.host_compute_s > 0:
             out["dos/cpu_adam_gparam_s"] = t.host_params / t.host_compute_s / 1e9

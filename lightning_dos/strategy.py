@@ -68,6 +68,12 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             size). ``"auto"`` picks ``min(1e8, partition / 16)`` from the model once it is built.
         memory_budget_gib: most accelerator memory the device lane may use during the update phase
             (``None``: whatever is free, minus a safety margin).
+        resident_gib: accelerator memory in which to keep optimizer-state subgroups for the whole run (0, the
+            default: none). The subgroups that fit, in id order, at 12 bytes per parameter (fp32 master and both
+            moments), are updated on the device by fused Adam and never cross the host-device link; the plan
+            balances the others across the two lanes. Their host copies are written before anything reads the
+            optimizer state (a checkpoint save, ``safe_get_*``). Allocated when the engine is built, beside
+            whatever the device lane uses; see ``docs/optimizer-state-manager.md``.
         buffers: device-lane buffer slots (prefetch depth); ``None`` lets the planner choose.
         cost_overrides: fixed values for performance-model parameters (e.g. ``{"h2d_bytes_per_s": 25e9}``);
             calibration never changes an overridden parameter. See ``docs/performance-model.md``.
@@ -117,6 +123,7 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         plan: Union[str, float, Sequence[str]] = "auto",
         sub_group_size: Union[int, str] = "auto",
         memory_budget_gib: Optional[float] = None,
+        resident_gib: float = 0.0,
         buffers: Optional[int] = None,
         cost_overrides: Optional[dict[str, float]] = None,
         pin_memory: bool = True,
@@ -144,6 +151,11 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         self._auto_sub_group_size = _validate_sub_group_size(sub_group_size)
         if memory_budget_gib is not None and memory_budget_gib < 0:
             raise ValueError(f"memory_budget_gib: {memory_budget_gib} is negative; set a size in GiB >= 0 or null")
+        if isinstance(resident_gib, bool) or not isinstance(resident_gib, (int, float)) \
+                or not 0 <= resident_gib < float("inf"):
+            raise ValueError(f"resident_gib: {resident_gib!r} is not a size; set the GiB of accelerator memory in "
+                             "which to keep optimizer state (a number >= 0; 0 keeps all of it on the host)")
+        self.resident_gib = float(resident_gib)
         if buffers is not None and buffers < 1:
             raise ValueError(
                 f"buffers: {buffers} is not a number of device-lane buffer slots; "
@@ -300,6 +312,7 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             # under gradient accumulation DeepSpeed's own gradient path runs: every gradient reaches the host
             device_gradients=int(self.config.get("gradient_accumulation_steps", 1)) == 1,
             overlap=self.overlap,
+            resident_gib=self.resident_gib,
         )
         persistent = self.persistence_threshold == PERSIST_ALL
         blocks = f"; ZeRO-3 hooks {len(self.leaf_block_names)} blocks as leaves" if self.leaf_block_names else ""
@@ -309,25 +322,32 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
 
     # ------------------------------------------------------------------ overlap: joins
     def wait_for_update(self) -> None:
-        """Wait for the update phase running beside the forward (``overlap=True``), if any, and record it. Call it
-        from a callback before reading weights or optimizer state directly (an EMA, a weight histogram): the
-        strategy joins by itself before checkpoints, validation, plan changes and at the end of each epoch."""
+        """Wait for the update phase running beside the forward (``overlap=True``), if any, and record it, and write
+        the resident subgroups' state (``resident_gib``) into its host homes. Call it from a callback before reading
+        weights or optimizer state directly (an EMA, a weight histogram): the strategy does it by itself at the end
+        of training, joins before checkpoints, validation, plan changes and at the end of each epoch, and
+        DeepSpeed's own readers of the optimizer state (a checkpoint save, ``safe_get_*``) get it current."""
+        if self.manager is not None:
+            self.manager.state_to_host()
+
+    def _join(self) -> None:
+        """Wait for the update phase in flight, if any (what reads the 16-bit params or the host gradients needs)."""
         if self.manager is not None:
             self.manager.join()
 
     @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
-        self.wait_for_update()  # Lightning's checkpoint dump reads the weights here first
+        self._join()  # Lightning's checkpoint dump reads the weights here first
         return super().lightning_module_state_dict()
 
     @override
     def save_checkpoint(self, checkpoint: dict, filepath: Any, storage_options: Optional[Any] = None) -> None:
-        self.wait_for_update()
+        self._join()
         super().save_checkpoint(checkpoint, filepath, storage_options)
 
     @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> dict[str, Any]:
-        self.wait_for_update()
+        self._join()
         return super().load_checkpoint(checkpoint_path, weights_only)
 
     @override
@@ -377,11 +397,11 @@ class _DispatchCallback(Callback):
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.strategy.wait_for_update()  # the gates would do; joining is cheap and leaves the records current
+        self.strategy._join()  # the gates would do; joining is cheap and leaves the records current
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.strategy.wait_for_update()  # e.g. before DataLoader workers fork for the next epoch
+        self.strategy._join()  # e.g. before DataLoader workers fork for the next epoch
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

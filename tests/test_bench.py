@@ -449,6 +449,31 @@ def test_overlap_adds_dos_rows_and_reaches_the_strategy(capsys: pytest.CaptureFi
         BenchConfig(overlap=[]).validate()
 
 
+def test_resident_gib_adds_dos_rows_reaches_the_strategy_and_shows_in_the_report(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from lightning_dos.bench.report import _dos_lines
+    from lightning_dos.bench.strategies import build_strategy
+
+    invocation = parse_args([*TINY, "--strategies", "deep_optimizer_states", "--overlap", "off", "on",
+                             "--resident-gib", "0", "3.85"])
+    specs = expand(invocation.config)
+    assert [(s.label, s.overlap, s.resident_gib) for s in specs] == [
+        ("dos(auto)", False, 0.0), ("dos(auto,resident=3.85GiB)", False, 3.85),
+        ("dos(auto,overlap)", True, 0.0), ("dos(auto,overlap,resident=3.85GiB)", True, 3.85)]
+    assert [build_strategy(invocation.config, s).resident_gib for s in specs] == [0.0, 3.85, 0.0, 3.85]
+    assert RunSpec(**specs[1].to_dict()) == specs[1]
+    for bad in (["--resident-gib", "x"], ["--resident-gib", "1", "--sweep"]):
+        with pytest.raises(SystemExit):
+            parse_args([*TINY, *bad])
+        assert "--resident-gib" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="resident_gib"):
+        BenchConfig(resident_gib=[-1.0]).validate()
+    dos = {"plan": "plan auto", "active": True, "subgroups": 27, "resident_subgroups": [0, 1, 2],
+           "device_fraction": 0.4, "update_ms": 1.0, "host_busy_ms": 1.0, "device_busy_ms": 1.0, "h2d_gb": 1.0,
+           "d2h_gb": 1.0, "demoted_subgroups_max": 0}
+    assert "| 27 (3 resident) |" in "\n".join(_dos_lines([{"label": "dos(auto,resident=3.85GiB)", "dos": dos}]))
+
+
 def test_leaf_blocks_adds_dos_rows_and_reaches_the_strategy(capsys: pytest.CaptureFixture[str]) -> None:
     from lightning_dos.bench.strategies import build_strategy
 

@@ -43,7 +43,8 @@ NOT_FOR_SWEEP = {"strategies": "--strategies", "ratios": "--ratios", "plans": "-
                  "memory_budget_gib": "--memory-budget-gib (use --budgets)",
                  "e2e_steps": "--e2e-steps (the sweep times update phases, every iteration synchronised)",
                  "overlap": "--overlap (the sweep times update phases, which overlap would hide)",
-                 "leaf_blocks": "--leaf-blocks (the sweep times update phases)"}
+                 "leaf_blocks": "--leaf-blocks (the sweep times update phases)",
+                 "resident_gib": "--resident-gib (the sweep compares plans of every subgroup)"}
 #: Options of the plan sweep only.
 SWEEP_ONLY = {"sweep_plans": "--sweep-plans", "steps_per_plan": "--steps-per-plan", "budgets": "--budgets"}
 #: Options of the ROK curve only (``--activations``), and the RokConfig field each sets.
@@ -55,6 +56,7 @@ ROK_ONLY = {"nvme_path": ("--nvme-path", "nvme_path"),
             "disk_probe_mib": ("--disk-probe-mib", "disk_probe_mib")}
 #: Options that mean nothing to the ROK curve (one strategy, one device, the placements set checkpointing).
 NOT_FOR_ROK = {"ratios": "--ratios", "repeats": "--repeats", "overlap": "--overlap", "leaf_blocks": "--leaf-blocks",
+               "resident_gib": "--resident-gib",
                "force_no_offload": "--force-no-offload",
                "activation_checkpointing": "--[no-]activation-checkpointing (each placement sets it)"}
 
@@ -154,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="DOS with ZeRO-3 hooking each transformer block once (on, the strategy's default on one "
                        "device), every layer (off, rows dos(PLAN,layer-hooks)), or both (on off): one row each "
                        "(default on)")
+    which.add_argument("--resident-gib", dest="resident_gib", nargs="+", type=float, metavar="GIB",
+                       help="DOS with this many GiB of GPU memory keeping subgroups' optimizer state resident there "
+                       "(the strategy's resident_gib): one row each, e.g. 0 3.5 (default 0: none)")
     which.add_argument("--memory-budget-gib", dest="memory_budget_gib", type=float, metavar="GIB",
                        help="DOS device-lane memory budget in GiB (default: what is free)")
     which.add_argument("--pin-memory", dest="pin_memory", action=argparse.BooleanOptionalAction,

@@ -74,6 +74,8 @@ class BenchConfig:
     overlap: list[bool] = field(default_factory=lambda: [False])
     """DOS runs with the update phase overlapped with the next forward (True), without (False), or both, in order."""
     leaf_blocks: list[bool] = field(default_factory=lambda: [True])
+    resident_gib: list[float] = field(default_factory=lambda: [0.0])
+    """DOS runs with this many GiB of device memory for resident subgroups (``resident_gib``), one row each; 0: none."""
     """DOS runs with ZeRO-3 hooking each transformer block once (True, the strategy's default on one device), every
     layer (False), or both, in order."""
     data: str = "synthetic"
@@ -185,6 +187,11 @@ class BenchConfig:
                 or not all(isinstance(value, bool) for value in self.leaf_blocks)):
             problems.append(f"leaf_blocks: {self.leaf_blocks!r} must be a non-empty list of true/false "
                             "(--leaf-blocks on off)")
+        if (not isinstance(self.resident_gib, list) or not self.resident_gib
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf")
+                           for v in self.resident_gib)):
+            problems.append(f"resident_gib: {self.resident_gib!r} must be a non-empty list of sizes >= 0 in GiB "
+                            "(--resident-gib 0 3.5)")
         if self.data not in DATA_SOURCES:
             problems.append(f"data: {self.data!r}; choose one of {', '.join(DATA_SOURCES)}")
         if not self.timeout_s > 0:

@@ -224,6 +224,12 @@ def _speedup_lines(results: Sequence[dict[str, Any]], base: dict[str, Any] | Non
     return lines
 
 
+def _subgroups_cell(d: dict[str, Any]) -> str:
+    """The subgroup count, and how many of them stay resident on the device (``resident_gib``), if any."""
+    resident = len(d.get("resident_subgroups") or ())
+    return f"{d['subgroups']} ({resident} resident)" if resident else str(d["subgroups"])
+
+
 def _dos_lines(results: Sequence[dict[str, Any]]) -> list[str]:
     rows = []
     for r in results:
@@ -231,7 +237,7 @@ def _dos_lines(results: Sequence[dict[str, Any]]) -> list[str]:
         if not d:
             continue
         rows.append((r["label"], d["plan"] + ("" if d["active"] else " (inactive: DeepSpeed's host update ran)"),
-                     str(d["subgroups"]), _num(d["device_fraction"], 2), _num(d["update_ms"]),
+                     _subgroups_cell(d), _num(d["device_fraction"], 2), _num(d["update_ms"]),
                      _num(d["host_busy_ms"]), _num(d["device_busy_ms"]), _num(d["h2d_gb"], 2), _num(d["d2h_gb"], 2),
                      str(d["demoted_subgroups_max"])))
     if not rows:

@@ -124,6 +124,7 @@ def summarize_dos(runs: Sequence[dict[str, Any]], indices: Sequence[int]) -> dic
         "active": first["active"],
         "subgroups": first["subgroups"],
         "largest_subgroup": first.get("largest_subgroup"),
+        "resident_subgroups": first.get("resident_subgroups", []),
         "plan": first["plan"],
         "lanes": [step["lanes"] for step in first["steps"]],
         "update_phases": len(steps),

@@ -40,6 +40,8 @@ DEFAULT_RATIOS = (0.25, 0.5, 0.75)
 OVERLAP_SUFFIX = ",overlap"
 #: ... and when ZeRO-3 hooks every layer instead of each block (``leaf_blocks=False``): ``dos(auto,layer-hooks)``.
 LAYER_HOOKS_SUFFIX = ",layer-hooks"
+#: ... and when subgroups stay on the device (``resident_gib``): ``dos(auto,resident=3.5GiB)``.
+RESIDENT_SUFFIX = ",resident={:g}GiB"
 
 
 @dataclass
@@ -62,6 +64,9 @@ class RunSpec:
     leaf_blocks: bool = True
     """DOS only: ZeRO-3 hooks each transformer block once (``leaf_blocks="auto"``, the default) or, when False, every
     layer (``leaf_blocks=False``); the label then ends in ``,layer-hooks)``."""
+    resident_gib: float = 0.0
+    """DOS only: GiB of device memory for resident subgroups (``resident_gib``); above 0 the label ends in
+    ``,resident=<GiB>GiB)``."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable copy."""
@@ -117,12 +122,13 @@ def dos_plans(config: BenchConfig) -> list[str]:
 
 
 def dos_rows(config: BenchConfig) -> list[RunSpec]:
-    """DOS's configurations: every plan of :func:`dos_plans`, once per ``config.overlap`` and ``config.leaf_blocks``
-    setting."""
-    return [RunSpec(label=f"dos({plan}{OVERLAP_SUFFIX if overlap else ''}{'' if leaf else LAYER_HOOKS_SUFFIX})",
-                    strategy="deep_optimizer_states", plan=plan, overlap=overlap, leaf_blocks=leaf)
+    """DOS's configurations: every plan of :func:`dos_plans`, once per ``config.overlap``, ``config.leaf_blocks``
+    and ``config.resident_gib`` setting."""
+    return [RunSpec(label=f"dos({plan}{OVERLAP_SUFFIX if overlap else ''}{'' if leaf else LAYER_HOOKS_SUFFIX}"
+                          f"{RESIDENT_SUFFIX.format(gib) if gib else ''})",
+                    strategy="deep_optimizer_states", plan=plan, overlap=overlap, leaf_blocks=leaf, resident_gib=gib)
             for plan in dos_plans(config) for overlap in dict.fromkeys(config.overlap)
-            for leaf in dict.fromkeys(config.leaf_blocks)]
+            for leaf in dict.fromkeys(config.leaf_blocks) for gib in dict.fromkeys(config.resident_gib)]
 
 
 def _offload(config: BenchConfig, spec: RunSpec) -> Any:
@@ -137,7 +143,8 @@ def _dos(config: BenchConfig, spec: RunSpec) -> Any:
 
     return DeepOptimizerStatesStrategy(plan=plan_argument(str(spec.plan)), sub_group_size=config.sub_group_size,
                                        memory_budget_gib=config.memory_budget_gib, pin_memory=config.pin_memory,
-                                       overlap=spec.overlap, leaf_blocks="auto" if spec.leaf_blocks else False)
+                                       overlap=spec.overlap, leaf_blocks="auto" if spec.leaf_blocks else False,
+                                       resident_gib=spec.resident_gib)
 
 
 def _no_offload(config: BenchConfig, spec: RunSpec) -> Any:

@@ -90,8 +90,10 @@ def dos_records(strategy: Any) -> dict[str, Any] | None:
         return None
     return {
         "active": bool(manager.active),
-        "subgroups": len(manager.sizes),
-        "largest_subgroup": max(manager.sizes) if manager.sizes else 0,
+        "subgroups": len(manager.subgroup_sizes),
+        "largest_subgroup": max(manager.subgroup_sizes) if manager.subgroup_sizes else 0,
+        "resident_subgroups": list(manager.resident),
+        "resident_params": sum(manager.subgroup_sizes[i] for i in manager.resident),
         "plan": str(manager.base_plan),
         "steps": [record_dict(record) for record in manager.records],
         "cost": manager.cost.to_json(),  # the cost parameters calibration ended with

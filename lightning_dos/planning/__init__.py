@@ -26,6 +26,7 @@ from .planner import (
     kept_grads,
     largest_first,
     rank_plans,
+    resident_subgroups,
 )
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "probe_plan",
     "probe_plans",
     "rank_plans",
+    "resident_subgroups",
     "resolve_plan",
     "stride_lanes",
 ]

@@ -226,3 +226,16 @@ def demote_to_fit(
         demoted.append(queue[len(demoted)])
         current = plan.demote(demoted)
     return current, tuple(demoted)
+
+
+def resident_subgroups(sizes: Sequence[int], budget_bytes: int, bytes_per_param: int = 12) -> tuple[int, ...]:
+    """The subgroups whose optimizer state stays on the device (``resident_gib``): in id order (the forward reads the
+    lowest ids first), each that still fits in ``budget_bytes`` at ``bytes_per_param`` (fp32 master and both
+    moments). The planner then weighs them as empty: they take no time in either lane."""
+    sizes = _check_sizes(sizes)
+    chosen, used = [], 0
+    for i, size in enumerate(sizes):
+        if 0 < size and used + size * bytes_per_param <= budget_bytes:
+            chosen.append(i)
+            used += size * bytes_per_param
+    return tuple(chosen)

@@ -78,6 +78,8 @@ class InterleavedZeroOptimizer(_VanillaStage3):
     in_flight: Phase | None = None
     #: joins the phase in flight (the manager's, which also records it); set by ``enable_overlap``
     join_phase: Callable[[], None] | None = None
+    #: the device copies of the resident subgroups' state (``resident_gib``; a ``ResidentState``, set by the manager)
+    resident_state: Any = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -582,14 +584,39 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         inv = 1.0 / combined_scale
         return inv if torch.is_tensor(inv) else torch.tensor(inv, dtype=torch.float32)
 
-    # ------------------------------------------------------------------ checkpoints and other readers: joined first
-    def state_dict(self) -> Any:
+    # ------------------------------------------------------------------ checkpoints and other readers and writers
+    def state_to_host(self) -> None:
+        """Before anything reads the optimizer state: the phase in flight joined, the resident subgroups' device copies
+        written to their homes (DeepSpeed's own tensors, which its readers read)."""
         self.wait_for_update()
+        if self.resident_state is not None:
+            self.resident_state.flush(self._homes)
+
+    def _state_written(self) -> None:
+        """After something wrote the homes: the next update phase loads the resident copies from them again."""
+        if self.resident_state is not None:
+            self.resident_state.invalidate()
+
+    def _homes(self, sub_group_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        master = self.fp32_partitioned_groups_flat[sub_group_id]
+        state = self.optimizer.state[master]
+        return master, state["exp_avg"], state["exp_avg_sq"]
+
+    def state_dict(self) -> Any:
+        self.state_to_host()
         return super().state_dict()
 
-    def _get_fp32_opt_state_partition(self, *args: Any, **kwargs: Any) -> Any:
-        self.wait_for_update()
-        return super()._get_fp32_opt_state_partition(*args, **kwargs)
+    def get_lean_optimizer_state(self) -> Any:
+        self.state_to_host()
+        return super().get_lean_optimizer_state()
+
+    def _get_fp32_opt_state_partition(self, param: Any, release_swap_buffers: Any, *args: Any, **kwargs: Any) -> Any:
+        """A view of the host state, for ``safe_get_*`` (``release_swap_buffers`` true) and ``safe_set_*`` (false: the
+        caller writes through the view, so the resident copies are loaded again before the next update)."""
+        self.state_to_host()
+        if not release_swap_buffers:
+            self._state_written()
+        return super()._get_fp32_opt_state_partition(param, release_swap_buffers, *args, **kwargs)
 
     def _get_fp32_grad_state_partition(self, *args: Any, **kwargs: Any) -> Any:
         self.wait_for_update()
@@ -600,18 +627,38 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         return super().get_fp32_grad_partitions()
 
     def offload_states(self, *args: Any, **kwargs: Any) -> Any:
-        self.wait_for_update()
+        self.state_to_host()
+        self._state_written()
         return super().offload_states(*args, **kwargs)
 
     def reload_states(self, *args: Any, **kwargs: Any) -> Any:
-        self.wait_for_update()
+        self.state_to_host()
+        self._state_written()
         return super().reload_states(*args, **kwargs)
 
+    def refresh_fp32_params(self) -> None:
+        self.state_to_host()
+        super().refresh_fp32_params()
+        self._state_written()
+
+    def load_hp_checkpoint_state_from_checkpoint_dir_stage3(self, *args: Any, **kwargs: Any) -> Any:
+        self.state_to_host()
+        out = super().load_hp_checkpoint_state_from_checkpoint_dir_stage3(*args, **kwargs)
+        self._state_written()
+        return out
+
+    def load_module_checkpoint_state_from_checkpoint_dir_stage3(self, *args: Any, **kwargs: Any) -> Any:
+        self.state_to_host()
+        out = super().load_module_checkpoint_state_from_checkpoint_dir_stage3(*args, **kwargs)
+        self._state_written()
+        return out
+
     def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        self.wait_for_update()
+        self.state_to_host()
         homes = self._state_homes()
         out = super().load_state_dict(*args, **kwargs)
         self._restore_homes(homes)
+        self._state_written()
         return out
 
     def _state_homes(self) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -1,0 +1,135 @@
+"""Owns the resident subgroups: optimizer state kept on the device for the whole run (``resident_gib``).
+
+A resident subgroup's fp32 master and both moments live in device memory, allocated once when the manager starts;
+its update is fused Adam on the device, on the executor's ``adam`` stream, with no prefetch and no flush, so it never
+crosses the host-device link and takes no CPU Adam time. The plan balances the other subgroups across the two lanes.
+
+The host homes (DeepSpeed's own tensors, which its checkpoint code reads) stay allocated, and are written only when
+something reads them: the seam calls :meth:`ResidentState.flush` before every read of the optimizer state (a
+checkpoint save, ``state_dict``, ``safe_get_*``) and :meth:`ResidentState.invalidate` after every write to it (a
+checkpoint load, ``safe_set_*``); the next update phase then loads the device copies from the homes again. The device
+copies are loaded from the homes at the first update phase, when the moments exist.
+
+The arithmetic is the device lane's (``executor._adam``): the gradient widened to fp32, multiplied by the same
+unscale/clip factor, fused Adam with the param group's current hyperparameters, the 16-bit params written from the
+new master. It runs in chunks of ``CHUNK`` elements, so the only scratch is one fp32 chunk of gradient; Adam is
+elementwise and ``CHUNK`` a multiple of every vector width, so the chunks give the same values as one call, bit for
+bit. No DeepSpeed import here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from lightning_dos.subgroup import Subgroup
+
+#: Elements per chunk of a resident update (64 MB of fp32 gradient scratch on the device).
+CHUNK = 16 * 1024 * 1024
+#: Device bytes per parameter of a resident subgroup: fp32 master, exp_avg and exp_avg_sq.
+RESIDENT_BYTES_PER_PARAM = 12
+
+
+class ResidentState:
+    """The device copies of the resident subgroups' optimizer state (see the module docstring).
+
+    Args:
+        ids: the resident subgroups' ids.
+        sizes: every subgroup's parameter count (indexed by id).
+        device: where the copies live (on a machine without an accelerator the host stands in for the device).
+    """
+
+    def __init__(self, ids: Sequence[int], sizes: Sequence[int], device: torch.device) -> None:
+        self.ids = tuple(ids)
+        self.device = torch.device(device)
+        # one (3, numel) block per subgroup: master, exp_avg, exp_avg_sq
+        self.blocks = {i: torch.empty((3, sizes[i]), dtype=torch.float32, device=self.device) for i in self.ids}
+        self.loaded = False  # the device copies hold the homes' values (False until the first update phase)
+        self.dirty = False  # the device copies are newer than the homes
+        self._scratch: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes the copies take."""
+        return sum(block.numel() * block.element_size() for block in self.blocks.values())
+
+    @property
+    def params(self) -> int:
+        return sum(block.shape[1] for block in self.blocks.values())
+
+    def __contains__(self, i: object) -> bool:
+        return i in self.blocks
+
+    # ------------------------------------------------------------------ homes <-> device copies
+    @torch.no_grad()
+    def load(self, subgroups: Sequence[Subgroup]) -> None:
+        """Copy the homes into the device copies, if they do not hold them already (a blocking copy: at the first
+        update phase and after a write to the homes only)."""
+        if self.loaded or not self.ids:
+            return
+        for i in self.ids:
+            sg = subgroups[i]
+            for row, home in zip(self.blocks[i], (sg.master, sg.exp_avg, sg.exp_avg_sq)):
+                row.copy_(home.reshape(-1))
+        self.loaded, self.dirty = True, False
+
+    @torch.no_grad()
+    def flush(self, homes: Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+        """Write the device copies into the homes (``homes(i)``: subgroup ``i``'s master, exp_avg, exp_avg_sq), if
+        they are newer; blocking. Call it with no update phase in flight."""
+        if not self.dirty:
+            return
+        for i in self.ids:
+            for home, row in zip(homes(i), self.blocks[i]):
+                home.reshape(-1).copy_(row)
+        self.dirty = False
+
+    def invalidate(self) -> None:
+        """The homes were written: the next update phase loads the device copies from them again."""
+        self.loaded = self.dirty = False
+
+    # ------------------------------------------------------------------ the update
+    @torch.no_grad()
+    def step(self, subgroups: Sequence[Subgroup], inv_scale: torch.Tensor | float,
+             adam: Callable[..., None]) -> None:
+        """Issue every resident subgroup's update on the current stream (the caller picks it); ``adam`` is the device
+        lane's fused Adam (``executor._adam``)."""
+        if not self.ids:
+            return
+        self.load(subgroups)
+        inv = torch.as_tensor(inv_scale, dtype=torch.float32).to(self.device)
+        unit = float(inv_scale) == 1.0
+        for i in self.ids:
+            sg = subgroups[i]
+            master, exp_avg, exp_avg_sq = self.blocks[i]
+            step = torch.full((), float(sg.state["step"] + 1), dtype=torch.float32, device=self.device)
+            for start in range(0, sg.numel, CHUNK):
+                n = min(CHUNK, sg.numel - start)
+                grad = self._grad_chunk(sg.grad, start, n)
+                if not unit:
+                    grad.mul_(inv)
+                adam(sg, master.narrow(0, start, n), grad, exp_avg.narrow(0, start, n),
+                     exp_avg_sq.narrow(0, start, n), step)
+            sg.param16.copy_(master)
+            sg.state["step"] += 1
+        self.dirty = True
+
+    def _grad_chunk(self, grad: torch.Tensor, start: int, n: int) -> torch.Tensor:
+        """The fp32 gradient of elements ``[start, start + n)`` on the device: the gradient itself when it is kept
+        in fp32 on the device (the unscale then multiplies it in place, as the device lane does), else widened
+        (exactly) or copied into the scratch chunk."""
+        part = grad.reshape(-1).narrow(0, start, n)
+        if part.dtype == torch.float32 and part.device == self.device:
+            return part
+        if self._scratch is None:
+            largest = max(block.shape[1] for block in self.blocks.values())
+            self._scratch = torch.empty(min(CHUNK, largest), dtype=torch.float32, device=self.device)
+        scratch = self._scratch[:n]
+        scratch.copy_(part, non_blocking=part.is_pinned())
+        return scratch
+
+
+def resident_bytes(sizes: Sequence[int], ids: Sequence[int]) -> int:
+    """Device bytes the resident copies of subgroups ``ids`` take."""
+    return RESIDENT_BYTES_PER_PARAM * sum(sizes[i] for i in ids)

@@ -1,0 +1,85 @@
+"""GPU tier (``pytest -m gpu`` on a GPU host): ``resident_gib`` with the resident copies in device memory.
+
+The resident subgroups' updates run on the ``adam`` stream ahead of the device lane, their 16-bit writes are what the
+next forward waits for, and their host homes are written only for a reader. The controls are DeepSpeed's own ZeRO-3
+optimizer offload and the same plan without residents, in the same process, for 200 steps.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from parity import make_strategy, rel, train  # noqa: E402
+from test_resident import RESIDENT, _ReadAndWrite, _SaveAfter  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU tier: run with -m gpu on a GPU host"),
+]
+
+CLIP = 0.05
+STEPS = 200
+GIB = 1024**3
+
+
+@pytest.fixture(scope="module")
+def gib() -> float:
+    sizes = train("host", steps=1, clip=CLIP, accelerator="cuda").strategy.manager.subgroup_sizes
+    return 12 * sum(sizes[:RESIDENT]) / GIB
+
+
+@pytest.fixture(scope="module")
+def vanilla() -> object:
+    return train(None, steps=STEPS, clip=CLIP, accelerator="cuda")
+
+
+def _assert_close(run: object, ref: object, tol: float) -> None:
+    rels = [abs(a - b) / abs(b) for a, b in zip(run.losses, ref.losses)]
+    assert len(rels) == len(ref.losses) and max(rels) <= tol, max(rels)
+    assert rel(run.masters, ref.masters) <= tol
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
+@pytest.mark.parametrize("plan", ["host", "device", 0.5], ids=str)
+def test_200_steps_with_resident_subgroups_track_vanilla(plan: object, overlap: bool, gib: float,
+                                                         vanilla: object) -> None:
+    run = train(plan, steps=STEPS, clip=CLIP, accelerator="cuda",
+                strategy=make_strategy(plan, resident_gib=gib, overlap=overlap))
+    _assert_close(run, vanilla, 1e-4)  # the 200-step fp32 bound of test_cuda_parity
+    manager = run.strategy.manager
+    assert manager.resident == tuple(range(RESIDENT))
+    assert manager.executor.resident.blocks[0].is_cuda
+    assert all(r.timings.resident_params > 0 for r in manager.records)
+
+
+def test_resident_subgroups_on_the_device_equal_the_device_lane(gib: float) -> None:
+    """The device lane's fused Adam on the same values, bit for bit (serial: no reduction order differs)."""
+    ref = train("device", steps=20, clip=CLIP, accelerator="cuda")
+    run = train("device", steps=20, clip=CLIP, accelerator="cuda", strategy=make_strategy("device", resident_gib=gib))
+    assert run.losses == ref.losses
+    assert torch.equal(run.masters, ref.masters)
+
+
+def test_checkpoint_and_deepspeed_readers_with_the_state_on_the_device(tmp_path: Path, gib: float) -> None:
+    full = train(0.5, steps=6, epoch_batches=3, clip=CLIP, accelerator="cuda",
+                 strategy=make_strategy(0.5, resident_gib=gib))
+    path = str(tmp_path / "mid.ckpt")
+    train(0.5, steps=6, epoch_batches=3, clip=CLIP, accelerator="cuda", strategy=make_strategy(0.5, resident_gib=gib),
+          every_step=_SaveAfter(path, 3))
+    resumed = train(0.5, steps=6, epoch_batches=3, clip=CLIP, accelerator="cuda",
+                    strategy=make_strategy(0.5, resident_gib=gib), ckpt_path=path)
+    assert resumed.losses == full.losses[3:]
+    assert torch.equal(resumed.masters, full.masters)
+    runs = []
+    for kwargs in ({"resident_gib": gib}, {}):
+        cb = _ReadAndWrite()
+        runs.append((train("device", steps=5, clip=CLIP, accelerator="cuda",
+                           strategy=make_strategy("device", **kwargs), every_step=cb), cb))
+    (run, cb), (ref, ref_cb) = runs
+    assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(cb.read, ref_cb.read)) and cb.read
+    assert run.losses == ref.losses and torch.equal(run.masters, ref.masters)
