@@ -41,6 +41,7 @@ RUN_T = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runT.json"
 RUN_U = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runU.json"
 RUN_V = BENCHMARKS / "rok_gpt-1b_H200_2026-11-25_runV.json"
 RUN_W = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runW.json"
+RUN_X = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runX.json"
 RUN_V_NVME = BENCHMARKS / "rok_gpt-1b_H200_2026-11-25_runV_nvme.json"
 
 
@@ -558,3 +559,37 @@ def test_run_w_fused_scale_and_forward_ordered_overlap_as_quoted_in_the_docs() -
                           ("end-to-end iteration vs every other offloading row", "met")):
         assert claims[claim]["status"] == status, claim
     assert claims["forward + backward vs plain"]["detail"].startswith("dos(auto) ")
+
+
+def test_run_x_resident_subgroups_as_quoted_in_the_docs() -> None:
+    """Run X (H200): the README's gpt-2.7b row and peers paragraph, the report's header, strategy.md's and
+    optimizer-state-manager.md's resident and overlap figures; the torchao claim weighs dos(auto), the resident row
+    being over the memory bound."""
+    results, claims = _checked_report(RUN_X)
+    resident, both = "dos(auto,resident=3.85GiB)", "dos(auto,overlap,resident=3.85GiB)"
+    _assert_quoted(results, {"zero3_offload": (3028, 11.55), "dos(auto)": (896, 12.29), resident: (805, 16.77),
+                             "dos(auto,overlap)": (859, 17.61), both: (737, 22.71), "torchao_offload": (990, 27.55),
+                             "plain": (368, 48.32)})
+    vanilla, torchao, plain = results["zero3_offload"], results["torchao_offload"], results["plain"]
+    e2e = {label: r["e2e_iteration_ms"] for label, r in results.items()}
+    assert [round(e2e["zero3_offload"] / e2e[k], 2) for k in ("dos(auto)", resident, "dos(auto,overlap)", both)] == [
+        3.38, 3.76, 3.53, 4.11]
+    assert [round(e2e[k] / e2e["torchao_offload"], 3) for k in ("dos(auto)", resident, both)] == [0.905, 0.813, 0.744]
+    assert [round(results[k]["peak_gpu_gib"] / torchao["peak_gpu_gib"], 3) for k in (resident, both)] == [0.609, 0.824]
+    assert results[resident]["dos"]["resident_subgroups"] == [0, 1, 2]
+    assert [round(results[k]["dos"]["update_ms"], 1) for k in ("dos(auto)", resident)] == [531.1, 450.7]
+    assert [round(results[resident]["dos"][k], 1) for k in ("host_busy_ms", "device_busy_ms", "h2d_gb", "d2h_gb")] == [
+        442.3, 394.4, 17.3, 11.3]
+    fwd_bwd = [round(r["fwd_ms"] + r["bwd_ms"], 1) for r in (results["dos(auto)"], results[resident], plain)]
+    assert fwd_bwd == [335.7, 320.9, 347.1] and round(fwd_bwd[1] / fwd_bwd[2], 3) == 0.925
+    # the peak grew by the residents' state (12 bytes per parameter: 3.84 GiB) and their 16-bit gradients (0.64)
+    params = 128_778_240 + 103_546_880 + 111_411_200  # subgroups 0-2 of gpt-2.7b at sub_group_size 1e8
+    grew = results[resident]["peak_gpu_gib"] - results["dos(auto)"]["peak_gpu_gib"]
+    assert [round(12 * params / 2**30, 2), round(2 * params / 2**30, 2)] == [3.84, 0.64]
+    assert abs(grew - 14 * params / 2**30) < 0.02
+    assert round(vanilla["e2e_iteration_ms"] / e2e["dos(auto)"], 2) == 3.38
+    torchao_claim = claims["end-to-end iteration vs torchao_offload at <= 60% its peak GPU memory"]
+    assert torchao_claim["status"] == "missed" and torchao_claim["detail"].startswith("dos(auto) ")
+    for claim in ("end-to-end iteration vs zero3_offload", "forward + backward vs plain",
+                  "end-to-end iteration vs every other offloading row"):
+        assert claims[claim]["status"] == "met", claim

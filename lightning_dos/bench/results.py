@@ -125,6 +125,7 @@ def summarize_dos(runs: Sequence[dict[str, Any]], indices: Sequence[int]) -> dic
         "subgroups": first["subgroups"],
         "largest_subgroup": first.get("largest_subgroup"),
         "resident_subgroups": first.get("resident_subgroups", []),
+        "resident_params": first.get("resident_params", 0),
         "plan": first["plan"],
         "lanes": [step["lanes"] for step in first["steps"]],
         "update_phases": len(steps),

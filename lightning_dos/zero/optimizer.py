@@ -16,7 +16,9 @@
   backward, recompute, prefetches), the backward's copies into the host gradients wait until the update is done
   with them, and everything else that reads optimizer state (checkpoints, ``safe_get_*``) joins the phase first.
   The host lane then runs CPU Adam through the GIL-free op (:mod:`lightning_dos.zero.cpu_adam_nogil`) with the
-  hyperparameters read when the step was issued: Lightning steps the LR scheduler before the next forward.
+  hyperparameters read when the step was issued: Lightning steps the LR scheduler before the next forward;
+- with resident subgroups (``resident_gib``) their state lives on the device, and DeepSpeed's host copies are
+  written before every read of the optimizer state here and read back after every write to it.
 
 Everything below this module (executor, manager, planner) sees only plain objects.
 """
