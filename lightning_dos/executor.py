@@ -11,8 +11,10 @@ per parameter), which the performance model weighs.
 Device lane, per subgroup, through a ring of buffer slots on the device:
 ``prefetch`` (host->device: master, exp_avg, exp_avg_sq, grad) -> ``adam`` (unscale + fused AdamW on the
 device, then write the 16-bit params) -> ``flush`` (device->host: master, exp_avg, exp_avg_sq). A gradient kept on
-the device through backward is not prefetched; kept in its 16-bit dtype, ``adam`` first widens it into the slot's
-gradient row (exact), so the slot is the same size either way.
+the device through backward is not prefetched; kept in its 16-bit dtype, ``adam`` widens it (exactly) into the slot's
+gradient row, or, when every gradient of the lane stayed on the device, chunk by chunk through one 64 MB scratch
+buffer and the slot has no gradient row (a quarter less memory; :mod:`lightning_dos.device_adam`). The performance
+model's ``device_memory_bytes`` still counts the row: under a memory budget it may demote a little early, never late.
 Each stage has its own stream (``h2d`` for prefetches and uploads, ``adam``, ``flush``, and a high-priority
 ``convert`` for the uploads' 16-bit writes); every cross-stream dependency is an event: prefetch waits for the
 flush that last used its slot, adam waits for its prefetch, flush waits for its adam, an upload chunk waits for
@@ -52,6 +54,7 @@ from typing import Any
 
 import torch
 
+from lightning_dos.device_adam import adam, adam_widened, scratch_for
 from lightning_dos.phase import Phase
 from lightning_dos.planning.perf_model import PREFETCH_WINDOW, buffer_slots, early_prefetches
 from lightning_dos.planning.plan import Lane
@@ -366,7 +369,7 @@ class UpdateExecutor:
             return []
         s = self.streams
         with s.use(s.adam):
-            resident.step(subgroups, inv_scale, _adam)
+            resident.step(subgroups, inv_scale)
             done = s.record(s.adam)
         if s.is_cuda:  # the caller may drop the gradients before the adam stream has read them (overlap)
             for i in resident.ids:
@@ -487,7 +490,7 @@ class _DeviceLane:
         self.spans: list[Span] = []
         self.next = 0  # position in ids of the next subgroup to issue
         self.prefetched: list[Any] = []  # per prefetched subgroup: its prefetch's end event
-        self.staged: list[tuple[torch.Tensor, ...]] = []  # per prefetched subgroup: its slot's 4 views
+        self.staged: list[tuple[Any, ...]] = []  # per prefetched subgroup: its slot's views (None: no gradient row)
         self.sources: list[tuple[Any, ...]] = []  # per prefetched subgroup: the tensors it read, and the grad's place
         self.completed = 0  # issued prefetches known to be complete (they complete in issue order)
         self.done: list[Any] = []
@@ -500,7 +503,11 @@ class _DeviceLane:
             return
         s = streams
         numel = max(subgroups[i].numel for i in self.ids)
-        self.slots = [torch.empty((4, numel), dtype=torch.float32, device=s.device) for _ in range(self.n_slots)]
+        self.rows = _slot_rows(self.ids, subgroups)
+        self.slots = [torch.empty((self.rows, numel), dtype=torch.float32, device=s.device)
+                      for _ in range(self.n_slots)]
+        # without a gradient row, 16-bit gradients are widened chunk by chunk through one scratch buffer
+        self.scratch = scratch_for(numel, s.device) if self.rows == 3 else None
         self.ready = s.record(s.current())
         self.origin = s.record(s.current(), timing=True)  # before any of this lane's prefetches (spans are timed)
         self.flushed: list[Any] = [None] * self.n_slots
@@ -521,6 +528,8 @@ class _DeviceLane:
             return
         device = self.s.device
         timings.device_buffer_bytes += sum(t.numel() * t.element_size() for t in self.slots)
+        if self.scratch is not None:
+            timings.device_buffer_bytes += self.scratch.numel() * self.scratch.element_size()
         self.unit_scale = float(inv_scale) == 1.0  # x * 1.0 == x: no unscale kernel needed
         if torch.is_tensor(inv_scale):
             self.inv = inv_scale.to(device=device, dtype=torch.float32)
@@ -541,6 +550,8 @@ class _DeviceLane:
         the same device lane and slots, and for every prefetched subgroup the same tensors and gradient place."""
         if self.ids != list(ids) or self.n_slots != buffer_slots(buffers, len(self.ids)):
             return False
+        if self.ids and self.rows != _slot_rows(self.ids, subgroups):
+            return False
         return all(_same(_sources(subgroups[i]), read) for i, read in zip(self.ids, self.sources))
 
     def settle(self) -> None:
@@ -555,6 +566,7 @@ class _DeviceLane:
         the slots and both steps' kept gradients allocated at once."""
         self.slots = []
         self.staged = []
+        self.scratch = None
         self.subgroups = ()
 
     @property
@@ -586,7 +598,7 @@ class _DeviceLane:
         i = self.ids[k]
         sg = self.subgroups[i]
         slot = self.slots[k % self.n_slots]
-        views = tuple(slot[j, :sg.numel] for j in range(4))
+        views = tuple(slot[j, :sg.numel] if j < self.rows else None for j in range(4))
         master, exp_avg, exp_avg_sq, grad = views
         with s.use(s.h2d):
             s.wait(s.h2d, self.flushed[k % self.n_slots])  # slot free only once its last flush is done
@@ -619,13 +631,17 @@ class _DeviceLane:
         with s.use(s.adam):
             s.wait(s.adam, prefetched)
             begin = s.record(s.adam, timing=True)
-            if sg.grad_on_device and sg.grad.dtype == grad.dtype:
+            if sg.grad_on_device and sg.grad.dtype == torch.float32:
                 grad = sg.grad  # kept in fp32 (gradients accumulate in fp32): used in place
+            elif grad is None:  # kept in 16 bits and no gradient row: widened exactly, chunk by chunk
+                adam_widened(sg, master, sg.grad, exp_avg, exp_avg_sq, self.step_count[k], self.scratch, self.inv,
+                             self.unit_scale)
             elif sg.grad_on_device:
                 grad.copy_(sg.grad)  # kept in 16 bits: widened exactly into the slot's gradient row
-            if not self.unit_scale:
-                grad.mul_(self.inv)  # same unscale/clip factor as the host lane, in fp32
-            _adam(sg, master, grad, exp_avg, exp_avg_sq, self.step_count[k])
+            if grad is not None:
+                if not self.unit_scale:
+                    grad.mul_(self.inv)  # same unscale/clip factor as the host lane, in fp32
+                adam(sg, master, grad, exp_avg, exp_avg_sq, self.step_count[k])
             sg.param16.copy_(master)  # 16-bit params in their own dtype, on the device
             adam_done = s.record(s.adam, timing=True)
             self.spans.append((i, "device", "adam", begin, adam_done))
@@ -647,6 +663,12 @@ class _DeviceLane:
         t.device_subgroups += 1
         t.h2d_bytes += (12 if sg.grad_on_device else 16) * n
         t.d2h_bytes += 12 * n
+
+
+def _slot_rows(ids: Sequence[int], subgroups: Sequence[Subgroup]) -> int:
+    """Rows of a device-lane buffer slot: master, exp_avg, exp_avg_sq, and a gradient row unless every gradient of
+    the lane stayed on the device (then it is read in place, or widened through the lane's scratch)."""
+    return 3 if all(subgroups[i].grad_on_device for i in ids) else 4
 
 
 def _sources(sg: Subgroup) -> tuple[Any, ...]:
@@ -724,32 +746,4 @@ def _resolve_spans(
     timings.upload_busy_s = busy["upload"]
     timings.device_busy_s = device_end
     timings.events = sorted(by_key.values(), key=lambda d: (d["lane"], d["subgroup"]))
-
-
-def _adam(
-    sg: Subgroup,
-    master: torch.Tensor,
-    grad: torch.Tensor,
-    exp_avg: torch.Tensor,
-    exp_avg_sq: torch.Tensor,
-    step: torch.Tensor,
-) -> None:
-    """Fused Adam(W) on the device lane, with the param group's current hyperparameters."""
-    h = sg.hyper
-    kernel = torch._fused_adamw_ if h.adamw else torch._fused_adam_
-    kernel(
-        [master],
-        [grad],
-        [exp_avg],
-        [exp_avg_sq],
-        [],
-        [step],
-        lr=h.lr,
-        beta1=h.beta1,
-        beta2=h.beta2,
-        weight_decay=h.weight_decay,
-        eps=h.eps,
-        amsgrad=False,
-        maximize=False,
-    )
 

@@ -10,11 +10,9 @@ checkpoint save, ``state_dict``, ``safe_get_*``) and :meth:`ResidentState.invali
 checkpoint load, ``safe_set_*``); the next update phase then loads the device copies from the homes again. The device
 copies are loaded from the homes at the first update phase, when the moments exist.
 
-The arithmetic is the device lane's (``executor._adam``): the gradient widened to fp32, multiplied by the same
-unscale/clip factor, fused Adam with the param group's current hyperparameters, the 16-bit params written from the
-new master. It runs in chunks of ``CHUNK`` elements, so the only scratch is one fp32 chunk of gradient; Adam is
-elementwise and ``CHUNK`` a multiple of every vector width, so the chunks give the same values as one call, bit for
-bit. No DeepSpeed import here.
+The arithmetic is the device lane's (:mod:`lightning_dos.device_adam`): the gradient widened to fp32 chunk by chunk
+through one scratch buffer, multiplied by the same unscale/clip factor, fused Adam with the param group's current
+hyperparameters, the 16-bit params written from the new master. No DeepSpeed import here.
 """
 
 from __future__ import annotations
@@ -23,10 +21,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from lightning_dos.device_adam import adam, adam_widened, scratch_for
 from lightning_dos.subgroup import Subgroup
 
-#: Elements per chunk of a resident update (64 MB of fp32 gradient scratch on the device).
-CHUNK = 16 * 1024 * 1024
 #: Device bytes per parameter of a resident subgroup: fp32 master, exp_avg and exp_avg_sq.
 RESIDENT_BYTES_PER_PARAM = 12
 
@@ -91,10 +88,8 @@ class ResidentState:
 
     # ------------------------------------------------------------------ the update
     @torch.no_grad()
-    def step(self, subgroups: Sequence[Subgroup], inv_scale: torch.Tensor | float,
-             adam: Callable[..., None]) -> None:
-        """Issue every resident subgroup's update on the current stream (the caller picks it); ``adam`` is the device
-        lane's fused Adam (``executor._adam``)."""
+    def step(self, subgroups: Sequence[Subgroup], inv_scale: torch.Tensor | float) -> None:
+        """Issue every resident subgroup's update on the current stream (the caller picks it)."""
         if not self.ids:
             return
         self.load(subgroups)
@@ -104,30 +99,18 @@ class ResidentState:
             sg = subgroups[i]
             master, exp_avg, exp_avg_sq = self.blocks[i]
             step = torch.full((), float(sg.state["step"] + 1), dtype=torch.float32, device=self.device)
-            for start in range(0, sg.numel, CHUNK):
-                n = min(CHUNK, sg.numel - start)
-                grad = self._grad_chunk(sg.grad, start, n)
+            grad = sg.grad.reshape(-1)
+            if grad.dtype == torch.float32 and grad.device == self.device:  # kept in fp32: used in place
                 if not unit:
                     grad.mul_(inv)
-                adam(sg, master.narrow(0, start, n), grad, exp_avg.narrow(0, start, n),
-                     exp_avg_sq.narrow(0, start, n), step)
+                adam(sg, master, grad, exp_avg, exp_avg_sq, step)
+            else:
+                if self._scratch is None:
+                    self._scratch = scratch_for(max(b.shape[1] for b in self.blocks.values()), self.device)
+                adam_widened(sg, master, grad, exp_avg, exp_avg_sq, step, self._scratch, inv, unit)
             sg.param16.copy_(master)
             sg.state["step"] += 1
         self.dirty = True
-
-    def _grad_chunk(self, grad: torch.Tensor, start: int, n: int) -> torch.Tensor:
-        """The fp32 gradient of elements ``[start, start + n)`` on the device: the gradient itself when it is kept
-        in fp32 on the device (the unscale then multiplies it in place, as the device lane does), else widened
-        (exactly) or copied into the scratch chunk."""
-        part = grad.reshape(-1).narrow(0, start, n)
-        if part.dtype == torch.float32 and part.device == self.device:
-            return part
-        if self._scratch is None:
-            largest = max(block.shape[1] for block in self.blocks.values())
-            self._scratch = torch.empty(min(CHUNK, largest), dtype=torch.float32, device=self.device)
-        scratch = self._scratch[:n]
-        scratch.copy_(part, non_blocking=part.is_pinned())
-        return scratch
 
 
 def resident_bytes(sizes: Sequence[int], ids: Sequence[int]) -> int:

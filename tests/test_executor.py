@@ -124,6 +124,27 @@ def test_a_16_bit_gradient_kept_on_the_device_is_widened_exactly() -> None:
         assert torch.equal(a.master, b.master) and torch.equal(a.exp_avg_sq, b.exp_avg_sq)
         assert a.grad.dtype == torch.bfloat16  # the kept gradient itself is left as it was
     assert [t.h2d_bytes for t in timings] == [12 * sum(SIZES), 16 * sum(SIZES)]
+    # every gradient kept on the device: slots of 3 rows, the 16-bit ones widened through a scratch chunk
+    scratch = max(SIZES)  # fp32 elements: the largest subgroup, below the chunk
+    slots, with_row = 2 * 3 * max(SIZES) * 4, 2 * 4 * max(SIZES) * 4
+    assert [t.device_buffer_bytes for t in timings] == [slots + 4 * scratch, with_row]
+
+
+def test_a_16_bit_gradient_widened_in_chunks_is_the_same_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of 64 elements (a multiple of the vector width, as the real chunk is): the values of one whole pass."""
+    import lightning_dos.device_adam as device_adam
+
+    runs = []
+    for chunk in (device_adam.CHUNK, 64):
+        monkeypatch.setattr(device_adam, "CHUNK", chunk)
+        sgs = _subgroups(torch.bfloat16)
+        for sg in sgs:
+            sg.grad, sg.grad_on_device = sg.grad.to(torch.bfloat16), True
+        UpdateExecutor(torch.device("cpu")).run([Lane.DEVICE] * len(SIZES), [], 2, sgs, 0.5, lambda i: None)
+        runs.append(sgs)
+    for a, b in zip(*runs):
+        assert torch.equal(a.master, b.master) and torch.equal(a.exp_avg, b.exp_avg)
+        assert torch.equal(a.exp_avg_sq, b.exp_avg_sq) and torch.equal(a.param16, b.param16)
 
 
 def test_device_lane_stages_are_ordered_by_slot() -> None:

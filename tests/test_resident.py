@@ -70,12 +70,12 @@ def test_every_plan_with_resident_subgroups_matches_vanilla(plan: Any, accumulat
 def test_resident_subgroups_update_exactly_as_the_device_lane_does(gib: float,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The same fused Adam on the same values: bit for bit the device lane's result, also in chunks."""
-    import lightning_dos.resident as resident
+    import lightning_dos.device_adam as device_adam
 
     ref = train("device", steps=5, clip=CLIP)
     # smaller than a subgroup, so several chunks each; a multiple of the vector width, as CHUNK is (a chunk edge
     # inside a vector would put its elements on the kernel's scalar tail: 100 gave a last-bit difference here)
-    monkeypatch.setattr(resident, "CHUNK", 1024)
+    monkeypatch.setattr(device_adam, "CHUNK", 1024)
     run = train("device", steps=5, clip=CLIP, strategy=make_strategy("device", resident_gib=gib))
     assert run.losses == ref.losses
     assert torch.equal(run.masters, ref.masters)
