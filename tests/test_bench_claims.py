@@ -42,6 +42,7 @@ RUN_U = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runU.json"
 RUN_V = BENCHMARKS / "rok_gpt-1b_H200_2026-11-25_runV.json"
 RUN_W = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runW.json"
 RUN_X = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runX.json"
+RUN_Y = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runY.json"
 RUN_V_NVME = BENCHMARKS / "rok_gpt-1b_H200_2026-11-25_runV_nvme.json"
 
 
@@ -593,3 +594,22 @@ def test_run_x_resident_subgroups_as_quoted_in_the_docs() -> None:
     for claim in ("end-to-end iteration vs zero3_offload", "forward + backward vs plain",
                   "end-to-end iteration vs every other offloading row"):
         assert claims[claim]["status"] == "met", claim
+
+
+def test_run_y_slots_without_a_gradient_row_and_two_resident_sizes_as_quoted_in_the_docs() -> None:
+    """Run Y (H200): the README's and optimizer-state-manager.md's figures, the report's header and index row."""
+    results, claims = _checked_report(RUN_Y)
+    three, four = "dos(auto,resident=3.85GiB)", "dos(auto,resident=5.05GiB)"
+    _assert_quoted(results, {"dos(auto)": (891, 11.74), three: (852, 15.88), four: (786, 17.26),
+                             "torchao_offload": (995, 27.55)})
+    torchao = results["torchao_offload"]
+    assert [round(results[k]["e2e_iteration_ms"] / torchao["e2e_iteration_ms"], 3) for k in (three, four)] == [
+        0.857, 0.790]
+    assert [round(results[k]["peak_gpu_gib"] / torchao["peak_gpu_gib"], 2) for k in (three, four)] == [0.58, 0.63]
+    assert [results[k]["dos"]["resident_params"] for k in (three, four)] == [343_736_320, 449_664_000]
+    dos = results[three]["dos"]
+    assert [round(dos[k], 1) for k in ("update_ms", "host_busy_ms", "device_busy_ms", "h2d_gb")] == [
+        489.8, 474.4, 468.8, 19.0]
+    assert round(dos["device_fraction"], 2) == 0.47
+    claim = claims["end-to-end iteration vs torchao_offload at <= 60% its peak GPU memory"]
+    assert claim["status"] == "missed" and claim["detail"].startswith(three + " ")
