@@ -49,7 +49,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -274,6 +274,7 @@ class UpdateExecutor:
         for k, prefetched in enumerate(lane.prefetched):  # issued before the phase began, on this thread
             phase.read_grad(lane.ids[k], prefetched)
         done: list[Any] = self._run_resident(subgroups, inv_scale, begun.timings, phase)  # issued here, at once
+        lane.let_go(self._resident_ids())  # their gradients are read (by work issued) and may go: see ``let_go``
 
         def work() -> None:
             if self.streams.is_cuda:
@@ -520,7 +521,7 @@ class _DeviceLane:
         spans: list[Span],
     ) -> None:
         """Attach the update phase: its subgroups (current hyperparameters), unscale factor, step counts, records."""
-        self.subgroups = subgroups
+        self.subgroups = list(subgroups)  # the lane's own list: ``let_go`` replaces entries in it
         self.timings = timings
         spans.extend(self.spans)  # early prefetches, if any, belong to this phase
         self.spans = spans
@@ -568,6 +569,21 @@ class _DeviceLane:
         self.staged = []
         self.scratch = None
         self.subgroups = ()
+
+    def let_go(self, ids: Sequence[int]) -> None:
+        """Drop the lane's hold on the device-kept gradients of subgroups ``ids``, whose last read is issued.
+
+        With overlap the next forward and backward run while the phase does: a gradient kept through backward then
+        goes back to the allocator as soon as its subgroup's Adam is issued, not when the whole phase is done (the
+        next backward allocates its own). On an accelerator the allocator is told that the ``adam`` stream reads it
+        (``record_stream``), so the memory is reused only after that read."""
+        for i in ids:
+            sg = self.subgroups[i]
+            if not sg.grad_on_device or sg.grad is None:
+                continue
+            if self.s.is_cuda and sg.grad.is_cuda:
+                sg.grad.record_stream(self.s.adam)
+            self.subgroups[i] = replace(sg, grad=None)
 
     @property
     def remaining(self) -> int:
@@ -647,6 +663,7 @@ class _DeviceLane:
             self.spans.append((i, "device", "adam", begin, adam_done))
         if self.signals is not None:
             self.signals.wrote(i, adam_done)
+        self.let_go((i,))
         with s.use(s.flush):
             s.wait(s.flush, adam_done)
             begin = s.record(s.flush, timing=True)

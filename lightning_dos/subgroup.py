@@ -35,7 +35,9 @@ class Subgroup:
     exp_avg: torch.Tensor  # fp32 first moment, host, the tensor in the optimizer's state dict
     exp_avg_sq: torch.Tensor  # fp32 second moment, host, likewise
     state: dict[str, Any]  # the optimizer's state dict entry; holds the integer 'step'
-    grad: torch.Tensor  # gradient: fp32 pinned host buffer, or on the device in its own dtype (grad_on_device)
+    # gradient: fp32 pinned host buffer, or on the device in its own dtype (grad_on_device); None in the device
+    # lane's own list once its last read is issued (the executor lets it go early, ``_DeviceLane.let_go``)
+    grad: torch.Tensor | None
     param16: torch.Tensor  # flat partition of the model's params on the device, in their own dtype
     hyper: AdamHyper
     grad_on_device: bool = False  # the gradient stayed on the device through backward (no PCIe for it)

@@ -483,6 +483,21 @@ def test_a_plan_put_in_force_at_a_join_runs_from_the_next_step_with_no_gradient_
     assert_tracks(run, train(None, steps=6, clip=CLIP), TOL)
 
 
+def _kept_gradient_subgroups(sizes: list[int]) -> list[Any]:
+    """Subgroups whose bf16 gradients stayed on the device (the host stands in for it) through backward."""
+    from lightning_dos.subgroup import AdamHyper, Subgroup
+
+    hyper = AdamHyper(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, adamw=True)
+    g = torch.Generator().manual_seed(0)
+    subgroups = []
+    for i, n in enumerate(sizes):
+        master = torch.randn(n, generator=g)
+        subgroups.append(Subgroup(index=i, numel=n, master=master, exp_avg=torch.zeros(n), exp_avg_sq=torch.zeros(n),
+                                  state={"step": 0}, grad=torch.randn(n, generator=g).to(torch.bfloat16),
+                                  param16=master.to(torch.bfloat16), hyper=hyper, grad_on_device=True))
+    return subgroups
+
+
 def test_an_issued_phase_frees_its_slots_and_kept_gradients_once_its_work_is_done_before_the_join(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The manager joins a phase only at the next dispatch, after the next forward and backward. The phase's buffer
@@ -491,16 +506,8 @@ def test_an_issued_phase_frees_its_slots_and_kept_gradients_once_its_work_is_don
     import weakref
 
     from lightning_dos.executor import _DeviceLane
-    from lightning_dos.subgroup import AdamHyper, Subgroup
 
-    hyper = AdamHyper(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, adamw=True)
-    g = torch.Generator().manual_seed(0)
-    subgroups = []
-    for i, n in enumerate([300, 120, 500, 80]):
-        master = torch.randn(n, generator=g)
-        subgroups.append(Subgroup(index=i, numel=n, master=master, exp_avg=torch.zeros(n), exp_avg_sq=torch.zeros(n),
-                                  state={"step": 0}, grad=torch.randn(n, generator=g).to(torch.bfloat16),
-                                  param16=master.to(torch.bfloat16), hyper=hyper, grad_on_device=True))
+    subgroups = _kept_gradient_subgroups([300, 120, 500, 80])
     kept = [weakref.ref(sg.grad) for sg in subgroups]
     slots: list[Any] = []
     bind = _DeviceLane.bind
@@ -524,3 +531,51 @@ def test_an_issued_phase_frees_its_slots_and_kept_gradients_once_its_work_is_don
         assert all(not torch.equal(m, e) for m, e in zip(masters, expected))  # the update did land
     finally:
         executor.close()
+
+
+def test_a_kept_gradient_goes_as_soon_as_its_subgroups_adam_is_issued_not_at_the_end_of_the_phase(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With overlap the next forward and backward run during the phase; the gradients the step's subgroups kept on
+    the device must not all wait for the whole phase. The device lane is held inside the Adam of its third subgroup:
+    the two before it and the resident subgroup (updated at once, in neither lane) have let theirs go; the third
+    and the fourth still hold theirs. The update is then the same as without the hold."""
+    import weakref
+
+    from lightning_dos import executor as executor_module
+    from lightning_dos.resident import ResidentState
+
+    sizes = [300, 120, 500, 80, 200]
+    reference = _kept_gradient_subgroups(sizes)
+    ref_executor = UpdateExecutor(torch.device("cpu"))
+    ref_executor.resident = ResidentState([4], sizes, torch.device("cpu"))
+    ref_executor.run([Lane.DEVICE] * len(sizes), [], 2, reference, 0.5, lambda i: None)
+
+    reached, go = threading.Event(), threading.Event()
+    widen = executor_module.adam_widened
+
+    def held(sg: Any, *args: Any) -> None:
+        if sg.index == 2:
+            reached.set()
+            assert go.wait(10)
+        widen(sg, *args)
+
+    monkeypatch.setattr(executor_module, "adam_widened", held)
+    subgroups = _kept_gradient_subgroups(sizes)
+    kept = [weakref.ref(sg.grad) for sg in subgroups]
+    executor = UpdateExecutor(torch.device("cpu"))
+    executor.resident = ResidentState([4], sizes, torch.device("cpu"))
+    phase = executor.issue([Lane.DEVICE] * len(sizes), [], 2, subgroups, 0.5, lambda i: None)
+    masters = [sg.master for sg in subgroups]
+    params = [sg.param16 for sg in subgroups]
+    del subgroups
+    try:
+        assert reached.wait(10)
+        alive = [ref() is not None for ref in kept]
+        go.set()
+        assert phase.join() is not None
+    finally:
+        go.set()
+        executor.close()
+    assert alive == [False, False, True, True, False]
+    for sg, master, param in zip(reference, masters, params):
+        assert torch.equal(master, sg.master) and torch.equal(param, sg.param16)
