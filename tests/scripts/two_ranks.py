@@ -2,7 +2,8 @@
 together they save a sharded checkpoint.
 
 Usage: python tests/scripts/two_ranks.py PLAN OUT_DIR [CKPT]   (PLAN "vanilla" for ZeRO-3 offload, else a DOS plan;
-CKPT: a checkpoint to resume from)
+CKPT: a checkpoint to resume from; RESIDENT_GIB=G in the environment: the DOS run keeps G GiB of each rank's
+subgroups on the device, ``resident_gib``)
 Lightning re-runs this script for rank 1, as it does for any multi-process CPU run. With TWO_NODES=1 and NODE_RANK,
 LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, as a cluster launcher sets them, it is one of two
 single-rank nodes.
@@ -29,11 +30,12 @@ def main() -> None:
     # (not NODE_RANK itself: Lightning sets it for the rank it starts on one node too)
     nodes = 2 if os.environ.get("TWO_NODES") == "1" else 1
     rec = LossRecorder()
+    resident = {"resident_gib": float(os.environ["RESIDENT_GIB"])} if "RESIDENT_GIB" in os.environ else {}
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=2 // nodes,
         num_nodes=nodes,
-        strategy=make_strategy(plan),
+        strategy=make_strategy(plan, **resident),
         precision="32-true",
         max_steps=4,
         gradient_clip_val=0.05,
@@ -63,6 +65,7 @@ def main() -> None:
         "world_size": trainer.world_size,
         "ranks_per_host": manager.cost.ranks_per_host if manager else None,
         "subgroups": len(manager.sizes) if manager else None,
+        "resident": list(manager.resident) if manager else None,
         "device_subgroups": len(manager.records[-1].plan.device_subgroups()) if manager and manager.records else None,
         "node_rank": trainer.node_rank,
         "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
