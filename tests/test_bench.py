@@ -341,6 +341,78 @@ def test_phase_timer_leaves_e2e_iterations_unsynchronised() -> None:
     assert marks["step_start"] <= last["update_start_ms"] <= marks["end"] and marks["end"] >= 2.0
 
 
+class _FakeAllocator:
+    """A caching allocator's counters, as ``GpuPeakMeter`` reads them: bytes in use, and the peak since a reset."""
+
+    def __init__(self) -> None:
+        self.in_use = self.peak = 0
+
+    def alloc(self, gib: float) -> None:
+        self.in_use += int(gib * 1024**3)
+        self.peak = max(self.peak, self.in_use)
+
+    def read(self) -> tuple[int, int]:
+        return self.peak, self.peak + 1024**3  # reserved: 1 GiB above
+
+    def reset(self) -> None:
+        self.peak = self.in_use
+
+
+def test_phase_timer_gives_each_phase_of_a_synchronised_iteration_its_own_peak_gpu_memory() -> None:
+    """Each phase gets the allocator's peak within it (the step's from the end of the backward), an end-to-end
+    iteration none; the process's peak still covers everything, the end-to-end iteration's too; the result's
+    per-phase peaks are the largest over the synchronised iterations, and the report names the highest phase."""
+    import torch
+
+    from lightning_dos.bench.memory import GpuPeakMeter
+    from lightning_dos.bench.report import _phase_peak_lines
+    from lightning_dos.bench.timing import PhaseTimer
+
+    gpu = _FakeAllocator()
+    gpu.alloc(4.0)  # parameters, before training
+    meter = GpuPeakMeter(gpu.read, gpu.reset)
+    timer = PhaseTimer(synchronize=lambda: None, e2e_iterations={1}, memory=meter)
+
+    def iteration(fwd: float, bwd: float, between: float, step: float) -> None:
+        timer.on_train_batch_start(None, None, None, 0)
+        gpu.alloc(fwd)  # activations
+        timer.on_before_backward(None, None, torch.tensor(0.0))
+        gpu.alloc(bwd)
+        gpu.alloc(-(fwd + bwd))  # activations and the backward's buffers go
+        timer.on_after_backward(None, None)
+        gpu.alloc(between)  # e.g. clipping's buffers, before the step hook
+        gpu.alloc(-between)
+        timer.on_before_optimizer_step(None, None, None)
+        gpu.alloc(step)  # the update's buffers
+        gpu.alloc(-step)
+        timer.on_train_batch_end(None, None, {"loss": torch.tensor(1.0)}, None, 0)
+
+    iteration(1.0, 2.0, 0.5, 3.0)
+    iteration(8.0, 0.0, 0.0, 0.0)  # end to end: no phase marks, no phase peaks
+    iteration(1.0, 2.5, 4.0, 1.0)  # the step's peak came before its hook
+    samples = timer.memory_samples
+    assert samples["fwd_peak_gpu_gib"][0] == 5.0 and samples["bwd_peak_gpu_gib"][0] == 7.0
+    assert samples["step_peak_gpu_gib"][0] == 7.0  # the backward's peak is not the step's: it was reset at its end
+    assert [math.isnan(v) for v in samples["fwd_peak_gpu_gib"]] == [False, True, False]
+    assert (samples["bwd_peak_gpu_gib"][2], samples["step_peak_gpu_gib"][2]) == (7.5, 8.0)
+    assert meter.process_peaks() == {"peak_gpu_gib": 12.0, "peak_gpu_reserved_gib": 13.0}  # the e2e iteration's
+
+    config = BenchConfig(steps=3, warmup=0, e2e_steps=1)  # iteration 0 end to end: synchronised are 1 and 2
+    raw = _raw("dos(auto)", "deep_optimizer_states", [5.0, 6.0, 7.0], [1.0] * 3)
+    raw["iterations"].update({key: [v[1], v[0], v[2]] for key, v in samples.items()})  # synchronised: 1 and 2
+    result = aggregate(RunSpec("dos(auto)", "deep_optimizer_states", "auto"), [raw], config, {})
+    assert result["peak_gpu_gib_by_phase"] == {"fwd": 5.0, "bwd": 7.5, "step": 8.0}
+    lines = _phase_peak_lines([{**result, "peak_gpu_gib": 12.0}])
+    assert "| dos(auto) | 5.00 | 7.50 | 8.00 | 12.00 | step |" in lines
+    # off a GPU: nothing measured, no row and no section
+    cpu = aggregate(RunSpec("dos(auto)", "deep_optimizer_states", "auto"),
+                    [_raw("dos(auto)", "deep_optimizer_states", [5.0, 6.0, 7.0], [1.0] * 3)], config, {})
+    assert cpu["peak_gpu_gib_by_phase"] is None and _phase_peak_lines([cpu]) == []
+    inert = GpuPeakMeter()
+    inert.bind(torch.device("cpu"))
+    assert not inert.active and inert.take() is None
+
+
 # --- command line and configurations ------------------------------------------------------------------------------
 
 

@@ -26,6 +26,9 @@ PHASES = ("fwd_ms", "bwd_ms", "step_ms", "iteration_ms")
 #: Per-iteration host accounting of the fwd, bwd and step phases (``lightning_dos.bench.timing``): the CPU ms of the
 #: threads other than the training thread, and the training thread's involuntary context switches.
 HOST_KEYS = tuple(f"{phase}_{kind}" for phase in ("fwd", "bwd", "step") for kind in ("other_cpu_ms", "preempted"))
+#: Per-iteration peak GPU memory (allocated, GiB) of the fwd, bwd and step phases of a synchronised iteration
+#: (``lightning_dos.bench.timing``; GPU only): the step's runs from the end of the backward to the iteration's end.
+PHASE_PEAKS = tuple(f"{phase}_peak_gpu_gib" for phase in ("fwd", "bwd", "step"))
 #: Data sources a bench can feed the model.
 DATA_SOURCES = ("synthetic", "text")
 

@@ -5,7 +5,9 @@ own high-water mark (``resource.getrusage(...).ru_maxrss``) catches peaks betwee
 is the larger of the two. Memory page-locked in place (``cudaHostRegister``: DOS's optimizer state) is resident
 and counts; buffers the CUDA driver allocates page-locked (``cudaHostAlloc``, torch's ``pin_memory()``: DeepSpeed's
 pinned gradient buffers, in every offload strategy) are not in the resident set and do not. GPU: the caching
-allocator's peaks, ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved``, over the whole process.
+allocator's peaks, ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved``, over the whole process; with a
+:class:`GpuPeakMeter` also per phase (it resets the allocator's peaks at every phase boundary and keeps the
+process's across the resets).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import resource
 import sys
 import threading
+from collections.abc import Callable
 from types import TracebackType
 
 import psutil
@@ -72,6 +75,51 @@ class HostMemorySampler:
             "peak_host_rss_sampled_gib": self.peak_sampled_bytes / GIB,
             "ru_maxrss_gib": maxrss / GIB,
         }
+
+
+class GpuPeakMeter:
+    """The peak allocated GPU memory between consecutive :meth:`take` calls, and the process's peaks across them.
+
+    Each :meth:`take` reads the caching allocator's peaks since the last one and resets them, so a caller that takes
+    at every phase boundary learns which phase reached which peak; :meth:`process_peaks` is then what
+    :func:`gpu_peaks` would have said without the resets. Inert (``take`` gives None) until bound to a GPU.
+
+    Args:
+        read: ``read()`` gives (peak allocated, peak reserved) bytes since the last reset; ``reset()`` resets them.
+            Both default to ``torch.cuda``'s for the device :meth:`bind` is given (given here: tests).
+    """
+
+    def __init__(self, read: Callable[[], tuple[int, int]] | None = None,
+                 reset: Callable[[], None] | None = None) -> None:
+        self._read, self._reset = read, reset
+        self.allocated = 0  # the process's peaks, across every reset
+        self.reserved = 0
+
+    def bind(self, device: torch.device) -> None:
+        """Measure ``device`` (a no-op off a GPU, or with ``read`` given)."""
+        if self._read is None and device.type == "cuda":
+            self._read = lambda: (torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device))
+            self._reset = lambda: torch.cuda.reset_peak_memory_stats(device)
+
+    @property
+    def active(self) -> bool:
+        return self._read is not None
+
+    def take(self) -> int | None:
+        """Peak allocated bytes since the last ``take`` (or since the process began), then reset; None if inert."""
+        if self._read is None:
+            return None
+        allocated, reserved = self._read()
+        self.allocated, self.reserved = max(self.allocated, allocated), max(self.reserved, reserved)
+        if self._reset is not None:
+            self._reset()
+        return int(allocated)
+
+    def process_peaks(self) -> dict[str, float | None]:
+        """``gpu_peaks``'s fields over the whole process so far (None for both if inert)."""
+        if self.take() is None:
+            return {"peak_gpu_gib": None, "peak_gpu_reserved_gib": None}
+        return {"peak_gpu_gib": self.allocated / GIB, "peak_gpu_reserved_gib": self.reserved / GIB}
 
 
 def gpu_peaks(device: torch.device) -> dict[str, float | None]:

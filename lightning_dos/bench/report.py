@@ -201,6 +201,29 @@ def _results_table(results: Sequence[dict[str, Any]]) -> list[str]:
     return _table(header, rows)
 
 
+def _phase_peak_lines(results: Sequence[dict[str, Any]]) -> list[str]:
+    """Where each row's GPU memory peaked: its largest peak per phase of the synchronised iterations."""
+    rows = []
+    for r in results:
+        by_phase = r.get("peak_gpu_gib_by_phase")
+        if not by_phase:
+            continue
+        measured = {phase: v for phase, v in by_phase.items() if v is not None}
+        top = max(measured, key=measured.__getitem__) if measured else None
+        rows.append((r["label"], *(_num(by_phase.get(phase), 2) for phase in ("fwd", "bwd", "step")),
+                     _num(r.get("peak_gpu_gib"), 2), top or "-"))
+    if not rows:
+        return []
+    lines = ["", "### Peak GPU memory by phase", "",
+             "The largest peak of allocated GPU memory in each phase over the synchronised iterations (the allocator's "
+             "peak is taken and reset at every phase boundary, after the synchronisation): the forward from the "
+             "iteration's start to the backward, the backward, and the step from the end of the backward to the end "
+             "of the iteration. The whole run's peak also covers start-up and the end-to-end iterations. With "
+             "`overlap` the update phase runs beside the next forward and backward, so its memory is in theirs.", ""]
+    return lines + _table(("configuration", "fwd GiB", "bwd GiB", "step GiB", "whole run GiB", "highest phase"),
+                          rows)
+
+
 def _speedup_lines(results: Sequence[dict[str, Any]], base: dict[str, Any] | None) -> list[str]:
     if base is None:
         return [f"No successful `{BASELINE}` run in this invocation, so no speedups or loss comparison."]
@@ -374,6 +397,7 @@ def render(doc: dict[str, Any], base: dict[str, Any] | None, chart: str | None =
               "Medians over the synchronised iterations: the device is synchronised at every phase boundary, so "
               "each phase's work is charged to it; iterations take a little longer than end to end.", ""]
     lines += _results_table(results)
+    lines += _phase_peak_lines(results)
     if chart:
         lines += ["", f"![fwd / bwd / step per configuration, and peak memory]({chart})"]
     if timeline:

@@ -38,6 +38,7 @@ from lightning_dos.bench.config import (
     AUTO,
     AUTO_MIN_EXCLUDED,
     HOST_KEYS,
+    PHASE_PEAKS,
     PHASES,
     PLAN_WARMUP,
     BenchConfig,
@@ -149,6 +150,17 @@ def summarize_host_threads(ok: Sequence[dict[str, Any]], indices: Sequence[int])
     return out
 
 
+def summarize_phase_peaks(ok: Sequence[dict[str, Any]], indices: Sequence[int]) -> dict[str, float | None] | None:
+    """The largest peak GPU memory (GiB) of each phase (``fwd``, ``bwd``, ``step``) over the synchronised iterations
+    ``indices`` of every rank of the successful repeats ``ok``; None when no phase's peak was measured (off a GPU)."""
+    out: dict[str, float | None] = {}
+    for key in PHASE_PEAKS:
+        values = [v for r in ok for e in rank_entries(r) for v in _pick((e.get("iterations") or {}).get(key), indices)
+                  if v is not None and math.isfinite(v)]
+        out[key.removesuffix("_peak_gpu_gib")] = max(values) if values else None
+    return out if any(v is not None for v in out.values()) else None
+
+
 def rank_entries(run: dict[str, Any]) -> list[dict[str, Any]]:
     """A raw result's measurements per rank (``per_rank``); a result without them (hand-made, or from before they
     were recorded) is its own rank 0."""
@@ -251,6 +263,7 @@ def aggregate(spec: RunSpec, runs: Sequence[dict[str, Any]], config: BenchConfig
     peaks = [run_peaks(r) for r in ok]
     for name in PEAK_FIELDS:
         result[name] = _max_or_none([p[name] for p in peaks])
+    result["peak_gpu_gib_by_phase"] = summarize_phase_peaks(ok, phase_indices)
     per_rank = summarize_ranks(ok, config)
     result["peak_host_gib_per_rank"] = [r["peak_host_gib"] for r in per_rank]
     losses = ok[0]["iterations"]["loss"] if ok else []

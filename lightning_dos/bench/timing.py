@@ -24,6 +24,12 @@ For the iteration timeline the timer reads when each DOS update phase began (eac
 its ``LaneTimings.started_s``) and keeps the marks of the last synchronised iteration
 (:meth:`PhaseTimer.last_iteration`).
 
+**Peak GPU memory per phase** (with a :class:`~lightning_dos.bench.memory.GpuPeakMeter`): at every mark of a
+synchronised iteration, after the synchronisation, the allocator's peak since the previous mark is taken and reset;
+``<phase>_peak_gpu_gib`` is the forward's (start to ``backward_start``), the backward's, and the step's (from the end
+of the backward to the end of the iteration). What happens between iterations and in the end-to-end ones is in the
+meter's process peak only.
+
 Where the host's time went, per phase (fwd, bwd, step), from the kernel's accounting: ``<phase>_other_cpu_ms``,
 the CPU time of the process's *other* threads (process CPU time minus the training thread's: e.g. an OpenMP pool
 still spinning, copy or logging threads), and ``<phase>_preempted``, how often the training thread was switched
@@ -42,7 +48,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from lightning_dos.bench.config import HOST_KEYS, PHASES
+from lightning_dos.bench.config import HOST_KEYS, PHASE_PEAKS, PHASES
+from lightning_dos.bench.memory import GIB, GpuPeakMeter
 
 
 def device_synchronizer(device: torch.device) -> Callable[[], None]:
@@ -71,12 +78,18 @@ class PhaseTimer(pl.Callback):
         synchronize: called before each timestamp of a synchronised iteration; ``None`` synchronises the module's
             device.
         e2e_iterations: indices (from 0) of the iterations timed end to end: no marks, no synchronisation.
+        memory: if given, the peak GPU memory of each phase of the synchronised iterations is taken from it
+            (``memory_samples``); it is bound to the strategy's device when the fit starts.
     """
 
     def __init__(self, synchronize: Callable[[], None] | None = None,
-                 e2e_iterations: Collection[int] = ()) -> None:
+                 e2e_iterations: Collection[int] = (), memory: GpuPeakMeter | None = None) -> None:
         self._synchronize = synchronize
         self.e2e_iterations = frozenset(e2e_iterations)
+        self.memory = memory
+        self.memory_samples: dict[str, list[float]] = {key: [] for key in PHASE_PEAKS}
+        """Per iteration: each phase's peak allocated GPU GiB (NaN where not measured)."""
+        self._peaks: dict[str, int | None] = {}  # per mark: the peak bytes of the span that ended at it
         self._marks: dict[str, float] = {}
         self.samples: dict[str, list[float]] = {phase: [] for phase in PHASES}
         self.host: dict[str, list[float]] = {key: [] for key in HOST_KEYS}
@@ -100,6 +113,8 @@ class PhaseTimer(pl.Callback):
             self._synchronize()
         self._marks[name] = time.perf_counter()
         self._cpu[name] = host_counters()
+        if self.memory is not None:
+            self._peaks[name] = self.memory.take()
 
     def _span_ms(self, start: str, end: str) -> float:
         if start not in self._marks or end not in self._marks:
@@ -109,6 +124,8 @@ class PhaseTimer(pl.Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._synchronize is None:
             self._synchronize = device_synchronizer(trainer.strategy.root_device)
+        if self.memory is not None:
+            self.memory.bind(trainer.strategy.root_device)
 
     @property
     def update_starts(self) -> list[float]:
@@ -126,6 +143,7 @@ class PhaseTimer(pl.Callback):
                              batch_idx: int) -> None:
         self._e2e = len(self.ends) in self.e2e_iterations
         self._marks.clear()
+        self._peaks.clear()
         if self._e2e:
             return
         self._mark("start")
@@ -151,7 +169,7 @@ class PhaseTimer(pl.Callback):
             end = time.perf_counter()
             if self._origin is None:
                 self._origin = end
-            for values in (*self.samples.values(), *self.host.values()):
+            for values in (*self.samples.values(), *self.host.values(), *self.memory_samples.values()):
                 values.append(math.nan)
         else:
             end = self._record_phases()
@@ -175,6 +193,10 @@ class PhaseTimer(pl.Callback):
                 preempted = b[2] - a[2]
             self.host[f"{phase}_other_cpu_ms"].append(other)
             self.host[f"{phase}_preempted"].append(preempted)
+        for key, marks in zip(PHASE_PEAKS, (("backward_start",), ("backward_end",), ("step_start", "end"))):
+            taken = [self._peaks.get(mark) for mark in marks]
+            # a mark that did not fire (its span then counts in the next one) or an inert meter: not measured
+            self.memory_samples[key].append(max(taken) / GIB if all(t is not None for t in taken) else math.nan)
         self._last = (len(self.ends), dict(self._marks))
         return self._marks["end"]
 

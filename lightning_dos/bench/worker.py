@@ -166,16 +166,19 @@ def fit_and_measure(
     callbacks: Sequence[Any] = (),
     on_strategy: Callable[[Any], None] | None = None,
     timeline: bool = False,
+    phase_memory: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
     """Train ``config.steps`` iterations under ``spec``; the trainer and the measurements every run reports.
 
     The iterations of ``config.e2e_iterations`` are timed end to end, unsynchronised; the others phase by phase.
     ``on_strategy`` sees the strategy as soon as it exists, so a caller can still report from it if training fails.
-    ``timeline`` adds the last synchronised iteration's timeline (:func:`iteration_timeline`).
+    ``timeline`` adds the last synchronised iteration's timeline (:func:`iteration_timeline`). ``phase_memory`` adds
+    each synchronised iteration's peak GPU memory per phase (on a GPU; it resets the allocator's peaks at every
+    phase boundary, so a callback that reads them itself must not run beside it).
     """
     import lightning_dos  # noqa: F401  (registers the strategies)
     from lightning_dos.bench.environment import device_info
-    from lightning_dos.bench.memory import HostMemorySampler, gpu_peaks
+    from lightning_dos.bench.memory import GpuPeakMeter, HostMemorySampler, gpu_peaks
     from lightning_dos.bench.timing import PhaseTimer
 
     started = time.perf_counter()
@@ -186,13 +189,14 @@ def fit_and_measure(
             on_strategy(strategy)
         module = build_module(config)
         data = build_data(config, module.config.vocab_size, devices=spec.devices)
-        timer = PhaseTimer(e2e_iterations=config.e2e_iterations)
+        timer = PhaseTimer(e2e_iterations=config.e2e_iterations, memory=GpuPeakMeter() if phase_memory else None)
         trainer = build_trainer(config, strategy, workdir, [timer, *callbacks], devices=spec.devices)
         ranks.watch_children(trainer)
         fit_started = time.perf_counter()
         trainer.fit(module, datamodule=data)
         fit_s = time.perf_counter() - fit_started
     device = trainer.strategy.root_device
+    measured_phases = timer.memory is not None and timer.memory.active
     ran = len(timer.samples["iteration_ms"])
     if ran < config.steps:
         raise RuntimeError(f"only {ran} of {config.steps} iterations ran; the data ran out or training stopped early")
@@ -202,8 +206,9 @@ def fit_and_measure(
         **spec.to_dict(),
         "rank": trainer.global_rank,
         "device": device_info(device),
-        "iterations": {**timer.samples, "end_s": timer.ends, "loss": timer.losses, **timer.host},
-        **gpu_peaks(device),
+        "iterations": {**timer.samples, "end_s": timer.ends, "loss": timer.losses, **timer.host,
+                       **(timer.memory_samples if measured_phases else {})},
+        **(timer.memory.process_peaks() if measured_phases else gpu_peaks(device)),
         **sampler.summary(),
         "fit_s": fit_s,
         "wall_s": time.perf_counter() - started,
@@ -229,7 +234,7 @@ def rank_entry(result: dict[str, Any], trainer: Any) -> dict[str, Any]:
 def run(config: BenchConfig, spec: RunSpec, workdir: Path) -> dict[str, Any]:
     """Train ``config.steps`` iterations under ``spec`` and return the raw measurements (every rank's under
     ``per_rank``, gathered to each rank: only rank 0's is written)."""
-    trainer, result = fit_and_measure(config, spec, workdir, timeline=True)
+    trainer, result = fit_and_measure(config, spec, workdir, timeline=True, phase_memory=True)
     result = {
         **result,
         "dos": dos_records(trainer.strategy),
