@@ -2,10 +2,10 @@
 
 Three processes, one after the other, train the same model on the same batches: DOS with a new random plan before
 every backward (random lanes, buffering depth and host order; seeded), the same with ``overlap=True`` (the update
-phase beside the next forward), and vanilla ZeRO-3 offload. Every step each
-records its loss, its host RSS, its GPU memory (allocated and reserved), its threads (Python's and the process's) and,
-on a GPU, the page-locked host memory the caching host allocator holds. The analysis fits a line to each series past
-the warm-up and reports its slope per 1,000 steps: a leak shows as a slope that does not vanish.
+phase beside the next forward), and vanilla ZeRO-3 offload. Every step each records its loss, its host RSS, its GPU
+memory (allocated and reserved), its threads (Python's, less the launcher's own, and the process's) and, on a GPU,
+the page-locked host memory the caching host allocator holds. The analysis fits a line to each series past the
+warm-up and reports its slope per 1,000 steps: a leak shows as a slope that does not vanish.
 
     python scripts/soak.py --steps 2000 --out runs/soak                 # on a GPU host
     python scripts/soak.py --out runs/soak --analyse-only               # redraw from the runs already there
@@ -36,6 +36,15 @@ CONTROL = "vanilla"
 SERIES = ("rss_gib", "gpu_allocated_gib", "gpu_reserved_gib", "pinned_host_gib", "python_threads", "os_threads")
 #: steps at the start left out of the slopes (allocator and calibration warm-up)
 DEFAULT_WARMUP = 50
+
+
+#: Lightning's launcher starts this thread with every fit; without child processes it ends by itself about 5 s later,
+#: which may fall inside the run: it is not the run's, and is left out of ``python_threads``.
+LAUNCHER_THREAD = "child-process-observer"
+
+
+def _python_threads() -> int:
+    return sum(1 for thread in threading.enumerate() if thread.name != LAUNCHER_THREAD)
 
 
 def _os_threads() -> int:
@@ -95,7 +104,7 @@ def train_one(label: str, args: argparse.Namespace) -> dict[str, Any]:
                 "gpu_allocated_gib": torch.cuda.memory_allocated() / 1024**3 if cuda else None,
                 "gpu_reserved_gib": torch.cuda.memory_reserved() / 1024**3 if cuda else None,
                 "pinned_host_gib": _pinned_host_gib() if cuda else None,
-                "python_threads": threading.active_count(),
+                "python_threads": _python_threads(),
                 "os_threads": _os_threads(),
             }
             for key, value in sample.items():
