@@ -8,16 +8,17 @@ waits: the 16-bit conversion is a memory-bound pass that cost the host lane abou
 GPU host's timeline) and is a short kernel on the device; it doubles the upload's bytes on the link (4 instead of 2
 per parameter), which the performance model weighs.
 
-Device lane, per subgroup, through a ring of buffer slots on the device:
-``prefetch`` (host->device: master, exp_avg, exp_avg_sq, grad) -> ``adam`` (unscale + fused AdamW on the
-device, then write the 16-bit params) -> ``flush`` (device->host: master, exp_avg, exp_avg_sq). A gradient kept on
-the device through backward is not prefetched; kept in its 16-bit dtype, ``adam`` widens it (exactly) into the slot's
-gradient row, or, when every gradient of the lane stayed on the device, chunk by chunk through one 64 MB scratch
-buffer and the slot has no gradient row (a quarter less memory; :mod:`lightning_dos.device_adam`). The performance
-model's ``device_memory_bytes`` still counts the row: under a memory budget it may demote a little early, never late.
+Device lane, per subgroup, in pieces of at most ``PIECE`` parameters through a ring of buffer slots on the device
+(each slot holds one piece): ``prefetch`` (host->device: master, exp_avg, exp_avg_sq, grad) -> ``adam`` (unscale +
+fused AdamW on the device, then write the 16-bit params) -> ``flush`` (device->host: master, exp_avg, exp_avg_sq).
+A gradient kept on the device through backward is not prefetched; kept in its 16-bit dtype, ``adam`` widens it
+(exactly) into the slot's gradient row, or, when every gradient of the lane stayed on the device, chunk by chunk
+through one 64 MB scratch buffer and the slot has no gradient row (a quarter less memory;
+:mod:`lightning_dos.device_adam`). The performance model's ``device_memory_bytes`` still counts slots of a whole
+subgroup with the row: under a memory budget it may demote early, never late.
 Each stage has its own stream (``h2d`` for prefetches and uploads, ``adam``, ``flush``, and a high-priority
-``convert`` for the uploads' 16-bit writes); every cross-stream dependency is an event: prefetch waits for the
-flush that last used its slot, adam waits for its prefetch, flush waits for its adam, an upload chunk waits for
+``convert`` for the uploads' 16-bit writes); every cross-stream dependency is an event: a piece's prefetch waits for
+the flush that last used its slot, adam waits for its prefetch, flush waits for its adam, an upload chunk waits for
 the conversion that last used its ring buffer, and the caller's stream waits for the last param write. ``run``
 returns only when the host state is consistent.
 
@@ -67,6 +68,9 @@ COPY_CHUNK = 16 * 1024 * 1024
 # PREFETCH_WINDOW: the device lane is issued while fewer than this many of its prefetches are outstanding (see
 # ``_DeviceLane``): enough to keep the link busy, few enough that a host-lane upload never queues behind the whole
 # lane. The performance model owns the constant, since it predicts the prefetches issued at dispatch from it.
+#: Parameters per piece of a device-lane subgroup: the buffer slots hold a piece, not a whole subgroup (see
+#: ``_DeviceLane``). Two copy chunks, a multiple of every vector width; a piece's state is 384 MB in fp32.
+PIECE = 2 * COPY_CHUNK
 #: fp32 buffers (of ``COPY_CHUNK`` elements each) on the device through which host-lane uploads pass on their way
 #: into the 16-bit params. Allocated once (the manager reserves them at start-up) and kept: 3 x 64 MB on a real run.
 UPLOAD_BUFFERS = 3
@@ -191,7 +195,7 @@ class UpdateExecutor:
     def prefetch_ahead(
         self, lanes: Sequence[Lane], order: Sequence[int], buffers: int, subgroups: Sequence[Subgroup]
     ) -> int:
-        """Issue the device lane's first prefetches now, for the next ``run`` of this plan; returns how many.
+        """Issue the device lane's first prefetches now, for the next ``run`` of this plan; returns how many (pieces).
 
         At most one per buffer slot and ``PREFETCH_WINDOW`` in all. Any earlier early prefetches are waited for and
         dropped first.
@@ -203,7 +207,7 @@ class UpdateExecutor:
         lane = _DeviceLane(self.streams, ids, buffers, subgroups)
         lane.prefetch_ahead()
         self._ahead = lane
-        return len(lane.prefetched)
+        return len(lane.piece_prefetched)
 
     def discard_ahead(self) -> None:
         """Wait for and drop early prefetches that no update phase will use (their slots are released)."""
@@ -339,7 +343,7 @@ class UpdateExecutor:
         s = self.streams
         spans: list[Span] = []
         device_lane = ahead or _DeviceLane(s, device_ids, buffers, subgroups)
-        timings.prefetched_ahead = len(device_lane.prefetched)
+        timings.prefetched_ahead = len(device_lane.piece_prefetched)
         if timings.prefetched_ahead:
             timings.lead_s = max(0.0, t0 - device_lane.issued_at)
         device_lane.bind(subgroups, inv_scale, timings, spans)
@@ -466,16 +470,22 @@ class _UploadRing:
 class _DeviceLane:
     """The device lane of one update phase, issued a subgroup at a time.
 
-    Per subgroup, through a ring of buffer slots on the device: ``prefetch`` (host->device: master, exp_avg,
-    exp_avg_sq and the gradient unless it stayed on the device) -> ``adam`` (unscale, fused AdamW, 16-bit param
-    write) -> ``flush`` (device->host: master, exp_avg, exp_avg_sq), each on its own stream and ordered by events.
+    Per subgroup, in pieces of at most ``PIECE`` parameters through a ring of buffer slots on the device (each slot
+    the size of one piece): ``prefetch`` (host->device: master, exp_avg, exp_avg_sq and the gradient unless it
+    stayed on the device) -> ``adam`` (unscale, fused AdamW, 16-bit param write) -> ``flush`` (device->host: master,
+    exp_avg, exp_avg_sq), each on its own stream and ordered by events. A piece's prefetch waits for the flush of
+    the piece that last used its slot, so two slots already keep both directions of the link busy (a piece's Adam
+    is short); slots of a piece rather than of a whole subgroup take a fraction of the memory (at gpt-2.7b's
+    ``sub_group_size`` of 1e8: 0.75 GiB instead of 2.3 for two) and the lane starts and drains a piece at a time.
+    Adam is elementwise and ``PIECE`` a multiple of every vector width, so the pieces give the values of one call
+    over the whole subgroup, bit for bit.
 
     Prefetches and the host lane's uploads share one stream, so a device lane issued all at once would put
     every upload behind every prefetch. Instead the host thread issues device-lane subgroups only while fewer
-    than ``window`` of the issued prefetches are still outstanding (``feed``), between host-lane subgroups;
+    than ``window`` subgroups' prefetches are still outstanding (``feed``), between host-lane subgroups;
     whatever remains is issued when the host lane is done
-    (``issue_all``). An upload therefore waits for at most ``window`` prefetches. On the host standing in for
-    the device, work completes as it is issued, so the lane simply interleaves with the host lane.
+    (``issue_all``). An upload therefore waits for at most ``window`` subgroups' prefetches. On the host standing in
+    for the device, work completes as it is issued, so the lane simply interleaves with the host lane.
     """
 
     def __init__(
@@ -490,22 +500,30 @@ class _DeviceLane:
         self.subgroups = subgroups
         self.spans: list[Span] = []
         self.next = 0  # position in ids of the next subgroup to issue
-        self.prefetched: list[Any] = []  # per prefetched subgroup: its prefetch's end event
-        self.staged: list[tuple[Any, ...]] = []  # per prefetched subgroup: its slot's views (None: no gradient row)
-        self.sources: list[tuple[Any, ...]] = []  # per prefetched subgroup: the tensors it read, and the grad's place
-        self.completed = 0  # issued prefetches known to be complete (they complete in issue order)
+        # every piece of the lane in order, (position in ids, offset, length); at least one per subgroup
+        self.pieces = [(k, offset, min(PIECE, subgroups[i].numel - offset))
+                       for k, i in enumerate(self.ids) for offset in range(0, max(1, subgroups[i].numel), PIECE)]
+        self.pieces_of: list[list[int]] = [[] for _ in self.ids]  # per subgroup: its pieces' indices
+        for p, (k, _, _) in enumerate(self.pieces):
+            self.pieces_of[k].append(p)
+        self.piece_prefetched: list[Any] = []  # per prefetched piece: its prefetch's end event
+        self.staged: list[tuple[Any, ...]] = []  # per prefetched piece: its slot's views (None: no gradient row)
+        self.prefetched: list[Any] = []  # per subgroup whose pieces are all prefetched: the last one's end event
+        self.sources: list[tuple[Any, ...]] = []  # per subgroup prefetched from: the tensors it read, the grad's place
+        self.completed = 0  # subgroups of ``prefetched`` known to be complete (they complete in issue order)
         self.done: list[Any] = []
         self.issued_at = 0.0  # host clock when prefetch_ahead issued the early prefetches
-        self.n_slots = buffer_slots(buffers, len(self.ids))
+        self.n_slots = buffer_slots(buffers, len(self.pieces))
         self.window = PREFETCH_WINDOW
-        self.early = early_prefetches(buffers, len(self.ids))  # the count the performance model predicts with
+        # early prefetches: pieces, one per slot (the performance model predicts with subgroups: a head start)
+        self.early = early_prefetches(buffers, len(self.pieces))
         self.signals: Phase | None = None  # the phase in flight, when issued to the worker (``issue``)
         if not self.ids:
             return
         s = streams
-        numel = max(subgroups[i].numel for i in self.ids)
+        numel = max(length for _, _, length in self.pieces)
         self.rows = _slot_rows(self.ids, subgroups)
-        self.slots = [torch.empty((self.rows, numel), dtype=torch.float32, device=s.device)
+        self.slots = [torch.empty((self.rows, max(1, numel)), dtype=torch.float32, device=s.device)
                       for _ in range(self.n_slots)]
         # without a gradient row, 16-bit gradients are widened chunk by chunk through one scratch buffer
         self.scratch = scratch_for(numel, s.device) if self.rows == 3 else None
@@ -541,15 +559,18 @@ class _DeviceLane:
         self.step_count.copy_(step_host)
 
     def prefetch_ahead(self) -> None:
-        """Issue the first subgroups' prefetches before the update phase: one per slot, ``window`` at most."""
+        """Issue the first pieces' prefetches before the update phase: one per slot, ``window`` at most."""
         self.issued_at = time.perf_counter()
-        while len(self.prefetched) < self.early:
-            self._prefetch(len(self.prefetched))
+        while len(self.piece_prefetched) < self.early:
+            self._prefetch(len(self.piece_prefetched))
 
     def serves(self, ids: Sequence[int], buffers: int, subgroups: Sequence[Subgroup]) -> bool:
         """Whether this lane's early prefetches hold what an update phase of ``ids`` with ``subgroups`` reads:
-        the same device lane and slots, and for every prefetched subgroup the same tensors and gradient place."""
-        if self.ids != list(ids) or self.n_slots != buffer_slots(buffers, len(self.ids)):
+        the same device lane, pieces and slots, and for every subgroup prefetched from the same tensors and
+        gradient place."""
+        if self.ids != list(ids) or any(subgroups[i].numel != self.subgroups[i].numel for i in self.ids):
+            return False
+        if self.n_slots != buffer_slots(buffers, len(self.pieces)):
             return False
         if self.ids and self.rows != _slot_rows(self.ids, subgroups):
             return False
@@ -557,7 +578,7 @@ class _DeviceLane:
 
     def settle(self) -> None:
         """Wait for the issued prefetches (before slots that a copy may still write are released)."""
-        for event in self.prefetched:
+        for event in self.piece_prefetched:
             event.synchronize()
 
     def release(self) -> None:
@@ -590,7 +611,7 @@ class _DeviceLane:
         return len(self.ids) - self.next
 
     def outstanding(self) -> int:
-        """Issued prefetches not yet complete (queried without blocking)."""
+        """Subgroups whose prefetches were issued and are not yet complete (queried without blocking)."""
         while self.completed < len(self.prefetched) and self.prefetched[self.completed].query():
             self.completed += 1
         return len(self.prefetched) - self.completed
@@ -608,78 +629,88 @@ class _DeviceLane:
             self.issue_next()
         return self.done
 
-    def _prefetch(self, k: int) -> None:
-        """Issue the prefetch of the ``k``-th device-lane subgroup into its slot (``h2d``)."""
+    def _prefetch(self, p: int) -> None:
+        """Issue the prefetch of the ``p``-th piece of the lane into its slot (``h2d``)."""
         s = self.s
+        k, offset, n = self.pieces[p]
         i = self.ids[k]
         sg = self.subgroups[i]
-        slot = self.slots[k % self.n_slots]
-        views = tuple(slot[j, :sg.numel] if j < self.rows else None for j in range(4))
+        slot = self.slots[p % self.n_slots]
+        views = tuple(slot[j, :n] if j < self.rows else None for j in range(4))
         master, exp_avg, exp_avg_sq, grad = views
         with s.use(s.h2d):
-            s.wait(s.h2d, self.flushed[k % self.n_slots])  # slot free only once its last flush is done
+            s.wait(s.h2d, self.flushed[p % self.n_slots])  # slot free only once its last flush is done
             s.wait(s.h2d, self.ready)
             begin = s.record(s.h2d, timing=True)
-            _chunked_copy(master, sg.master)
-            _chunked_copy(exp_avg, sg.exp_avg)
-            _chunked_copy(exp_avg_sq, sg.exp_avg_sq)
+            _chunked_copy(master, _piece(sg.master, offset, n))
+            _chunked_copy(exp_avg, _piece(sg.exp_avg, offset, n))
+            _chunked_copy(exp_avg_sq, _piece(sg.exp_avg_sq, offset, n))
             if not sg.grad_on_device:  # a gradient kept on the device through backward needs no prefetch
-                _chunked_copy(grad, sg.grad)
+                _chunked_copy(grad, _piece(sg.grad, offset, n))
             prefetched = s.record(s.h2d, timing=True)
         self.spans.append((i, "device", "prefetch", begin, prefetched))
-        self.prefetched.append(prefetched)
-        if self.signals is not None:
-            self.signals.read_grad(i, prefetched)
+        self.piece_prefetched.append(prefetched)
         self.staged.append(views)
-        self.sources.append(_sources(sg))
+        if offset == 0:
+            self.sources.append(_sources(sg))
+        if p == self.pieces_of[k][-1]:  # the subgroup's last piece: nothing more of it is read from the host
+            self.prefetched.append(prefetched)
+            if self.signals is not None:
+                self.signals.read_grad(i, prefetched)
 
     def issue_next(self) -> None:
         s = self.s
         k = self.next
         self.next += 1
-        if k == len(self.prefetched):
-            self._prefetch(k)
         i = self.ids[k]
         sg = self.subgroups[i]
-        n = sg.numel
-        master, exp_avg, exp_avg_sq, grad = self.staged[k]
-        prefetched = self.prefetched[k]
-        with s.use(s.adam):
-            s.wait(s.adam, prefetched)
-            begin = s.record(s.adam, timing=True)
-            if sg.grad_on_device and sg.grad.dtype == torch.float32:
-                grad = sg.grad  # kept in fp32 (gradients accumulate in fp32): used in place
-            elif grad is None:  # kept in 16 bits and no gradient row: widened exactly, chunk by chunk
-                adam_widened(sg, master, sg.grad, exp_avg, exp_avg_sq, self.step_count[k], self.scratch, self.inv,
-                             self.unit_scale)
-            elif sg.grad_on_device:
-                grad.copy_(sg.grad)  # kept in 16 bits: widened exactly into the slot's gradient row
-            if grad is not None:
-                if not self.unit_scale:
-                    grad.mul_(self.inv)  # same unscale/clip factor as the host lane, in fp32
-                adam(sg, master, grad, exp_avg, exp_avg_sq, self.step_count[k])
-            sg.param16.copy_(master)  # 16-bit params in their own dtype, on the device
-            adam_done = s.record(s.adam, timing=True)
-            self.spans.append((i, "device", "adam", begin, adam_done))
+        for p in self.pieces_of[k]:
+            if p == len(self.piece_prefetched):
+                self._prefetch(p)
+            _, offset, n = self.pieces[p]
+            master, exp_avg, exp_avg_sq, grad = self.staged[p]
+            with s.use(s.adam):
+                s.wait(s.adam, self.piece_prefetched[p])
+                begin = s.record(s.adam, timing=True)
+                if sg.grad_on_device and sg.grad.dtype == torch.float32:
+                    grad = _piece(sg.grad, offset, n)  # kept in fp32 (gradients accumulate in fp32): used in place
+                elif grad is None:  # kept in 16 bits and no gradient row: widened exactly, chunk by chunk
+                    adam_widened(sg, master, _piece(sg.grad, offset, n), exp_avg, exp_avg_sq, self.step_count[k],
+                                 self.scratch, self.inv, self.unit_scale)
+                elif sg.grad_on_device:
+                    grad.copy_(_piece(sg.grad, offset, n))  # kept in 16 bits: widened exactly into the gradient row
+                if grad is not None:
+                    if not self.unit_scale:
+                        grad.mul_(self.inv)  # same unscale/clip factor as the host lane, in fp32
+                    adam(sg, master, grad, exp_avg, exp_avg_sq, self.step_count[k])
+                _piece(sg.param16, offset, n).copy_(master)  # 16-bit params in their own dtype, on the device
+                adam_done = s.record(s.adam, timing=True)
+                self.spans.append((i, "device", "adam", begin, adam_done))
+            with s.use(s.flush):
+                s.wait(s.flush, adam_done)
+                begin = s.record(s.flush, timing=True)
+                _chunked_copy(_piece(sg.master, offset, n), master)
+                _chunked_copy(_piece(sg.exp_avg, offset, n), exp_avg)
+                _chunked_copy(_piece(sg.exp_avg_sq, offset, n), exp_avg_sq)
+                flushed = s.record(s.flush, timing=True)
+                self.spans.append((i, "device", "flush", begin, flushed))
+                self.flushed[p % self.n_slots] = flushed
         if self.signals is not None:
             self.signals.wrote(i, adam_done)
         self.let_go((i,))
-        with s.use(s.flush):
-            s.wait(s.flush, adam_done)
-            begin = s.record(s.flush, timing=True)
-            _chunked_copy(sg.master, master)
-            _chunked_copy(sg.exp_avg, exp_avg)
-            _chunked_copy(sg.exp_avg_sq, exp_avg_sq)
-            flushed = s.record(s.flush, timing=True)
-            self.spans.append((i, "device", "flush", begin, flushed))
-            self.flushed[k % self.n_slots] = flushed
         self.done = [adam_done, flushed]
         sg.state["step"] += 1
+        n = sg.numel
         t = self.timings
         t.device_params += n
         t.device_subgroups += 1
         t.h2d_bytes += (12 if sg.grad_on_device else 16) * n
         t.d2h_bytes += 12 * n
+
+
+def _piece(t: torch.Tensor, offset: int, n: int) -> torch.Tensor:
+    """Elements ``offset`` to ``offset + n`` of a subgroup's flat tensor (a view)."""
+    return t.reshape(-1).narrow(0, offset, n)
 
 
 def _slot_rows(ids: Sequence[int], subgroups: Sequence[Subgroup]) -> int:
@@ -752,7 +783,11 @@ def _resolve_spans(
         else:
             b, e = since_start(begin), since_start(end)
         entry = by_key.setdefault((subgroup, lane), {"subgroup": subgroup, "lane": lane})
-        entry[stage] = (b, e)
+        if stage in entry:  # another piece of a device-lane subgroup: the stage spans all of its pieces
+            b0, e0 = entry[stage]
+            entry[stage] = (min(b0, b), max(e0, e))
+        else:
+            entry[stage] = (b, e)
         if lane == "device" or stage == "upload":
             busy[stage] += e - b
         if lane == "device":

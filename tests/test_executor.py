@@ -147,6 +147,47 @@ def test_a_16_bit_gradient_widened_in_chunks_is_the_same_bit_for_bit(monkeypatch
         assert torch.equal(a.exp_avg_sq, b.exp_avg_sq) and torch.equal(a.param16, b.param16)
 
 
+@pytest.mark.parametrize("grads", ["kept bf16", "kept fp32", "host"])
+def test_subgroups_pass_through_the_slots_in_pieces_with_the_values_of_whole_subgroups(
+        grads: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pieces of 128 parameters (a multiple of every vector width, as the real piece is) through slots of one piece:
+    the values of whole subgroups bit for bit, early prefetches included, the same bytes on the link, slots of a
+    piece instead of the largest subgroup, and one span per stage of each subgroup covering all its pieces."""
+    import lightning_dos.executor as executor
+
+    def subgroups() -> list[Subgroup]:
+        sgs = _subgroups(torch.bfloat16)
+        for sg in sgs:
+            if grads != "host":
+                sg.grad = sg.grad.to(torch.bfloat16 if grads == "kept bf16" else torch.float32)
+                sg.grad_on_device = True
+        return sgs
+
+    lanes = [Lane.DEVICE] * len(SIZES)
+    order = [2, 0, 4, 1, 3]
+    whole = subgroups()
+    first = UpdateExecutor(torch.device("cpu")).run(lanes, order, 2, whole, torch.tensor(0.5), lambda i: None)
+    monkeypatch.setattr(executor, "PIECE", 128)
+    pieces = subgroups()
+    runner = UpdateExecutor(torch.device("cpu"))
+    assert runner.prefetch_ahead(lanes, order, 2, pieces) == 2  # two pieces of subgroup 2 (500 parameters)
+    timings = runner.run(lanes, order, 2, pieces, torch.tensor(0.5), lambda i: None)
+    assert timings.prefetched_ahead == 2
+    for a, b in zip(whole, pieces):
+        assert torch.equal(a.master, b.master) and torch.equal(a.exp_avg, b.exp_avg)
+        assert torch.equal(a.exp_avg_sq, b.exp_avg_sq) and torch.equal(a.param16, b.param16)
+        assert a.state["step"] == b.state["step"] == 4
+    assert (timings.h2d_bytes, timings.d2h_bytes) == (first.h2d_bytes, first.d2h_bytes)
+    rows = 4 if grads == "host" else 3  # a gradient row only for gradients on the host; else a scratch chunk
+    scratch = 0 if grads == "host" else 4 * 128
+    assert first.device_buffer_bytes == 2 * rows * max(SIZES) * 4 + (4 * max(SIZES) if scratch else 0)
+    assert timings.device_buffer_bytes == 2 * rows * 128 * 4 + scratch
+    assert sorted(e["subgroup"] for e in timings.events) == list(range(len(SIZES)))
+    big = next(e for e in timings.events if e["subgroup"] == 2)  # 4 pieces: the first prefetched before the phase
+    assert big["prefetch"][0] < 0 <= big["adam"][0] < big["prefetch"][1] <= big["flush"][1]
+    assert 0 < timings.prefetch_busy_s <= timings.device_busy_s + max(0.0, -big["prefetch"][0])
+
+
 def test_device_lane_stages_are_ordered_by_slot() -> None:
     """prefetch -> adam -> flush per subgroup; with one slot, a prefetch starts after the previous flush."""
     subgroups = _subgroups()

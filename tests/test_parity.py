@@ -164,3 +164,23 @@ def test_fp32_gradients_are_kept_in_fp32() -> None:
     run = train("device", steps=1, clip=CLIP, every_step=cb)
     assert cb.dtypes == [{torch.float32}]
     assert run.strategy.manager.cost.device_grad_bytes_per_param == 4
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+@pytest.mark.parametrize("plan", ["device", RANDOM_LIST], ids=_ids)
+def test_subgroups_through_the_slots_in_pieces_train_bit_identically(
+        plan: object, precision: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device lane's pieces (384 MB of state on a real run; 128 parameters here, so every subgroup of the tiny
+    model is several) through DeepSpeed: the same losses and masters, bit for bit, as whole subgroups per slot."""
+    import lightning_dos.executor as executor
+
+    whole = train(plan, steps=4, precision=precision, clip=CLIP)
+    monkeypatch.setattr(executor, "PIECE", 128)
+    pieces = train(plan, steps=4, precision=precision, clip=CLIP)
+    sizes = pieces.strategy.manager.subgroup_sizes
+    assert max(sizes) > 2 * 128  # the largest subgroup went through in at least three pieces
+    assert pieces.losses == whole.losses
+    assert torch.equal(pieces.masters, whole.masters)
+    slots = [r.timings.device_buffer_bytes for r in pieces.strategy.manager.records if r.timings.device_params]
+    assert slots and max(slots) < min(r.timings.device_buffer_bytes for r in whole.strategy.manager.records
+                                      if r.timings.device_params)
