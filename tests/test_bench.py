@@ -542,8 +542,12 @@ def test_resident_gib_adds_dos_rows_reaches_the_strategy_and_shows_in_the_report
         BenchConfig(resident_gib=[-1.0]).validate()
     dos = {"plan": "plan auto", "active": True, "subgroups": 27, "resident_subgroups": [0, 1, 2],
            "device_fraction": 0.4, "update_ms": 1.0, "host_busy_ms": 1.0, "device_busy_ms": 1.0, "h2d_gb": 1.0,
-           "d2h_gb": 1.0, "demoted_subgroups_max": 0}
-    assert "| 27 (3 resident) |" in "\n".join(_dos_lines([{"label": "dos(auto,resident=3.85GiB)", "dos": dos}]))
+           "d2h_gb": 1.0, "demoted_subgroups_max": 0, "resident_params": 343_702_528, "device_buffer_gib": 0.9375}
+    table = "\n".join(_dos_lines([{"label": "dos(auto,resident=3.85GiB)", "dos": dos}]))
+    assert "| 27 (3 resident) |" in table
+    assert table.count("| 0 | 0.94 | 3.84 |") == 1  # demoted, the executor's buffers and the resident state (GiB)
+    earlier = {k: v for k, v in dos.items() if k not in ("resident_params", "device_buffer_gib")}  # older reports
+    assert "| 0 | – | 0.00 |" in "\n".join(_dos_lines([{"label": "dos(auto)", "dos": earlier}]))
 
 
 def test_leaf_blocks_adds_dos_rows_and_reaches_the_strategy(capsys: pytest.CaptureFixture[str]) -> None:

@@ -262,14 +262,18 @@ def _dos_lines(results: Sequence[dict[str, Any]]) -> list[str]:
         rows.append((r["label"], d["plan"] + ("" if d["active"] else " (inactive: DeepSpeed's host update ran)"),
                      _subgroups_cell(d), _num(d["device_fraction"], 2), _num(d["update_ms"]),
                      _num(d["host_busy_ms"]), _num(d["device_busy_ms"]), _num(d["h2d_gb"], 2), _num(d["d2h_gb"], 2),
-                     str(d["demoted_subgroups_max"])))
+                     str(d["demoted_subgroups_max"]), _num(d.get("device_buffer_gib"), 2),
+                     _num(12 * (d.get("resident_params") or 0) / 1024**3, 2)))
     if not rows:
         return []
     lines = ["## DOS update phase", "",
              "Medians over the update phases of the synchronised iterations, from the strategy's own records "
-             "(update = makespan of both lanes; busy = time each lane computed; GB moved per step).", ""]
+             "(update = makespan of both lanes; busy = time each lane computed; GB moved per step; buffers = the "
+             "GPU memory the executor held for the phase: the device lane's slots and scratch and the host lane's "
+             "upload ring; resident = the resident subgroups' state, held for the whole run).", ""]
     return lines + _table(("configuration", "plan", "subgroups", "device fraction", "update ms", "host busy ms",
-                           "device busy ms", "H2D GB", "D2H GB", "demoted (max)"), rows) + [""]
+                           "device busy ms", "H2D GB", "D2H GB", "demoted (max)", "buffers GiB", "resident GiB"),
+                          rows) + [""]
 
 
 def _host_thread_lines(results: Sequence[dict[str, Any]]) -> list[str]:

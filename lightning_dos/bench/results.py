@@ -134,6 +134,9 @@ def summarize_dos(runs: Sequence[dict[str, Any]], indices: Sequence[int]) -> dic
     }
     for name in DOS_FIELDS:
         summary[name] = median([step[name] for step in steps])
+    # device memory the executor held for the phase (slots, scratch, upload ring); absent from earlier reports
+    buffers = [step.get("device_buffer_gib") for step in steps]
+    summary["device_buffer_gib"] = median(buffers) if buffers and None not in buffers else None
     update = spread([step["update_ms"] for step in steps])
     summary["update_ms_spread"] = None if update is None else update.to_dict()
     return summary

@@ -80,6 +80,7 @@ def record_dict(record: Any) -> dict[str, Any]:
         "upload_busy_ms": t.upload_busy_s * 1e3,
         "prefetched_ahead": t.prefetched_ahead,
         "dispatch_lead_ms": t.lead_s * 1e3,
+        "device_buffer_gib": t.device_buffer_bytes / 1024**3,
     }
 
 
