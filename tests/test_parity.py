@@ -10,7 +10,7 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import pytest
 import torch
-from parity import RandomPlanEveryStep, TinyLM, assert_tracks, rel, train
+from parity import RandomPlanEveryStep, TinyLM, assert_tracks, make_strategy, rel, train
 
 from lightning_dos.planning.plan import Lane
 
@@ -166,17 +166,19 @@ def test_fp32_gradients_are_kept_in_fp32() -> None:
     assert run.strategy.manager.cost.device_grad_bytes_per_param == 4
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 @pytest.mark.parametrize("plan", ["device", RANDOM_LIST], ids=_ids)
 def test_subgroups_through_the_slots_in_pieces_train_bit_identically(
-        plan: object, precision: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        plan: object, precision: str, overlap: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """The device lane's pieces (384 MB of state on a real run; 128 parameters here, so every subgroup of the tiny
-    model is several) through DeepSpeed: the same losses and masters, bit for bit, as whole subgroups per slot."""
+    model is several) through DeepSpeed, serial and overlapped: the same losses and masters, bit for bit, as whole
+    subgroups per slot without overlap."""
     import lightning_dos.executor as executor
 
     whole = train(plan, steps=4, precision=precision, clip=CLIP)
     monkeypatch.setattr(executor, "PIECE", 128)
-    pieces = train(plan, steps=4, precision=precision, clip=CLIP)
+    pieces = train(plan, steps=4, precision=precision, clip=CLIP, strategy=make_strategy(plan, overlap=overlap))
     sizes = pieces.strategy.manager.subgroup_sizes
     assert max(sizes) > 2 * 128  # the largest subgroup went through in at least three pieces
     assert pieces.losses == whole.losses
