@@ -278,7 +278,9 @@ class UpdateExecutor:
         for k, prefetched in enumerate(lane.prefetched):  # issued before the phase began, on this thread
             phase.read_grad(lane.ids[k], prefetched)
         done: list[Any] = self._run_resident(subgroups, inv_scale, begun.timings, phase)  # issued here, at once
-        lane.let_go(self._resident_ids())  # their gradients are read (by work issued) and may go: see ``let_go``
+        # their gradients are read by work issued on the adam stream; the caller drops them before it has run, so
+        # ``let_go`` ties them to that stream (``run`` waits for the stream instead)
+        lane.let_go(self._resident_ids())
 
         def work() -> None:
             if self.streams.is_cuda:
@@ -376,10 +378,6 @@ class UpdateExecutor:
         with s.use(s.adam):
             resident.step(subgroups, inv_scale)
             done = s.record(s.adam)
-        if s.is_cuda:  # the caller may drop the gradients before the adam stream has read them (overlap)
-            for i in resident.ids:
-                if subgroups[i].grad.is_cuda:
-                    subgroups[i].grad.record_stream(s.adam)
         for i in resident.ids:
             timings.resident_params += subgroups[i].numel
             if phase is not None:
@@ -523,7 +521,7 @@ class _DeviceLane:
         s = streams
         numel = max(length for _, _, length in self.pieces)
         self.rows = _slot_rows(self.ids, subgroups)
-        self.slots = [torch.empty((self.rows, max(1, numel)), dtype=torch.float32, device=s.device)
+        self.slots = [torch.empty((self.rows, numel), dtype=torch.float32, device=s.device)
                       for _ in range(self.n_slots)]
         # without a gradient row, 16-bit gradients are widened chunk by chunk through one scratch buffer
         self.scratch = scratch_for(numel, s.device) if self.rows == 3 else None
@@ -695,9 +693,9 @@ class _DeviceLane:
                 flushed = s.record(s.flush, timing=True)
                 self.spans.append((i, "device", "flush", begin, flushed))
                 self.flushed[p % self.n_slots] = flushed
-        if self.signals is not None:
+        if self.signals is not None:  # overlapped: the next backward runs meanwhile (``run`` holds them to its end)
             self.signals.wrote(i, adam_done)
-        self.let_go((i,))
+            self.let_go((i,))
         self.done = [adam_done, flushed]
         sg.state["step"] += 1
         n = sg.numel
