@@ -109,8 +109,9 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         activation_keep_last_layers: the last this-many transformer blocks keep their activations on the device.
         overlap: run each update phase on a worker thread beside the next forward and backward instead of before
             them (exact: every read of a subgroup's params or host gradient waits for that subgroup's update; see
-            ``docs/optimizer-state-manager.md``). Off by default (faster, but it holds the update phase's device
-            memory beside the next forward's); one rank only, and only where the interleaved update runs.
+            ``docs/optimizer-state-manager.md``). Off by default so far (exact, faster, almost no GPU memory, but
+            the last step's ``dos/*`` records are not logged with it); one rank only, and only where the interleaved
+            update runs.
             DeepSpeed's throughput timer is then not synchronised unless ``config`` says otherwise.
         **kwargs: any other argument of Lightning's ``DeepSpeedStrategy``.
     """
