@@ -473,8 +473,9 @@ class _DeviceLane:
     stayed on the device) -> ``adam`` (unscale, fused AdamW, 16-bit param write) -> ``flush`` (device->host: master,
     exp_avg, exp_avg_sq), each on its own stream and ordered by events. A piece's prefetch waits for the flush of
     the piece that last used its slot, so two slots already keep both directions of the link busy (a piece's Adam
-    is short); slots of a piece rather than of a whole subgroup take a fraction of the memory (at gpt-2.7b's
-    ``sub_group_size`` of 1e8: 0.75 GiB instead of 2.3 for two) and the lane starts and drains a piece at a time.
+    is short); slots of a piece rather than of a whole subgroup take a fraction of the memory (at gpt-2.7b, whose
+    largest subgroup holds 128.8M parameters: 0.75 GiB instead of 2.9 for two without a gradient row) and the lane
+    starts and drains a piece at a time.
     Adam is elementwise and ``PIECE`` a multiple of every vector width, so the pieces give the values of one call
     over the whole subgroup, bit for bit.
 

@@ -22,10 +22,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from lightning_dos.device_adam import adam, adam_widened, scratch_for
+from lightning_dos.planning.planner import RESIDENT_BYTES_PER_PARAM
 from lightning_dos.subgroup import Subgroup
-
-#: Device bytes per parameter of a resident subgroup: fp32 master, exp_avg and exp_avg_sq.
-RESIDENT_BYTES_PER_PARAM = 12
 
 
 class ResidentState:

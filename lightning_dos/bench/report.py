@@ -14,6 +14,7 @@ from typing import Any
 
 from lightning_dos.bench.config import HOST_KEYS
 from lightning_dos.bench.strategies import BASELINE
+from lightning_dos.planning.planner import RESIDENT_BYTES_PER_PARAM
 
 MISSING = "–"
 
@@ -263,7 +264,7 @@ def _dos_lines(results: Sequence[dict[str, Any]]) -> list[str]:
                      _subgroups_cell(d), _num(d["device_fraction"], 2), _num(d["update_ms"]),
                      _num(d["host_busy_ms"]), _num(d["device_busy_ms"]), _num(d["h2d_gb"], 2), _num(d["d2h_gb"], 2),
                      str(d["demoted_subgroups_max"]), _num(d.get("device_buffer_gib"), 2),
-                     _num(12 * (d.get("resident_params") or 0) / 1024**3, 2)))
+                     _num(RESIDENT_BYTES_PER_PARAM * (d.get("resident_params") or 0) / 1024**3, 2)))
     if not rows:
         return []
     lines = ["## DOS update phase", "",

@@ -228,7 +228,12 @@ def demote_to_fit(
     return current, tuple(demoted)
 
 
-def resident_subgroups(sizes: Sequence[int], budget_bytes: int, bytes_per_param: int = 12) -> tuple[int, ...]:
+#: Device bytes per parameter of a resident subgroup (``resident_gib``): fp32 master, exp_avg and exp_avg_sq.
+RESIDENT_BYTES_PER_PARAM = 12
+
+
+def resident_subgroups(sizes: Sequence[int], budget_bytes: int,
+                       bytes_per_param: int = RESIDENT_BYTES_PER_PARAM) -> tuple[int, ...]:
     """The subgroups whose optimizer state stays on the device (``resident_gib``): in id order (the forward reads the
     lowest ids first), each that still fits in ``budget_bytes`` at ``bytes_per_param`` (fp32 master and both
     moments). The planner then weighs them as empty: they take no time in either lane."""
