@@ -259,6 +259,25 @@ class DOSMetricsLogger(Callback):
         if records and getattr(trainer, "is_global_zero", True):
             self._log_media(trainer, manager, records)
 
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """With ``overlap`` each phase is recorded when the next step joins it, so the last one is joined and
+        recorded only now: log it (the loop's logging is over, so straight to the loggers, a step after the last)."""
+        wait = getattr(trainer.strategy, "wait_for_update", None)
+        if callable(wait):
+            wait()
+        manager = getattr(trainer.strategy, "manager", None)
+        metrics_fn = getattr(manager, "metrics", None)
+        records = getattr(manager, "records", None)
+        if not callable(metrics_fn) or records is None or len(records) == self._logged_phases:
+            return
+        self._logged_phases = len(records)
+        metrics = {key: float(value) for key, value in (metrics_fn() or {}).items()}
+        if metrics:
+            trainer._logger_connector.log_metrics(metrics)
+        if records and getattr(trainer, "is_global_zero", True):
+            self._log_media(trainer, manager, records)
+
     def _log_media(self, trainer: pl.Trainer, manager: Any, records: list) -> None:
         """Plan table at the first phase and at every re-plan; timeline image every n-th phase (W&B only)."""
         from lightning_dos.telemetry import PLAN_TABLE_COLUMNS, plan_table_rows, timeline_figure

@@ -315,7 +315,9 @@ def summary_table(runs: Sequence[Run]) -> str:
     """One row per run: median iteration ms and tokens/s, peak GPU and host GiB, last train and val loss."""
     rows = [SUMMARY_COLUMNS]
     for run in runs:
-        steps = max((step for points in run.history.values() for step, _ in points), default=None)
+        # the last training step logged: with overlap the last update phase's dos/* come a step after it
+        points = run.history.get("train/loss") or [point for points in run.history.values() for point in points]
+        steps = max((step for step, _ in points), default=None)
         rows.append((run.label, run.source, "n/a" if steps is None else str(steps),
                      _cell(run.median("perf/iteration_ms"), 1), _cell(run.median("perf/tokens_per_s"), 0),
                      _cell(run.peak("perf/peak_gpu_gib")), _cell(run.peak("perf/peak_host_gib")),

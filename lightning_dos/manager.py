@@ -108,7 +108,6 @@ class OptimizerStateManager:
         resident_gib: float = 0.0,
     ) -> None:
         self.optimizer = optimizer
-        self.overlap = overlap
         self.spec = plan
         self.device = torch.device(device)
         self.memory_budget_bytes = None if memory_budget_gib is None else int(memory_budget_gib * GIB)
@@ -124,6 +123,8 @@ class OptimizerStateManager:
         self._cost_overrides = cost_overrides
         self.calibrator = Calibrator(base, overrides=cost_overrides)
         self.active = bool(optimizer._dos_supported())
+        #: whether update phases run beside the next forward (only where the interleaved update runs)
+        self.overlap = overlap and self.active
         sizes = list(optimizer.subgroup_sizes())
         #: subgroups whose state stays on the device (``resident_gib``); the planner weighs them as empty
         self.resident: tuple[int, ...] = ()
@@ -155,7 +156,7 @@ class OptimizerStateManager:
         self._in_flight: _InFlight | None = None  # the phase issued and not yet joined (overlap)
         if self.active:
             optimizer.update_phase = self._update_phase
-            if overlap:
+            if self.overlap:
                 optimizer.enable_overlap(self.join)
             self._plan_gradients()
 
@@ -498,6 +499,7 @@ class OptimizerStateManager:
             f"deep_optimizer_states: {len(sizes)} subgroups ({total:,} params on this rank, "
             f"largest {max(sizes):,}); {plan}{kept}; device lane runs on {self.device.type}"
             + (" (the host stands in for the device)" if self.device.type != "cuda" else "")
+            + ("; each update phase overlaps the next forward" if self.overlap else "")
         )
 
     def metrics(self) -> dict[str, float]:

@@ -15,7 +15,7 @@ import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import lightning.pytorch as pl
 import torch
@@ -109,10 +109,12 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         activation_keep_last_layers: the last this-many transformer blocks keep their activations on the device.
         overlap: run each update phase on a worker thread beside the next forward and backward instead of before
             them (exact: every read of a subgroup's params or host gradient waits for that subgroup's update; see
-            ``docs/optimizer-state-manager.md``). Off by default so far (exact, faster, almost no GPU memory, but
-            the last step's ``dos/*`` records are not logged with it); one rank only, and only where the interleaved
-            update runs.
-            DeepSpeed's throughput timer is then not synchronised unless ``config`` says otherwise.
+            ``docs/optimizer-state-manager.md``). ``"auto"`` (the default): on where it was measured faster, one rank
+            training on a CUDA device with the interleaved update; serial elsewhere (several ranks, a CPU run, a
+            configuration that runs DeepSpeed's own update). ``True`` insists (anything else is one error before
+            training); ``False`` runs every update phase before the next forward. When on, DeepSpeed's throughput
+            timer is not synchronised unless ``config`` says otherwise, and each phase's ``dos/*`` record is logged
+            one step later (the last one at the end of training).
         **kwargs: any other argument of Lightning's ``DeepSpeedStrategy``.
     """
 
@@ -128,8 +130,8 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         buffers: Optional[int] = None,
         cost_overrides: Optional[dict[str, float]] = None,
         pin_memory: bool = True,
-        param_persistence: Union[str, bool, int] = "auto",
-        leaf_blocks: Union[str, bool] = "auto",
+        param_persistence: Union[Literal["auto"], bool, int] = "auto",
+        leaf_blocks: Union[Literal["auto"], bool] = "auto",
         bind_cores: bool = True,
         stage: int = 3,
         offload_optimizer: bool = True,
@@ -139,13 +141,17 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         activation_nvme_path: Optional[Union[str, Path]] = None,
         activation_min_tensor_bytes: int = DEFAULT_MIN_TENSOR_BYTES,
         activation_keep_last_layers: int = DEFAULT_KEEP_LAST_LAYERS,
-        overlap: bool = False,
+        overlap: Union[Literal["auto"], bool] = "auto",
         **kwargs: Any,
     ) -> None:
-        if not isinstance(overlap, bool):
-            raise ValueError(f"overlap: {overlap!r} is not true or false; set overlap: true to run the update beside "
-                             "the next forward, or false (the default)")
-        self.overlap = overlap
+        if not (overlap == "auto" or isinstance(overlap, bool)):
+            raise ValueError(f"overlap: {overlap!r} is not 'auto', true or false; set overlap: auto (the default: on "
+                             "with one CUDA device), true to run the update beside the next forward, or false")
+        #: the ``overlap`` asked for; :attr:`overlapped` says what runs
+        self.overlap: Union[Literal["auto"], bool] = overlap
+        #: whether update phases run beside the next forward (decided in ``setup_environment``, confirmed when the
+        #: engine is built)
+        self.overlapped = overlap is True
         self.activation_offload_callback = _activation_offload_callback(
             activation_offload, activation_nvme_path, activation_min_tensor_bytes, activation_keep_last_layers)
         self.plan_spec = parse_plan(plan)
@@ -204,7 +210,7 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         )
         if config is not None:
             _complete_user_config(self.config, pin_memory=pin_memory, sub_group_size=sub_group_size)
-        if overlap:
+        if overlap is True:
             _overlap_config_defaults(self.config)
         validate_dos_config(self.config)
         self.manager: Any = None
@@ -244,11 +250,15 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
 
     @override
     def setup_environment(self) -> None:
-        if self.overlap and self.world_size > 1:  # before any process group is set up
+        if self.overlap is True and self.world_size > 1:  # before any process group is set up
             raise MisconfigurationException(
-                f"overlap: runs on one rank only so far, and this run has {self.world_size}; set overlap: false "
-                "(or train on one device)")
+                f"overlap: runs on one rank only so far, and this run has {self.world_size}; set overlap: auto or "
+                "false (or train on one device)")
         super().setup_environment()
+        if self.overlap == "auto":
+            self.overlapped = overlap_by_default(self.world_size, self.root_device.type)
+            if self.overlapped:
+                _overlap_config_defaults(self.config)
         if self.bind_cores:
             from lightning_dos.host_binding import bind_rank_cores
 
@@ -293,11 +303,11 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
 
         reset_once_per_forward(optimizer)  # ZeRO-3 completes its module trace under Lightning
         self.manager = self._build_manager(optimizer)
-        if self.overlap and not self.manager.active:
+        if self.overlap is True and not self.manager.active:
             raise MisconfigurationException(
                 "overlap: needs the interleaved update, and this configuration runs DeepSpeed's own host-only update "
                 "(see the line above: e.g. an optimizer other than DeepSpeedCPUAdam, NVMe offload or a partial "
-                "offload ratio); set overlap: false, or a configuration the interleaved update supports")
+                "offload ratio); set overlap: auto or false, or a configuration the interleaved update supports")
 
     def _build_manager(self, ds_optimizer: Any) -> Any:
         from lightning_dos.manager import OptimizerStateManager
@@ -312,11 +322,12 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             cost_overrides=self.cost_overrides,
             # under gradient accumulation DeepSpeed's own gradient path runs: every gradient reaches the host
             device_gradients=int(self.config.get("gradient_accumulation_steps", 1)) == 1,
-            overlap=self.overlap,
+            overlap=self.overlapped,
             resident_gib=self.resident_gib,
         )
         persistent = self.persistence_threshold == PERSIST_ALL
         blocks = f"; ZeRO-3 hooks {len(self.leaf_block_names)} blocks as leaves" if self.leaf_block_names else ""
+        self.overlapped = manager.overlap  # "auto" where the interleaved update does not run: serial
         rank_zero_info(manager.describe() + ("; 16-bit parameters kept whole on the device" if persistent else "")
                        + blocks)
         return manager
@@ -497,6 +508,14 @@ def _complete_user_config(config: dict[str, Any], pin_memory: bool, sub_group_si
         zero.setdefault("sub_group_size", int(sub_group_size))
     else:
         zero.setdefault("sub_group_size", AUTO_SUB_GROUP_MAX)
+
+
+def overlap_by_default(world_size: int, device_type: str) -> bool:
+    """What ``overlap="auto"`` turns on before the engine is built: one rank on a CUDA device, where overlap was
+    measured faster (docs/benchmarks: runs Z and Z3). Several ranks are not supported yet, and where the host stands in
+    for the device the update and the forward would share the same cores. The engine may still run serially: where
+    the interleaved update does not run (``OptimizerStateManager.overlap``)."""
+    return world_size == 1 and device_type == "cuda"
 
 
 def _overlap_config_defaults(config: dict[str, Any]) -> None:

@@ -32,11 +32,13 @@ pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 
 
 # ---------------------------------------------------------------------------------------------- end to end
-def test_fit_debug_recipe_end_to_end(tmp_path: Path) -> None:
-    """``python -m lightning_dos fit --config recipes/debug.yaml`` trains through the real ZeRO-3 DOS strategy."""
+@pytest.mark.parametrize("overlap", [[], ["--trainer.strategy.init_args.overlap", "true"]], ids=["default", "overlap"])
+def test_fit_debug_recipe_end_to_end(tmp_path: Path, overlap: list[str]) -> None:
+    """``python -m lightning_dos fit --config recipes/debug.yaml`` trains through the real ZeRO-3 DOS strategy; with
+    ``overlap`` (the default on one GPU) each phase's record is logged a step later and the last one at the end."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     command = [sys.executable, "-m", "lightning_dos", "fit", "--config", str(ROOT / "recipes" / "debug.yaml"),
-               "--trainer.enable_progress_bar", "false"]
+               "--trainer.enable_progress_bar", "false", *overlap]
     # no standard input: nothing on the path may prompt
     result = subprocess.run(command, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True,
                             text=True, timeout=600)
@@ -56,6 +58,8 @@ def test_fit_debug_recipe_end_to_end(tmp_path: Path) -> None:
     assert all(float(r["dos/update_ms"]) > 0 for r in rows if r.get("dos/update_ms"))
     assert (log_dir / "config.yaml").is_file()  # SaveConfigCallback wrote the resolved config
     assert "deep_optimizer_states:" in result.stdout + result.stderr  # the strategy's manager described its plan
+    said = "each update phase overlaps the next forward" in result.stdout + result.stderr
+    assert said == bool(overlap)  # the default runs serially where the host stands in for the device
     report = [line for line in result.stdout.splitlines() if line.startswith("validation loss: first ")]
     assert len(report) == 1, result.stdout[-2000:]
 
@@ -159,6 +163,19 @@ def test_csv_fallback_without_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     cli = DOSLightningCLI(args=["--config", str(ROOT / "recipes" / "debug.yaml"),
                                 "--config", str(ROOT / "configs" / "logger" / "wandb.yaml")], run=False)
     assert isinstance(cli.trainer.logger, CSVLogger) and cli.trainer.logger.name == "debug"
+
+
+@pytest.mark.parametrize(("key", "text", "value"), [
+    ("overlap", "true", True), ("overlap", "false", False), ("overlap", "auto", "auto"),
+    ("leaf_blocks", "true", True), ("leaf_blocks", "false", False),
+    ("param_persistence", "true", True), ("param_persistence", "5000", 5000)])
+def test_the_strategys_auto_or_bool_switches_parse_from_the_command_line(
+        key: str, text: str, value: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--trainer.strategy.init_args.overlap true`` is the bool, not the string 'true' (which each refuses)."""
+    monkeypatch.chdir(tmp_path)
+    cli = DOSLightningCLI(args=["--config", str(ROOT / "recipes" / "debug.yaml"),
+                                f"--trainer.strategy.init_args.{key}", text], run=False)
+    assert getattr(cli.trainer.strategy, key) == value and type(getattr(cli.trainer.strategy, key)) is type(value)
 
 
 # ---------------------------------------------------------------------------------------------- callbacks

@@ -20,6 +20,7 @@ from wandb_runs import read_finished_wandb_run
 from lightning_dos.cli import main as cli_main
 from lightning_dos.compare import (
     CompareError,
+    Run,
     find_run_dirs,
     load_runs,
     main,
@@ -78,6 +79,14 @@ def test_compare_csv_runs(csv_runs: list[Path], tmp_path: Path, capsys: pytest.C
         assert row[1] == "csv" and float(row[3]) > 0 and float(row[4].replace(",", "")) > 0
         assert row[5] == "n/a" and float(row[6]) > 0  # no GPU memory on a CPU run; host memory measured
     assert lines[-1] == f"wrote {out}"
+
+
+def test_the_steps_column_is_the_last_training_step_not_an_overlapped_runs_last_record() -> None:
+    run = Run(path=Path("r"), source="csv", label="dos",
+              history={"train/loss": [(0, 3.0), (1, 2.5)], "dos/update_ms": [(1, 9.0), (2, 8.0)]})
+    assert summary_table([run]).splitlines()[2].split()[2] == "1"
+    run.history.pop("train/loss")
+    assert summary_table([run]).splitlines()[2].split()[2] == "2"  # no training loss: the last step logged
 
 
 def test_csv_run_read_back(csv_runs: list[Path]) -> None:

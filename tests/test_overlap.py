@@ -21,9 +21,12 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from parity import RandomPlanEveryStep, TinyLM, assert_tracks, make_strategy, rel, train
 
 from lightning_dos import DeepOptimizerStatesStrategy
+from lightning_dos import strategy as strategy_module
+from lightning_dos.callbacks import DOSMetricsLogger
 from lightning_dos.executor import UpdateExecutor
 from lightning_dos.phase import Phase
 from lightning_dos.planning.plan import Lane, Plan
+from lightning_dos.strategy import overlap_by_default
 from lightning_dos.zero.cpu_adam_nogil import HostAdam
 from lightning_dos.zero.optimizer import InterleavedZeroOptimizer
 
@@ -389,26 +392,67 @@ def test_a_joined_phase_frees_its_device_lane_without_waiting_for_the_garbage_co
 
 
 # ---------------------------------------------------------------------- bad input and defaults
-def test_overlap_must_be_a_bool() -> None:
-    with pytest.raises(ValueError, match="overlap: 'yes'"):
+def test_overlap_must_be_auto_or_a_bool() -> None:
+    with pytest.raises(ValueError, match="overlap: 'yes' is not 'auto', true or false; set overlap: auto"):
         DeepOptimizerStatesStrategy(overlap="yes")  # type: ignore[arg-type]
+    assert DeepOptimizerStatesStrategy().overlap == "auto"
 
 
 def test_overlap_on_several_ranks_is_one_clear_error() -> None:
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=DeepOptimizerStatesStrategy(overlap=True),
                          logger=False)
-    with pytest.raises(MisconfigurationException, match="overlap: runs on one rank only .* has 2; set overlap: false"):
+    with pytest.raises(MisconfigurationException,
+                       match="overlap: runs on one rank only .* has 2; set overlap: auto or false"):
         trainer.strategy.setup_environment()
+
+
+def test_auto_turns_overlap_on_with_one_cuda_rank_only() -> None:
+    assert overlap_by_default(1, "cuda")
+    assert not overlap_by_default(2, "cuda")  # several ranks: serial, no error
+    assert not overlap_by_default(1, "cpu")  # the host stands in for the device: the same cores would run both
+
+
+def test_auto_runs_serially_on_a_cpu_and_says_so_nowhere() -> None:
+    run = train("host", steps=2, clip=CLIP, strategy=make_strategy("host", overlap="auto"))
+    assert run.strategy.overlapped is False and run.strategy.manager.overlap is False
+    assert "overlaps the next forward" not in run.strategy.manager.describe()
+    assert "timers" not in run.strategy.config
+
+
+def test_auto_where_overlap_is_on_overlaps_exactly_and_logs_every_phase(monkeypatch: pytest.MonkeyPatch,
+                                                                        vanilla: Any) -> None:
+    """The default's path as one CUDA rank takes it (the decision forced on here): overlapped, tracking vanilla,
+    bit-identical to serial, the throughput timer unsynchronised, the start-up line saying so, and every phase's
+    record logged, the last one at the end of training although it is joined only then."""
+    monkeypatch.setattr(strategy_module, "overlap_by_default", lambda world_size, device_type: True)
+    logger = DOSMetricsLogger(timeline_every_n=0)
+    run = train(0.5, steps=6, clip=CLIP, strategy=make_strategy(0.5, overlap="auto"), every_step=logger)
+    strategy = run.strategy
+    assert strategy.overlapped is True and strategy.manager.overlap is True
+    assert "each update phase overlaps the next forward" in strategy.manager.describe()
+    assert strategy.config["timers"] == {"throughput": {"synchronized": False}}
+    assert_tracks(run, vanilla, TOL)
+    _assert_identical(run, train(0.5, steps=6, clip=CLIP))
+    assert len(strategy.manager.records) == 6 and logger._logged_phases == 6
+
+
+def test_auto_without_the_interleaved_update_runs_serially_without_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(strategy_module, "overlap_by_default", lambda world_size, device_type: True)
+    monkeypatch.setattr(InterleavedZeroOptimizer, "_dos_supported", lambda self: False)
+    run = train("host", steps=2, strategy=make_strategy("host", overlap="auto"))
+    assert run.strategy.overlapped is False and run.strategy.manager.overlap is False
 
 
 def test_overlap_without_the_interleaved_update_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(InterleavedZeroOptimizer, "_dos_supported", lambda self: False)
-    with pytest.raises(MisconfigurationException, match="overlap: needs the interleaved update.*set overlap: false"):
+    with pytest.raises(MisconfigurationException,
+                       match="overlap: needs the interleaved update.*set overlap: auto or false"):
         train("host", steps=1, strategy=_overlap("host"))
 
 
 def test_the_throughput_timer_stops_synchronising_only_with_overlap() -> None:
-    assert "timers" not in DeepOptimizerStatesStrategy().config
+    assert "timers" not in DeepOptimizerStatesStrategy().config  # auto decides in setup_environment
+    assert "timers" not in DeepOptimizerStatesStrategy(overlap=False).config
     assert DeepOptimizerStatesStrategy(overlap=True).config["timers"] == {"throughput": {"synchronized": False}}
     config = DeepOptimizerStatesStrategy().config
     config["timers"] = {"throughput": {"synchronized": True}}

@@ -74,6 +74,10 @@ def test_recipe_trains_on_a_gpu(recipe: Path, tmp_path: Path) -> None:
         assert finite(series(rows, "val/loss")), "validation did not run on the GPU"
     assert finite(series(rows, "dos/update_ms"))
     assert finite(series(rows, "dos/free_device_gib"))  # logged only when the device lane runs on CUDA
+    # overlap's default on one GPU: said at start-up, and every phase logged (the last one joined at the end)
+    assert "each update phase overlaps the next forward" in result.stdout + result.stderr
+    if not FULL:
+        assert len(series(rows, "dos/update_ms")) == STEPS
 
 def test_gpt2_124m_resumes_from_last_on_a_gpu(tmp_path: Path) -> None:
     recipe = ROOT / "recipes" / "gpt2-124m.yaml"
