@@ -8,7 +8,9 @@ and the same plan without overlap, in the same process.
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -80,12 +82,15 @@ def test_a_delayed_host_lane_on_real_streams(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_the_throughput_timer_no_longer_synchronises_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
     """DeepSpeed's throughput timer synchronises the device at every forward and step by default (it would wait for
-    the update the forward overlaps); with overlap the strategy turns that off."""
+    the update the forward overlaps); with overlap the strategy turns that off. Only the timer's calls are counted:
+    others (an engine's teardown, measured once in a run's window) are not the forward's."""
     calls = {"n": 0}
     synchronize = torch.cuda.synchronize
 
     def counting(*args: object, **kwargs: object) -> None:
-        calls["n"] += 1
+        if any(frame.filename.endswith(os.path.join("deepspeed", "utils", "timer.py"))
+               for frame in traceback.extract_stack()):
+            calls["n"] += 1
         synchronize(*args, **kwargs)
 
     monkeypatch.setattr(torch.cuda, "synchronize", counting)
@@ -94,4 +99,4 @@ def test_the_throughput_timer_no_longer_synchronises_the_device(monkeypatch: pyt
     calls["n"] = 0
     train(0.5, steps=20, clip=CLIP, accelerator="cuda", strategy=_overlap(0.5))
     assert without >= 2 * 18  # start and stop of every step from the third on
-    assert calls["n"] <= without - 2 * 18
+    assert calls["n"] == 0
