@@ -75,12 +75,14 @@ class BenchConfig:
     plans: list[str] = field(default_factory=lambda: list(DEFAULT_PLANS))
     """DOS plans: ``auto`` plus any fixed plans (host, device, a fraction, stride:K, or lanes joined by commas)."""
     overlap: list[bool] = field(default_factory=lambda: [False])
-    """DOS runs with the update phase overlapped with the next forward (True), without (False), or both, in order."""
+    """DOS runs with the update phase overlapped with the next forward (True), without (False), or both, in order.
+    Explicit either way (the strategy's own default, ``"auto"``, is True at one device): only a serial row's phases
+    hold the whole update."""
     leaf_blocks: list[bool] = field(default_factory=lambda: [True])
-    resident_gib: list[float] = field(default_factory=lambda: [0.0])
-    """DOS runs with this many GiB of device memory for resident subgroups (``resident_gib``), one row each; 0: none."""
     """DOS runs with ZeRO-3 hooking each transformer block once (True, the strategy's default on one device), every
     layer (False), or both, in order."""
+    resident_gib: list[float] = field(default_factory=lambda: [0.0])
+    """DOS runs with this many GiB of device memory for resident subgroups (``resident_gib``), one row each; 0: none."""
     data: str = "synthetic"
     """Token source: ``synthetic`` (deterministic random tokens) or ``text`` (a tokenised corpus)."""
     data_paths: list[str] | None = None
