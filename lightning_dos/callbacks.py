@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 import lightning.pytorch as pl
@@ -244,6 +244,21 @@ class DOSMetricsLogger(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        self._log_new_phase(trainer, lambda metrics: pl_module.log_dict(metrics, on_step=True, on_epoch=False,
+                                                                         batch_size=1))
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """With ``overlap`` each phase is recorded when the next step joins it, so the last one is joined and
+        recorded only now: log it (the loop's logging is over, so straight to the loggers, a step after the last)."""
+        wait = getattr(trainer.strategy, "wait_for_update", None)
+        if callable(wait):
+            wait()
+        self._log_new_phase(trainer, trainer._logger_connector.log_metrics)
+
+    def _log_new_phase(self, trainer: pl.Trainer, log: Callable[[dict[str, float]], Any]) -> None:
+        """Log the manager's last record through ``log`` if an update phase was recorded since the last call, and
+        its media; nothing under a strategy without a manager."""
         manager = getattr(trainer.strategy, "manager", None)
         metrics_fn = getattr(manager, "metrics", None)
         if not callable(metrics_fn):
@@ -255,26 +270,7 @@ class DOSMetricsLogger(Callback):
             self._logged_phases = len(records)
         metrics = {key: float(value) for key, value in (metrics_fn() or {}).items()}
         if metrics:
-            pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
-        if records and getattr(trainer, "is_global_zero", True):
-            self._log_media(trainer, manager, records)
-
-    @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """With ``overlap`` each phase is recorded when the next step joins it, so the last one is joined and
-        recorded only now: log it (the loop's logging is over, so straight to the loggers, a step after the last)."""
-        wait = getattr(trainer.strategy, "wait_for_update", None)
-        if callable(wait):
-            wait()
-        manager = getattr(trainer.strategy, "manager", None)
-        metrics_fn = getattr(manager, "metrics", None)
-        records = getattr(manager, "records", None)
-        if not callable(metrics_fn) or records is None or len(records) == self._logged_phases:
-            return
-        self._logged_phases = len(records)
-        metrics = {key: float(value) for key, value in (metrics_fn() or {}).items()}
-        if metrics:
-            trainer._logger_connector.log_metrics(metrics)
+            log(metrics)
         if records and getattr(trainer, "is_global_zero", True):
             self._log_media(trainer, manager, records)
 
