@@ -94,8 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", default="dos", choices=sorted(STRATEGY_KINDS),
                    help="plain (no ZeRO, everything on the device: the floor), no_offload (ZeRO-3), zero3_offload "
                    "(vanilla optimizer offload) or dos")
-    p.add_argument("--phase", default="backward", choices=sorted(PHASE_WINDOWS),
-                   help="the window timed every iteration and profiled in the last one: forward "
+    p.add_argument("--phase", nargs="+", default=["backward"], choices=sorted(PHASE_WINDOWS),
+                   help="the window(s) timed every iteration and profiled in the last one (several: one profile each, "
+                   "in folders named after them): forward "
                    "(on_train_batch_start -> on_before_backward: forward and loss), backward "
                    "(on_before_backward -> on_after_backward) or step (on_before_optimizer_step -> "
                    "on_train_batch_end: the update phase)")
@@ -121,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-reduce-events", type=int, default=None, metavar="N",
                    help="reduce buckets ZeRO-3 may queue before backward waits for the oldest "
                    "(max_param_reduce_events, DeepSpeed's default 2); not with plain (no ZeRO-3 optimizer)")
+    p.add_argument("--devices", type=int, default=1, metavar="N",
+                   help="data-parallel ranks (one process per device, as Lightning starts them); above 1 each rank "
+                   "writes its own profile under rank<R>/")
+    p.add_argument("--dos", action="append", default=[], metavar="KEY=VALUE",
+                   help="an argument of DeepOptimizerStatesStrategy (JSON value), e.g. leaf_blocks=true, "
+                   "resident_gib=8 or overlap=true; repeatable, dos only")
     p.add_argument("--with-stack", action="store_true", help="record Python stacks (bigger trace; names the "
                    "source line behind each synchronising call)")
     p.add_argument("--rows", type=int, default=40, help="rows of each operator table")
@@ -151,13 +158,13 @@ def bench_config(args: argparse.Namespace) -> tuple[Any, Any]:
     return config, RunSpec(label=label, strategy=kind, plan=plan)
 
 
-def zero_overrides(pairs: list[str]) -> dict[str, Any]:
+def zero_overrides(pairs: list[str], flag: str = "--zero") -> dict[str, Any]:
     """``KEY=VALUE`` flags as a dict; values parsed as JSON (``5e8``, ``false``), whole floats made ints."""
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")
         if not sep or not key:
-            raise SystemExit(f"--zero: {pair!r} is not KEY=VALUE, e.g. reduce_bucket_size=5e8")
+            raise SystemExit(f"{flag}: {pair!r} is not KEY=VALUE, e.g. reduce_bucket_size=5e8")
         try:
             value = json.loads(text)
         except json.JSONDecodeError:
@@ -415,7 +422,9 @@ def print_summary(summary: dict[str, Any]) -> None:
     """A short table on stdout."""
     a, phase = summary["analysis"], summary["phase"]
     lines = [
-        f"{phase} profile: {summary['label']} on {summary['device']} ({summary['model']}, "
+        f"{phase} profile: {summary['label']} on {summary['device']}"
+        + (f" (rank {summary['rank']} of {summary['devices']})" if summary.get("devices", 1) > 1 else "")
+        + f" ({summary['model']}, "
         f"{summary['param_tensors']} parameter tensors)",
         f"  {phase + ' (profiled)':<34}{summary['phase_ms']:>10.1f} ms",
         f"  {phase + ' (earlier, median)':<34}{_fmt_ms(summary['phase_ms_unprofiled_median'])}",
@@ -437,18 +446,23 @@ def _fmt_ms(value: float | None) -> str:
 
 # ---------------------------------------------------------------------------------------------- run
 def main(argv: list[str] | None = None) -> int:
-    """Train, profile the last iteration's phase, write the files and print the summary; 0 on success."""
+    """Train, profile the last iteration's phase(s), write the files and print the summaries; 0 on success."""
     args = build_parser().parse_args(argv)
     if args.steps < 1:
         raise SystemExit("--steps: profile at least one iteration")
+    if args.devices < 1:
+        raise SystemExit(f"--devices: {args.devices}; set 1 or more")
     if args.strategy == "plain" and args.max_reduce_events is not None:
         raise SystemExit("--max-reduce-events: plain has no ZeRO-3 optimizer; use it with no_offload, zero3_offload "
                          "or dos")
     if args.strategy == "plain" and args.zero:
         raise SystemExit("--zero: plain has no DeepSpeed config; use it with no_offload, zero3_offload or dos")
+    if args.strategy != "dos" and args.dos:
+        raise SystemExit("--dos: only the dos strategy takes DeepOptimizerStatesStrategy arguments")
+    phases = [name for name in PHASE_WINDOWS if name in args.phase]  # one profiler each, in the iteration's order
     config, spec = bench_config(args)
+    dos_kwargs = zero_overrides(args.dos, flag="--dos")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
 
     import lightning.pytorch as pl
     import torch
@@ -459,54 +473,72 @@ def main(argv: list[str] | None = None) -> int:
 
     overrides = zero_overrides(args.zero)
     pl.seed_everything(config.seed, verbose=False)
-    strategy = build_strategy(config, spec)
+    strategy = build_strategy(config, spec) if not dos_kwargs else _dos_strategy(config, spec, dos_kwargs)
     if overrides:  # never under plain (refused above): it has no DeepSpeed config
         strategy.config["zero_optimization"].update(overrides)
     module = build_module(config)
     data = build_data(config, module.config.vocab_size)
-    profiler = _phase_profiler_class()(phase=args.phase, profile_at=config.steps, with_stack=args.with_stack,
-                                       max_reduce_events=args.max_reduce_events)
+    cls = _phase_profiler_class()
+    profilers = [cls(phase=phase, profile_at=config.steps, with_stack=args.with_stack,
+                     max_reduce_events=args.max_reduce_events if k == 0 else None) for k, phase in enumerate(phases)]
     trainer = pl.Trainer(
-        accelerator=config.accelerator, devices=1, strategy=strategy, precision=config.precision,
+        accelerator=config.accelerator, devices=args.devices, strategy=strategy, precision=config.precision,
         max_steps=config.steps, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[profiler], default_root_dir=str(out),
+        callbacks=profilers, default_root_dir=str(out),
     )
     trainer.fit(module, datamodule=data)
-    if profiler.prof is None or profiler.profiled_ms is None:
-        raise SystemExit(f"the {args.phase} of iteration {config.steps} never ran ({profiler.calls} {args.phase} "
-                         "windows opened)")
-
+    rank_out = out / f"rank{trainer.global_rank}" if args.devices > 1 else out
     device = trainer.strategy.root_device
     on_cuda = device.type == "cuda"
-    files = write_tables(profiler.prof, out, args.rows, on_cuda)
-    files.append(write_trace(profiler.prof, out))
-    earlier = sorted(profiler.phase_ms)
-    summary = {
-        "label": spec.label,
-        "strategy": spec.strategy,
-        "plan": spec.plan,
-        "model": config.model,
-        "device": str(torch.cuda.get_device_name(device)) if on_cuda else "cpu",
-        "torch": torch.__version__,
-        "config": config.to_dict(),
-        "zero_overrides": overrides,
-        "max_reduce_events": args.max_reduce_events,
-        "zero_optimization": (getattr(trainer.strategy, "config", None) or {}).get("zero_optimization"),
-        "zero3_in_effect": zero3_settings(getattr(trainer.strategy.model, "optimizer", None)),
-        "param_tensors": sum(1 for p in module.parameters() if p.requires_grad),
-        "phase": args.phase,
-        "window": " -> ".join(PHASE_WINDOWS[args.phase]),
-        "phase_ms": profiler.profiled_ms,
-        "phase_ms_unprofiled": profiler.phase_ms,
-        "phase_ms_unprofiled_median": earlier[len(earlier) // 2] if earlier else None,
-        "analysis": analyse(profiler.prof.events(), profiler.profiled_ms),
-        "out": str(out),
-        "files": ["summary.json", *files],
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
-    print_summary(summary)
+    for profiler in profilers:
+        if profiler.prof is None or profiler.profiled_ms is None:
+            raise SystemExit(f"the {profiler.phase} of iteration {config.steps} never ran ({profiler.calls} "
+                             f"{profiler.phase} windows opened)")
+        dest = rank_out / profiler.phase if len(phases) > 1 else rank_out
+        dest.mkdir(parents=True, exist_ok=True)
+        files = write_tables(profiler.prof, dest, args.rows, on_cuda)
+        files.append(write_trace(profiler.prof, dest))
+        earlier = sorted(profiler.phase_ms)
+        summary = {
+            "label": spec.label,
+            "strategy": spec.strategy,
+            "plan": spec.plan,
+            "dos_arguments": dos_kwargs,
+            "model": config.model,
+            "device": str(torch.cuda.get_device_name(device)) if on_cuda else "cpu",
+            "devices": args.devices,
+            "rank": trainer.global_rank,
+            "torch": torch.__version__,
+            "config": config.to_dict(),
+            "zero_overrides": overrides,
+            "max_reduce_events": args.max_reduce_events,
+            "zero_optimization": (getattr(trainer.strategy, "config", None) or {}).get("zero_optimization"),
+            "zero3_in_effect": zero3_settings(getattr(trainer.strategy.model, "optimizer", None)),
+            "param_tensors": sum(1 for p in module.parameters() if p.requires_grad),
+            "phase": profiler.phase,
+            "window": " -> ".join(PHASE_WINDOWS[profiler.phase]),
+            "phase_ms": profiler.profiled_ms,
+            "phase_ms_unprofiled": profiler.phase_ms,
+            "phase_ms_unprofiled_median": earlier[len(earlier) // 2] if earlier else None,
+            "analysis": analyse(profiler.prof.events(), profiler.profiled_ms),
+            "out": str(dest),
+            "files": ["summary.json", *files],
+        }
+        (dest / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+        print_summary(summary)
     return 0
+
+
+def _dos_strategy(config: Any, spec: Any, kwargs: dict[str, Any]) -> Any:
+    """The bench's DOS strategy with ``--dos`` arguments on top (they win over the bench's)."""
+    from lightning_dos import DeepOptimizerStatesStrategy
+    from lightning_dos.bench.strategies import plan_argument
+
+    base = {"plan": plan_argument(str(spec.plan)), "sub_group_size": config.sub_group_size,
+            "memory_budget_gib": config.memory_budget_gib, "pin_memory": config.pin_memory, "overlap": False,
+            "leaf_blocks": "auto", "resident_gib": 0.0}
+    return DeepOptimizerStatesStrategy(**{**base, **kwargs})
 
 
 if __name__ == "__main__":
