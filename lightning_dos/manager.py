@@ -27,6 +27,7 @@ from lightning_dos.planning.calibration import Calibrator, StepMeasurement, prob
 from lightning_dos.planning.perf_model import CostParams, device_memory_bytes, predicted_makespan_s
 from lightning_dos.planning.plan import Lane, Plan, PlanSpec, parse_plan, resolve_plan
 from lightning_dos.planning.planner import best_plan, demote_to_fit, kept_grads, rank_plans, resident_subgroups
+from lightning_dos.planning.residency import DeviceMemory, Residency, choose_residents, residents_to_release
 from lightning_dos.planning.trials import TRIAL_SOURCE, PlanTrials, TrialVerdict
 from lightning_dos.resident import RESIDENT_BYTES_PER_PARAM, ResidentState
 
@@ -105,7 +106,7 @@ class OptimizerStateManager:
         cost_overrides: dict[str, float] | None = None,
         device_gradients: bool = True,
         overlap: bool = False,
-        resident_gib: float = 0.0,
+        resident_gib: float | str = 0.0,
     ) -> None:
         self.optimizer = optimizer
         self.spec = plan
@@ -126,10 +127,16 @@ class OptimizerStateManager:
         #: whether update phases run beside the next forward (only where the interleaved update runs)
         self.overlap = overlap and self.active
         sizes = list(optimizer.subgroup_sizes())
+        #: ``resident_gib="auto"``: the resident subgroups are chosen at the first dispatch, from the measured peak
+        self.resident_auto = resident_gib == "auto"
+        #: ``auto``'s decision and the reading behind it (None until it is made, or without ``auto``)
+        self.residency: Residency | None = None
+        #: residents given back under memory pressure since the start (``auto``)
+        self.released: tuple[int, ...] = ()
         #: subgroups whose state stays on the device (``resident_gib``); the planner weighs them as empty
         self.resident: tuple[int, ...] = ()
-        if self.active and resident_gib > 0:
-            self.resident = resident_subgroups(sizes, int(resident_gib * GIB), RESIDENT_BYTES_PER_PARAM)
+        if self.active and not self.resident_auto and float(resident_gib) > 0:
+            self.resident = resident_subgroups(sizes, int(float(resident_gib) * GIB), RESIDENT_BYTES_PER_PARAM)
         self.subgroup_sizes = sizes
         self.sizes = [0 if i in self.resident else n for i, n in enumerate(sizes)]  # what the planner weighs
         self._probes: tuple[Plan, ...] = ()
@@ -139,12 +146,13 @@ class OptimizerStateManager:
             self.base_plan = self._probes[0]
         else:
             self.base_plan = self._resolve(self.spec)
+        #: the plan resolved from an explicit ``plan`` (re-resolved when the residents change, unless replaced)
+        self._spec_plan: Plan | None = None if self.spec.kind == "auto" else self.base_plan
         self.executor = UpdateExecutor(self.device)
         if self.active:  # a fixed device footprint (the host lane's upload ring), allocated before any plan runs
             self.executor.reserve_upload_buffers(max(self.sizes, default=1))
         if self.resident:  # likewise the resident copies; the seam keeps the host homes current for its readers
-            self.executor.resident = ResidentState(self.resident, sizes, self.device)
-            optimizer.resident_state = self.executor.resident
+            self._attach_resident(ResidentState(self.resident, sizes, self.device))
         self.records: list[StepRecord] = []
         # plan, free, demoted, early prefetches, (device order, host order) it runs in
         self._pending: tuple[Plan, int | None, tuple[int, ...], int, tuple[tuple[int, ...], tuple[int, ...]]] | None
@@ -166,6 +174,15 @@ class OptimizerStateManager:
         """The cost parameters in force (starting values, user overrides, then what calibration learnt)."""
         return self.calibrator.params
 
+    @property
+    def lane_budget_bytes(self) -> int | None:
+        """What ``memory_budget_gib`` leaves the device lane: the budget less the resident subgroups' state (None: no
+        budget)."""
+        if self.memory_budget_bytes is None:
+            return None
+        resident = RESIDENT_BYTES_PER_PARAM * sum(self.subgroup_sizes[i] for i in self.resident)
+        return max(0, self.memory_budget_bytes - resident)
+
     def _all_grads(self) -> frozenset[int]:
         """For planning: every device-lane subgroup would keep its gradient on the device (if they may)."""
         return frozenset(range(len(self.sizes))) if self.device_gradients else frozenset()
@@ -173,7 +190,7 @@ class OptimizerStateManager:
     def _resolve(self, spec: PlanSpec) -> Plan:
         if spec.kind == "auto":
             return best_plan(
-                self.sizes, self.cost, self.memory_budget_bytes, max_buffers=self.buffers or AUTO_MAX_BUFFERS,
+                self.sizes, self.cost, self.lane_budget_bytes, max_buffers=self.buffers or AUTO_MAX_BUFFERS,
                 grads_on_device=self._all_grads(),
             )
         return resolve_plan(spec, self.sizes, buffers=self.buffers or DEFAULT_BUFFERS)
@@ -225,7 +242,7 @@ class OptimizerStateManager:
         calibration learnt and how far ``auto`` has come (probe done, trials had), so a resumed run plans on from
         there instead of probing again. Records stay behind (they are telemetry, already logged)."""
         self.join()
-        return {"version": PLAN_STATE_VERSION, "plan": self.spec.source, "sizes": list(self.sizes),
+        return {"version": PLAN_STATE_VERSION, "plan": self.spec.source, "sizes": list(self.subgroup_sizes),
                 "base_plan": self.base_plan.to_json(), "calibrator": self.calibrator.state_dict(),
                 "auto_steps": self._auto_steps, "replan_checked": self._replan_checked,
                 "trials": self.trials.state_dict()}
@@ -236,11 +253,12 @@ class OptimizerStateManager:
         ``sub_group_size`` or model), or another format; the run then plans as a new one would."""
         self.join()
         if (state.get("version") != PLAN_STATE_VERSION or state.get("plan") != self.spec.source
-                or list(state.get("sizes", ())) != list(self.sizes)):
+                or list(state.get("sizes", ())) != list(self.subgroup_sizes)):
             log.warning("deep_optimizer_states: the checkpoint's plan state (plan %r, %d subgroups of %s parameters) "
                         "is not this run's (plan %r, %d subgroups of %s: another plan, world size or sub_group_size); "
                         "planning starts afresh", state.get("plan"), len(state.get("sizes", ())),
-                        f"{sum(state.get('sizes', ())):,}", self.spec.source, len(self.sizes), f"{sum(self.sizes):,}")
+                        f"{sum(state.get('sizes', ())):,}", self.spec.source, len(self.subgroup_sizes),
+                        f"{sum(self.subgroup_sizes):,}")
             return False
         calibrator = Calibrator(self._start_cost, overrides=self._cost_overrides)
         calibrator.load_state_dict(state["calibrator"])
@@ -278,7 +296,7 @@ class OptimizerStateManager:
         Up to ``b73d0c1`` a plan whose slots did not fit kept none (``grads_for`` gave None), so a named plan that
         ran demoted sent every gradient to the host while the planner weighed it with its gradients kept.
         """
-        budget = self.memory_budget_bytes if self.device.type == "cuda" else None
+        budget = self.lane_budget_bytes if self.device.type == "cuda" else None
         return kept_grads(plan, self.sizes, self.cost, budget, self._all_grads())
 
     def free_device_bytes(self) -> int | None:
@@ -289,6 +307,75 @@ class OptimizerStateManager:
         # memory cached by the allocator but unused is free for us too
         cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
         return int(free + cached)
+
+    def device_memory(self) -> DeviceMemory | None:
+        """The device's memory now, with the allocator's peak so far (None: the host stands in, nothing to measure)."""
+        if self.device.type != "cuda":
+            return None
+        free, total = torch.cuda.mem_get_info(self.device)
+        reserved = torch.cuda.memory_reserved(self.device)
+        return DeviceMemory(total=int(total), peak=int(torch.cuda.max_memory_allocated(self.device)),
+                            other=max(0, int(total - free - reserved)))
+
+    def _place_residents(self) -> bool:
+        """``resident_gib="auto"``, at a dispatch: at the first one, keep resident every subgroup that fits beside the
+        peak the first forward and backward measured (:func:`~lightning_dos.planning.residency.choose_residents`);
+        at later ones, give residents back, newest first, when something else has taken more than half the headroom
+        (:func:`~lightning_dos.planning.residency.residents_to_release`). Given back, a subgroup's state goes to its
+        host home and the planner weighs it again; it is not taken back later in the run. Returns whether the
+        residents changed."""
+        if self.residency is None:
+            self.residency = choose_residents(self.subgroup_sizes, self.device_memory(),
+                                              self.optimizer.device_grad_bytes_per_param(), self.memory_budget_bytes)
+            log.info("deep_optimizer_states: %s", self.residency.describe(len(self.subgroup_sizes)))
+            if self.residency.ids:
+                self._set_resident(self.residency.ids)
+            return bool(self.residency.ids)
+        memory = self.residency.memory
+        free = self.free_device_bytes()
+        if not self.resident or memory is None or free is None or free >= memory.headroom // 2:
+            return False
+        released = residents_to_release(self.resident, self.subgroup_sizes, free, memory.headroom)
+        log.warning("deep_optimizer_states: %.2f GiB free on the device (under half the %.2f GiB headroom): subgroups "
+                    "%s given back to the host", free / GIB, memory.headroom / GIB, ", ".join(map(str, released)))
+        self.released += released
+        self._set_resident(tuple(i for i in self.resident if i not in released))
+        return True
+
+    def _attach_resident(self, state: ResidentState | None) -> None:
+        """The executor updates ``state``'s subgroups in neither lane, and the seam keeps their homes current."""
+        self.executor.resident = state
+        self.optimizer.resident_state = state
+
+    def _set_resident(self, ids: tuple[int, ...]) -> None:
+        """Keep exactly ``ids`` resident from this dispatch on (no phase in flight): new residents load their state
+        from the homes at their first update, released ones write theirs back to the homes now; then the plan is
+        made again for the subgroups left to the lanes (``auto``: its probe from the start if it has not run yet,
+        else the planner's choice with the calibration so far)."""
+        self.join()
+        kept = tuple(sorted(ids))
+        old = self.executor.resident
+        if old is not None:  # shrinking keeps the other copies as they are; anything else starts from the homes
+            old.release([i for i in old.ids if i not in kept] if set(kept) <= set(old.ids) else old.ids,
+                        self.optimizer.state_homes)
+        state = old if old is not None and kept and old.ids == kept else None
+        if kept and state is None:
+            state = ResidentState(kept, self.subgroup_sizes, self.device)
+        self._attach_resident(state)
+        self.resident = kept
+        self.sizes = [0 if i in kept else n for i, n in enumerate(self.subgroup_sizes)]
+        if self.spec.kind == "auto" and self._auto_steps < PROBE_STEPS:
+            self._probes = probe_plans(self.sizes, buffers=self.buffers or DEFAULT_BUFFERS)
+            self.base_plan = self._probes[self._auto_steps]
+            self._plan_gradients()
+        elif self.spec.kind == "auto":
+            plan = self._resolve(self.spec)
+            self.set_plan(plan)
+            self._replan_checked = self._auto_steps
+            self.trials.start(plan)
+        elif self.base_plan is self._spec_plan:  # a plan set from outside (set_plan) is left as it is
+            self.set_plan(self._resolve(self.spec))
+            self._spec_plan = self.base_plan
 
     def dispatch(self) -> Plan:
         """Finalise this step's plan: fit the device lane into the memory free now and within the budget, and issue
@@ -301,9 +388,11 @@ class OptimizerStateManager:
         first reads the subgroups (``forward_order``), so the next forward waits for as little as it can."""
         placed = self._grads_plan
         self.join()
+        if self.active and self.resident_auto and self._place_residents():
+            placed = self.base_plan  # the residents changed: the plan made for them runs now, with or without overlap
         plan = placed if self.overlap else self.base_plan
         free = self.free_device_bytes()
-        limit = self.memory_budget_bytes
+        limit = self.lane_budget_bytes
         if free is not None:
             usable = max(0, free - SAFETY_MARGIN_BYTES)
             limit = usable if limit is None else min(limit, usable)
@@ -457,7 +546,7 @@ class OptimizerStateManager:
     def _ranked(self) -> list[tuple[Plan, float]]:
         """``auto``'s candidates within the budget with their predicted makespans, best first."""
         return [(plan, prediction.makespan_s) for plan, prediction in rank_plans(
-            self.sizes, self.cost, self.memory_budget_bytes, max_buffers=self.buffers or AUTO_MAX_BUFFERS,
+            self.sizes, self.cost, self.lane_budget_bytes, max_buffers=self.buffers or AUTO_MAX_BUFFERS,
             grads_on_device=self._all_grads())]
 
     def _start_trial(self, record: StepRecord) -> None:
@@ -527,6 +616,7 @@ class OptimizerStateManager:
             "dos/prefetched_ahead": float(t.prefetched_ahead),
             "dos/dispatch_lead_ms": t.lead_s * 1e3,
             "dos/resident_subgroups": float(len(self.resident)),
+            "dos/resident_gib": RESIDENT_BYTES_PER_PARAM * sum(self.subgroup_sizes[i] for i in self.resident) / GIB,
         }
         if t.host_compute_s > 0:
             out["dos/cpu_adam_gparam_s"] = t.host_params / t.host_compute_s / 1e9

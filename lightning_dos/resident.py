@@ -80,6 +80,24 @@ class ResidentState:
                 home.reshape(-1).copy_(row)
         self.dirty = False
 
+    @torch.no_grad()
+    def release(self, ids: Sequence[int], homes: Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+                ) -> None:
+        """Give subgroups ``ids`` back to the host: their device copies written into their homes (``homes(i)``) if
+        newer, then freed; the others stay. Blocking; call it with no update phase in flight."""
+        ids = [i for i in ids if i in self.blocks]
+        if not ids:
+            return
+        for i in ids:
+            if self.dirty:
+                for home, row in zip(homes(i), self.blocks[i]):
+                    home.reshape(-1).copy_(row)
+            del self.blocks[i]
+        self.ids = tuple(i for i in self.ids if i in self.blocks)
+        if not self.ids:
+            self._scratch = None
+            self.loaded = self.dirty = False
+
     def invalidate(self) -> None:
         """The homes were written: the next update phase loads the device copies from them again."""
         self.loaded = self.dirty = False

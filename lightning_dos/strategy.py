@@ -66,14 +66,18 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             gives one lane per subgroup.
         sub_group_size: parameters per subgroup (ZeRO-3 never splits a tensor, so subgroups are about this
             size). ``"auto"`` picks ``min(1e8, partition / 16)`` from the model once it is built.
-        memory_budget_gib: most accelerator memory the device lane may use during the update phase
-            (``None``: whatever is free, minus a safety margin).
-        resident_gib: accelerator memory in which to keep optimizer-state subgroups for the whole run (0, the
-            default: none). The subgroups that fit, in id order, at 12 bytes per parameter (fp32 master and both
+        memory_budget_gib: most accelerator memory DOS may keep for the optimizer state: the resident subgroups and
+            the device lane's buffers and kept gradients (``None``: whatever is free beside the training, less a
+            headroom and a safety margin).
+        resident_gib: accelerator memory in which to keep optimizer-state subgroups for the whole run. ``"auto"``
+            (the default): after the first forward and backward, as many subgroups as fit beside the measured peak, a
+            headroom (8% of the device, at least 2 GiB), every gradient kept on the device and two device-lane slots,
+            within ``memory_budget_gib``; given back to the host, newest first, if something else later takes more
+            than half the headroom (``lightning_dos.planning.residency``). A number: that many GiB, allocated when the
+            engine is built; 0: none. Resident subgroups, in id order at 12 bytes per parameter (fp32 master and both
             moments), are updated on the device by fused Adam and never cross the host-device link; the plan
             balances the others across the two lanes. Their host copies are written before anything reads the
-            optimizer state (a checkpoint save, ``safe_get_*``). Allocated when the engine is built, beside
-            whatever the device lane uses; see ``docs/optimizer-state-manager.md``.
+            optimizer state (a checkpoint save, ``safe_get_*``); see ``docs/optimizer-state-manager.md``.
         buffers: device-lane buffer slots (prefetch depth); ``None`` lets the planner choose.
         cost_overrides: fixed values for performance-model parameters (e.g. ``{"h2d_bytes_per_s": 25e9}``);
             calibration never changes an overridden parameter. See ``docs/performance-model.md``.
@@ -126,7 +130,7 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         plan: Union[str, float, Sequence[str]] = "auto",
         sub_group_size: Union[int, str] = "auto",
         memory_budget_gib: Optional[float] = None,
-        resident_gib: float = 0.0,
+        resident_gib: Union[Literal["auto"], float] = "auto",
         buffers: Optional[int] = None,
         cost_overrides: Optional[dict[str, float]] = None,
         pin_memory: bool = True,
@@ -158,11 +162,17 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         self._auto_sub_group_size = _validate_sub_group_size(sub_group_size)
         if memory_budget_gib is not None and memory_budget_gib < 0:
             raise ValueError(f"memory_budget_gib: {memory_budget_gib} is negative; set a size in GiB >= 0 or null")
-        if isinstance(resident_gib, bool) or not isinstance(resident_gib, (int, float)) \
-                or not 0 <= resident_gib < float("inf"):
-            raise ValueError(f"resident_gib: {resident_gib!r} is not a size; set the GiB of accelerator memory in "
-                             "which to keep optimizer state (a number >= 0; 0 keeps all of it on the host)")
-        self.resident_gib = float(resident_gib)
+        if resident_gib != "auto" and (isinstance(resident_gib, bool) or not isinstance(resident_gib, (int, float))
+                                       or not 0 <= resident_gib < float("inf")):
+            raise ValueError(f"resident_gib: {resident_gib!r} is not a size; set auto (the default: as much as fits "
+                             "beside the training's measured peak), or the GiB of accelerator memory in which to keep "
+                             "optimizer state (a number >= 0; 0 keeps all of it on the host)")
+        if resident_gib != "auto" and memory_budget_gib is not None and resident_gib > memory_budget_gib:
+            raise ValueError(f"resident_gib: {resident_gib} GiB is more than memory_budget_gib ({memory_budget_gib} "
+                             "GiB), which covers the resident subgroups too; set resident_gib <= memory_budget_gib, "
+                             "or resident_gib: auto")
+        #: GiB for resident subgroups, or ``"auto"``
+        self.resident_gib: Union[Literal["auto"], float] = "auto" if resident_gib == "auto" else float(resident_gib)
         if buffers is not None and buffers < 1:
             raise ValueError(
                 f"buffers: {buffers} is not a number of device-lane buffer slots; "
@@ -250,10 +260,6 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
 
     @override
     def setup_environment(self) -> None:
-        if self.overlap is True and self.world_size > 1:  # before any process group is set up
-            raise MisconfigurationException(
-                f"overlap: runs on one rank only so far, and this run has {self.world_size}; set overlap: auto or "
-                "false (or train on one device)")
         super().setup_environment()
         if self.overlap == "auto":
             self.overlapped = overlap_by_default(self.world_size, self.root_device.type)
@@ -273,19 +279,19 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         zero = self.config["zero_optimization"]
         if self._auto_sub_group_size:
             zero["sub_group_size"] = auto_sub_group_size(_partition_numel(model, self.world_size))
-        if "leaf_module" not in zero and (self.leaf_blocks is True or (self.leaf_blocks == "auto"
-                                                                       and self.world_size == 1)):
+        user_persistence = next((zero[key] for key in _PERSISTENCE_KEYS if key in zero), None)
+        if user_persistence is None:  # else the user's DeepSpeed config decides
+            free = _free_device_bytes(self.root_device)
+            self.persistence_threshold = persistence_threshold(
+                self.param_persistence, self.world_size, _model_bytes(model, self.precision_plugin.precision), free)
+            if self.persistence_threshold is not None:
+                zero["stage3_param_persistence_threshold"] = self.persistence_threshold
+        persist_all = (self.persistence_threshold if user_persistence is None else user_persistence) == PERSIST_ALL
+        if "leaf_module" not in zero and leaf_blocks_on(self.leaf_blocks, self.world_size, persist_all):
             from lightning_dos.zero.leaf_blocks import mark_leaf_blocks
 
             self.leaf_block_names = mark_leaf_blocks(model)
-        if any(key in zero for key in _PERSISTENCE_KEYS):
-            return  # the user's DeepSpeed config decides
-        free = _free_device_bytes(self.root_device)
-        self.persistence_threshold = persistence_threshold(
-            self.param_persistence, self.world_size, _model_bytes(model, self.precision_plugin.precision), free)
-        if self.persistence_threshold is not None:
-            zero["stage3_param_persistence_threshold"] = self.persistence_threshold
-        if self.persistence_threshold == PERSIST_ALL and "memory_efficient_linear" not in zero:
+        if user_persistence is None and persist_all and "memory_efficient_linear" not in zero:
             from lightning_dos.zero.linear import restore_torch_linear
 
             zero["memory_efficient_linear"] = False  # nothing is released: torch's linear (lightning_dos.zero.linear)
@@ -385,7 +391,11 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         engine = self.model
         if hasattr(engine, "is_gradient_accumulation_boundary") and not engine.is_gradient_accumulation_boundary():
             return
+        decided = self.manager.residency is not None
         self.manager.dispatch()
+        if not decided and self.manager.residency is not None:  # resident_gib="auto" has just chosen
+            rank_zero_info("deep_optimizer_states: " + self.manager.residency.describe(
+                len(self.manager.subgroup_sizes)))
 
 
 class _DispatchCallback(Callback):
@@ -511,11 +521,21 @@ def _complete_user_config(config: dict[str, Any], pin_memory: bool, sub_group_si
 
 
 def overlap_by_default(world_size: int, device_type: str) -> bool:
-    """What ``overlap="auto"`` turns on before the engine is built: one rank on a CUDA device, where overlap was
-    measured faster (docs/benchmarks: runs Z and Z3). Several ranks are not supported yet, and where the host stands in
-    for the device the update and the forward would share the same cores. The engine may still run serially: where
-    the interleaved update does not run (``OptimizerStateManager.overlap``)."""
-    return world_size == 1 and device_type == "cuda"
+    """What ``overlap="auto"`` turns on before the engine is built: training on CUDA devices, at any number of ranks
+    (measured faster on one GPU in docs/benchmarks runs Z and Z3, and on four in docs/multi-node.md). Where the host
+    stands in for the device the update and the forward would share the same cores. The engine may still run
+    serially: where the interleaved update does not run (``OptimizerStateManager.overlap``)."""
+    del world_size  # every rank overlaps its own update: the collectives stay on the training thread, in order
+    return device_type == "cuda"
+
+
+def leaf_blocks_on(setting: Union[str, bool], world_size: int, persist_all: bool) -> bool:
+    """Whether ZeRO-3 hooks the repeated blocks as leaves: ``True``/``False`` as set; ``"auto"``: on one rank, and on
+    several when every 16-bit parameter persists (the per-layer hooks then fetch nothing on any rank, and a block's
+    gradients are reduced together when its backward ends: measured at four GPUs, docs/multi-node.md)."""
+    if isinstance(setting, bool):
+        return setting
+    return world_size == 1 or persist_all
 
 
 def _overlap_config_defaults(config: dict[str, Any]) -> None:

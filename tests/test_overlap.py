@@ -398,18 +398,11 @@ def test_overlap_must_be_auto_or_a_bool() -> None:
     assert DeepOptimizerStatesStrategy().overlap == "auto"
 
 
-def test_overlap_on_several_ranks_is_one_clear_error() -> None:
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=DeepOptimizerStatesStrategy(overlap=True),
-                         logger=False)
-    with pytest.raises(MisconfigurationException,
-                       match="overlap: runs on one rank only .* has 2; set overlap: auto or false"):
-        trainer.strategy.setup_environment()
-
-
-def test_auto_turns_overlap_on_with_one_cuda_rank_only() -> None:
+def test_auto_turns_overlap_on_with_cuda_devices_at_any_rank_count() -> None:
     assert overlap_by_default(1, "cuda")
-    assert not overlap_by_default(2, "cuda")  # several ranks: serial, no error
+    assert overlap_by_default(4, "cuda")  # several ranks overlap too (tests/test_two_ranks.py checks them exact)
     assert not overlap_by_default(1, "cpu")  # the host stands in for the device: the same cores would run both
+    assert not overlap_by_default(2, "cpu")
 
 
 def test_auto_runs_serially_on_a_cpu_and_says_so_nowhere() -> None:

@@ -79,6 +79,31 @@ def test_two_ranks_match_vanilla(tmp_path: Path) -> None:
     assert describe(tmp_path / "resident" / "step=4.ckpt") == "complete"
 
 
+@pytest.mark.slow
+def test_two_ranks_overlapped_with_a_random_plan_every_step_are_serial_bit_for_bit_and_track_vanilla(
+        tmp_path: Path) -> None:
+    """Overlap on two ranks: each rank's update phase runs beside its next forward while the collectives (the
+    persistent parameters' gather, the gradients' reduce-scatter) stay on the training thread. The same random plans
+    serially and overlapped give the same losses, gathered fp32 masters and moments bit for bit, and track vanilla."""
+    vanilla = _run("vanilla", tmp_path / "vanilla")
+    serial = _run("host", tmp_path / "serial", RANDOM_PLAN="11")
+    overlapped = _run("host", tmp_path / "overlapped", RANDOM_PLAN="11", OVERLAP="1")
+    for rank in range(2):
+        assert overlapped[rank]["overlapped"] and not serial[rank]["overlapped"]
+        assert overlapped[rank]["plans"] == serial[rank]["plans"]
+        plans = "".join(serial[rank]["plans"])
+        assert "H" in plans and "D" in plans  # both lanes ran
+        assert overlapped[rank]["losses"] == serial[rank]["losses"]
+        for a, b in zip(overlapped[rank]["losses"], vanilla[rank]["losses"]):
+            assert abs(a - b) <= 1e-5 * abs(b)
+        got = torch.load(tmp_path / "overlapped" / f"masters_rank{rank}.pt")
+        ref = torch.load(tmp_path / "serial" / f"masters_rank{rank}.pt")
+        van = torch.load(tmp_path / "vanilla" / f"masters_rank{rank}.pt")
+        for key in ("full", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(got[key], ref[key]), key
+            assert rel(got[key], van[key]) <= 1e-5, key
+
+
 def _free_port() -> int:
     import socket
 

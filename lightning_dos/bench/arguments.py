@@ -85,6 +85,11 @@ def _on_off(text: str) -> bool:
     return value == "on"
 
 
+def _gib_or_auto(text: str) -> float | str:
+    """``auto`` or a size in GiB."""
+    return "auto" if text.strip().lower() == "auto" else float(text)
+
+
 def _count(text: str) -> int:
     """A positive count that may be written in scientific notation, e.g. ``1e8``."""
     value = float(text)
@@ -156,9 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="DOS with ZeRO-3 hooking each transformer block once (on, the strategy's default on one "
                        "device), every layer (off, rows dos(PLAN,layer-hooks)), or both (on off): one row each "
                        "(default on)")
-    which.add_argument("--resident-gib", dest="resident_gib", nargs="+", type=float, metavar="GIB",
+    which.add_argument("--resident-gib", dest="resident_gib", nargs="+", type=_gib_or_auto, metavar="GIB",
                        help="DOS with this many GiB of GPU memory keeping subgroups' optimizer state resident there "
-                       "(the strategy's resident_gib): one row each, e.g. 0 3.5 (default 0: none)")
+                       "(the strategy's resident_gib): one row each, e.g. auto 0 3.5 (default auto, the strategy's "
+                       "default: as much as fits beside the measured peak; 0: none)")
     which.add_argument("--memory-budget-gib", dest="memory_budget_gib", type=float, metavar="GIB",
                        help="DOS device-lane memory budget in GiB (default: what is free)")
     which.add_argument("--pin-memory", dest="pin_memory", action=argparse.BooleanOptionalAction,

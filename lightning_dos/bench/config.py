@@ -17,7 +17,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Union
 
 from lightning_dos.bench.strategies import DEFAULT_PLANS, DEFAULT_RATIOS, STRATEGIES, plan_argument
 
@@ -81,8 +81,9 @@ class BenchConfig:
     leaf_blocks: list[bool] = field(default_factory=lambda: [True])
     """DOS runs with ZeRO-3 hooking each transformer block once (True, the strategy's default on one device), every
     layer (False), or both, in order."""
-    resident_gib: list[float] = field(default_factory=lambda: [0.0])
-    """DOS runs with this many GiB of device memory for resident subgroups (``resident_gib``), one row each; 0: none."""
+    resident_gib: list[Union[float, str]] = field(default_factory=lambda: ["auto"])
+    """DOS runs with this many GiB of device memory for resident subgroups (``resident_gib``), one row each; 0: none;
+    ``"auto"`` (the strategy's default): as many as fit beside the measured peak."""
     data: str = "synthetic"
     """Token source: ``synthetic`` (deterministic random tokens) or ``text`` (a tokenised corpus)."""
     data_paths: list[str] | None = None
@@ -193,10 +194,10 @@ class BenchConfig:
             problems.append(f"leaf_blocks: {self.leaf_blocks!r} must be a non-empty list of true/false "
                             "(--leaf-blocks on off)")
         if (not isinstance(self.resident_gib, list) or not self.resident_gib
-                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf")
-                           for v in self.resident_gib)):
-            problems.append(f"resident_gib: {self.resident_gib!r} must be a non-empty list of sizes >= 0 in GiB "
-                            "(--resident-gib 0 3.5)")
+                or not all(v == "auto" or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                             and 0 <= v < float("inf")) for v in self.resident_gib)):
+            problems.append(f"resident_gib: {self.resident_gib!r} must be a non-empty list of auto or sizes >= 0 in "
+                            "GiB (--resident-gib auto 0 3.5)")
         if self.data not in DATA_SOURCES:
             problems.append(f"data: {self.data!r}; choose one of {', '.join(DATA_SOURCES)}")
         if not self.timeout_s > 0:

@@ -64,9 +64,9 @@ class RunSpec:
     leaf_blocks: bool = True
     """DOS only: ZeRO-3 hooks each transformer block once (``leaf_blocks="auto"``, the default) or, when False, every
     layer (``leaf_blocks=False``); the label then ends in ``,layer-hooks)``."""
-    resident_gib: float = 0.0
-    """DOS only: GiB of device memory for resident subgroups (``resident_gib``); above 0 the label ends in
-    ``,resident=<GiB>GiB)``."""
+    resident_gib: float | str = "auto"
+    """DOS only: GiB of device memory for resident subgroups (``resident_gib``), or ``"auto"`` (the strategy's
+    default: the label says nothing); a number ends the label in ``,resident=<GiB>GiB)`` (0: ``,resident=0GiB)``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable copy."""
@@ -125,7 +125,7 @@ def dos_rows(config: BenchConfig) -> list[RunSpec]:
     """DOS's configurations: every plan of :func:`dos_plans`, once per ``config.overlap``, ``config.leaf_blocks``
     and ``config.resident_gib`` setting."""
     return [RunSpec(label=f"dos({plan}{OVERLAP_SUFFIX if overlap else ''}{'' if leaf else LAYER_HOOKS_SUFFIX}"
-                          f"{RESIDENT_SUFFIX.format(gib) if gib else ''})",
+                          f"{'' if gib == 'auto' else RESIDENT_SUFFIX.format(gib)})",
                     strategy="deep_optimizer_states", plan=plan, overlap=overlap, leaf_blocks=leaf, resident_gib=gib)
             for plan in dos_plans(config) for overlap in dict.fromkeys(config.overlap)
             for leaf in dict.fromkeys(config.leaf_blocks) for gib in dict.fromkeys(config.resident_gib)]

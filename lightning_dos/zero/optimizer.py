@@ -592,14 +592,15 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         written to their homes (DeepSpeed's own tensors, which its readers read)."""
         self.wait_for_update()
         if self.resident_state is not None:
-            self.resident_state.flush(self._homes)
+            self.resident_state.flush(self.state_homes)
 
     def _state_written(self) -> None:
         """After something wrote the homes: the next update phase loads the resident copies from them again."""
         if self.resident_state is not None:
             self.resident_state.invalidate()
 
-    def _homes(self, sub_group_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def state_homes(self, sub_group_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Subgroup ``sub_group_id``'s host homes: fp32 master, exp_avg, exp_avg_sq (DeepSpeed's own tensors)."""
         master = self.fp32_partitioned_groups_flat[sub_group_id]
         state = self.optimizer.state[master]
         return master, state["exp_avg"], state["exp_avg_sq"]

@@ -2,8 +2,9 @@
 together they save a sharded checkpoint.
 
 Usage: python tests/scripts/two_ranks.py PLAN OUT_DIR [CKPT]   (PLAN "vanilla" for ZeRO-3 offload, else a DOS plan;
-CKPT: a checkpoint to resume from; RESIDENT_GIB=G in the environment: the DOS run keeps G GiB of each rank's
-subgroups on the device, ``resident_gib``)
+CKPT: a checkpoint to resume from; in the environment, RESIDENT_GIB=G: the DOS run keeps G GiB of each rank's
+subgroups on the device, ``resident_gib``; OVERLAP=1: each update phase overlaps the next forward; RANDOM_PLAN=S: a
+random plan every step, drawn from seed S, the same on both ranks)
 Lightning re-runs this script for rank 1, as it does for any multi-process CPU run. With TWO_NODES=1 and NODE_RANK,
 LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, as a cluster launcher sets them, it is one of two
 single-rank nodes.
@@ -20,7 +21,7 @@ import lightning.pytorch as pl
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from parity import LossRecorder, TinyLM, make_strategy, token_loader  # noqa: E402
+from parity import LossRecorder, RandomPlanEveryStep, TinyLM, make_strategy, token_loader  # noqa: E402
 
 
 def main() -> None:
@@ -30,12 +31,17 @@ def main() -> None:
     # (not NODE_RANK itself: Lightning sets it for the rank it starts on one node too)
     nodes = 2 if os.environ.get("TWO_NODES") == "1" else 1
     rec = LossRecorder()
-    resident = {"resident_gib": float(os.environ["RESIDENT_GIB"])} if "RESIDENT_GIB" in os.environ else {}
+    options = {"resident_gib": float(os.environ["RESIDENT_GIB"])} if "RESIDENT_GIB" in os.environ else {}
+    if os.environ.get("OVERLAP") == "1":
+        options["overlap"] = True
+    callbacks: list[pl.Callback] = [rec]
+    if "RANDOM_PLAN" in os.environ:
+        callbacks.append(RandomPlanEveryStep(seed=int(os.environ["RANDOM_PLAN"])))
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=2 // nodes,
         num_nodes=nodes,
-        strategy=make_strategy(plan, **resident),
+        strategy=make_strategy(plan, **options),
         precision="32-true",
         max_steps=4,
         gradient_clip_val=0.05,
@@ -43,7 +49,7 @@ def main() -> None:
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[rec],
+        callbacks=callbacks,
     )
     ckpt_path = sys.argv[3] if len(sys.argv) > 3 else None  # resume (a universal checkpoint of another world size)
     trainer.fit(TinyLM(), train_dataloaders=token_loader(8), ckpt_path=ckpt_path)
@@ -57,8 +63,11 @@ def main() -> None:
     params = list(trainer.strategy.model.module.parameters())
     full = torch.cat([safe_get_full_fp32_param(p).detach().float().flatten().cpu() for p in params])
     exp_avg = torch.cat([safe_get_full_optimizer_state(p, "exp_avg").detach().float().flatten().cpu() for p in params])
+    exp_avg_sq = torch.cat([safe_get_full_optimizer_state(p, "exp_avg_sq").detach().float().flatten().cpu()
+                            for p in params])
     out.mkdir(parents=True, exist_ok=True)
-    torch.save({"full": full, "exp_avg": exp_avg, "partition_numel": partition.numel()}, out / f"masters_rank{rank}.pt")
+    torch.save({"full": full, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq, "partition_numel": partition.numel()},
+               out / f"masters_rank{rank}.pt")
     manager = getattr(trainer.strategy, "manager", None)
     info = {
         "losses": rec.losses,
@@ -67,6 +76,8 @@ def main() -> None:
         "subgroups": len(manager.sizes) if manager else None,
         "resident": list(manager.resident) if manager else None,
         "device_subgroups": len(manager.records[-1].plan.device_subgroups()) if manager and manager.records else None,
+        "overlapped": bool(getattr(trainer.strategy, "overlapped", False)),
+        "plans": [record.plan.lane_letters() for record in manager.records] if manager else None,
         "node_rank": trainer.node_rank,
         "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "threads": torch.get_num_threads(),
