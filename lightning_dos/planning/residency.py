@@ -49,7 +49,7 @@ class DeviceMemory:
     total: int
     """The device's memory."""
     peak: int
-    """The most the training's allocator held at once so far."""
+    """The most the training's allocator held at once so far (or holds reserved, if more)."""
     other: int
     """Memory held outside the allocator (CUDA context, communication buffers)."""
 
