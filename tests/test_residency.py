@@ -202,8 +202,8 @@ def test_resident_gib_above_the_budget_is_refused() -> None:
         DeepOptimizerStatesStrategy(resident_gib=4.0, memory_budget_gib=2)
 
 
-def test_the_budget_covers_the_residents_and_leaves_the_rest_to_the_device_lane(sizes: list[int], vanilla: Any,
-                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_budget_covers_the_residents_and_leaves_the_rest_to_the_device_lane(
+        sizes: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(OptimizerStateManager, "device_memory", _read_as(HUGE))
     budget = _budget_gib(sizes, RESIDENT)
     run = train("device", steps=4, clip=CLIP, strategy=make_strategy("device", memory_budget_gib=budget))

@@ -47,7 +47,7 @@ from lightning_dos.bench.config import (
     sweep_schedule,
 )
 from lightning_dos.bench.stats import median, spread
-from lightning_dos.bench.strategies import BASELINE, RunSpec, base_label, devices_of, plan_argument
+from lightning_dos.bench.strategies import BASELINE, RunSpec, base_label, devices_of, plan_argument, strategy_arguments
 from lightning_dos.planning.plan import parse_plan
 from lightning_dos.planning.trials import TRIAL_SOURCE
 
@@ -242,6 +242,7 @@ def aggregate(spec: RunSpec, runs: Sequence[dict[str, Any]], config: BenchConfig
         "reason": "; ".join(str(r) for r in reasons) if reasons else None,
         "repeats": len(runs),
         "repeats_ok": len(ok),
+        "strategy_args": strategy_arguments(config, spec),
     }
     tokens = config.global_tokens_per_iteration(spec.devices)  # every rank's: the figures below are totals
     result["tokens_per_iteration"] = tokens

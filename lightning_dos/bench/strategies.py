@@ -138,13 +138,34 @@ def _offload(config: BenchConfig, spec: RunSpec) -> Any:
     return ZeRO3OffloadStrategy(ratio=ratio, sub_group_size=config.sub_group_size, pin_memory=config.pin_memory)
 
 
+def dos_arguments(config: BenchConfig, spec: RunSpec) -> dict[str, Any]:
+    """The ``DeepOptimizerStatesStrategy`` arguments of a DOS row that differ from the strategy's defaults (results.json
+    records them as the row's ``strategy_args``; ``{}`` would be exactly what a user gets with no options). The bench
+    always sets ``sub_group_size`` (every strategy the same) and ``overlap`` (each row says whether it overlaps)."""
+    args: dict[str, Any] = {"sub_group_size": config.sub_group_size, "overlap": spec.overlap}
+    if str(spec.plan).strip().lower() != "auto":
+        args["plan"] = plan_argument(str(spec.plan))
+    if config.memory_budget_gib is not None:
+        args["memory_budget_gib"] = config.memory_budget_gib
+    if not config.pin_memory:
+        args["pin_memory"] = False
+    if not spec.leaf_blocks:
+        args["leaf_blocks"] = False
+    if spec.resident_gib != "auto":
+        args["resident_gib"] = spec.resident_gib
+    return args
+
+
+def strategy_arguments(config: BenchConfig, spec: RunSpec) -> dict[str, Any] | None:
+    """What results.json records as a row's ``strategy_args``: DOS rows' arguments beyond the strategy's defaults
+    (:func:`dos_arguments`); None for the other kinds (their builders below say what they set)."""
+    return dos_arguments(config, spec) if spec.strategy == "deep_optimizer_states" else None
+
+
 def _dos(config: BenchConfig, spec: RunSpec) -> Any:
     from lightning_dos import DeepOptimizerStatesStrategy
 
-    return DeepOptimizerStatesStrategy(plan=plan_argument(str(spec.plan)), sub_group_size=config.sub_group_size,
-                                       memory_budget_gib=config.memory_budget_gib, pin_memory=config.pin_memory,
-                                       overlap=spec.overlap, leaf_blocks="auto" if spec.leaf_blocks else False,
-                                       resident_gib=spec.resident_gib)
+    return DeepOptimizerStatesStrategy(**dos_arguments(config, spec))
 
 
 def _no_offload(config: BenchConfig, spec: RunSpec) -> Any:
