@@ -335,8 +335,10 @@ class OptimizerStateManager:
                 self._set_resident(self.residency.ids)
             return bool(self.residency.ids)
         memory = self.residency.memory
+        if not self.resident or memory is None:
+            return False
         free = self.free_device_bytes()
-        if not self.resident or memory is None or free is None or free >= memory.headroom // 2:
+        if free is None or free >= memory.headroom // 2:
             return False
         released = residents_to_release(self.resident, self.subgroup_sizes, free, memory.headroom)
         log.warning("deep_optimizer_states: %.2f GiB free on the device (under half the %.2f GiB headroom): subgroups "

@@ -44,3 +44,15 @@ def _teardown_wandb() -> None:
     wandb = sys.modules.get("wandb")
     if wandb is not None and hasattr(wandb, "teardown"):
         wandb.teardown()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A run that selected GPU tests (``-m gpu``) on a machine where CUDA does not work stops with an error instead
+    of skipping every one of them to a green exit (a CPU build of torch, a broken driver)."""
+    if not any(item.get_closest_marker("gpu") for item in items):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.exit(f"{sum(1 for i in items if i.get_closest_marker('gpu'))} GPU tests selected and CUDA is not "
+                    "available here: run the GPU tier on a GPU host (pytest -m gpu)", returncode=1)

@@ -90,7 +90,8 @@ def masters_of(strategy: Any) -> torch.Tensor:
 def make_strategy(plan: Any | None, sub_group_size: int = 2000, **kwargs: Any) -> Any:
     if plan is None:  # vanilla ZeRO-3 optimizer offload, the control run
         return ZeRO3OffloadStrategy(sub_group_size=sub_group_size, **kwargs)
-    kwargs.setdefault("overlap", False)  # serial unless a test asks (the default turns it on with one CUDA device)
+    kwargs.setdefault("overlap", False)  # serial unless a test asks (the default turns it on with CUDA devices)
+    kwargs.setdefault("resident_gib", 0)  # the lanes as planned unless a test asks (the default keeps what fits)
     return DeepOptimizerStatesStrategy(plan=plan, sub_group_size=sub_group_size, **kwargs)
 
 

@@ -55,12 +55,9 @@ RESULT_KEYS = {"label", "strategy", "plan", "status", "reason", "fwd_ms", "bwd_m
 
 def test_bench_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "bench"
-    started = time.perf_counter()
     code = main([*TINY, "--strategies", "zero3_offload", "deep_optimizer_states",
                  "--plans", "host", "device", "host,device", "--out", str(out)])
-    elapsed = time.perf_counter() - started
     assert code == 0
-    assert elapsed < 170, f"the end-to-end bench took {elapsed:.0f} s"
     printed = capsys.readouterr().out
     assert "[1/5] zero3_offload: ok" in printed and "dos(host,device): FAILED" in printed
 
@@ -180,12 +177,9 @@ def test_bench_data_parallel_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixtur
     rank 0 reports every rank's own figures, vanilla is compared at the same device count, a single-device kind is
     skipped at two, and the scaling section, the data-parallel claims, the report and every rank's timeline follow."""
     out = tmp_path / "dp"
-    started = time.perf_counter()
     code = main([*TINY, "--accelerator", "cpu", "--devices", "1", "2", "--strategies", "zero3_offload",
                  "deep_optimizer_states", "plain", "--plans", "auto", "--out", str(out)])
-    elapsed = time.perf_counter() - started
     assert code == 0
-    assert elapsed < 120, f"the data-parallel bench took {elapsed:.0f} s"
     printed = capsys.readouterr().out
     assert "plain@dp2: SKIPPED: single-GPU only" in printed
     assert not _workers_of(out)  # rank 0 waited for its ranks: none is left running
@@ -510,7 +504,7 @@ def test_overlap_adds_dos_rows_and_reaches_the_strategy(capsys: pytest.CaptureFi
         ("dos(auto)", "auto", False), ("dos(auto,overlap)", "auto", True),
         ("dos(host)", "host", False), ("dos(host,overlap)", "host", True)]
     assert [build_strategy(invocation.config, s).overlap for s in specs] == [False, True, False, True]
-    assert RunSpec(**specs[1].to_dict()) == specs[1]  # what a worker rebuilds from its payload
+    assert RunSpec(**specs[2].to_dict()) == specs[2]  # what a worker rebuilds from its payload
     assert [s.label for s in expand(parse_args([*TINY, "--strategies", "deep_optimizer_states"]).config)] == [
         "dos(auto)"]  # off by default
     for bad in (["--overlap", "maybe"], ["--overlap", "on", "--sweep"], ["--overlap", "on", "--activations", "keep"]):
@@ -527,13 +521,15 @@ def test_resident_gib_adds_dos_rows_reaches_the_strategy_and_shows_in_the_report
     from lightning_dos.bench.strategies import build_strategy
 
     invocation = parse_args([*TINY, "--strategies", "deep_optimizer_states", "--overlap", "off", "on",
-                             "--resident-gib", "0", "3.85"])
+                             "--resident-gib", "auto", "0", "3.85"])
     specs = expand(invocation.config)
     assert [(s.label, s.overlap, s.resident_gib) for s in specs] == [
-        ("dos(auto)", False, 0.0), ("dos(auto,resident=3.85GiB)", False, 3.85),
-        ("dos(auto,overlap)", True, 0.0), ("dos(auto,overlap,resident=3.85GiB)", True, 3.85)]
-    assert [build_strategy(invocation.config, s).resident_gib for s in specs] == [0.0, 3.85, 0.0, 3.85]
-    assert RunSpec(**specs[1].to_dict()) == specs[1]
+        ("dos(auto)", False, "auto"), ("dos(auto,resident=0GiB)", False, 0.0),
+        ("dos(auto,resident=3.85GiB)", False, 3.85), ("dos(auto,overlap)", True, "auto"),
+        ("dos(auto,overlap,resident=0GiB)", True, 0.0), ("dos(auto,overlap,resident=3.85GiB)", True, 3.85)]
+    assert [build_strategy(invocation.config, s).resident_gib for s in specs] == ["auto", 0.0, 3.85] * 2
+    assert parse_args(TINY).config.resident_gib == ["auto"]  # the strategy's default unless asked
+    assert RunSpec(**specs[2].to_dict()) == specs[2]
     for bad in (["--resident-gib", "x"], ["--resident-gib", "1", "--sweep"]):
         with pytest.raises(SystemExit):
             parse_args([*TINY, *bad])
@@ -560,7 +556,7 @@ def test_leaf_blocks_adds_dos_rows_and_reaches_the_strategy(capsys: pytest.Captu
         ("dos(auto)", False, True), ("dos(auto,layer-hooks)", False, False),
         ("dos(auto,overlap)", True, True), ("dos(auto,overlap,layer-hooks)", True, False)]
     assert [build_strategy(invocation.config, s).leaf_blocks for s in specs] == ["auto", False, "auto", False]
-    assert RunSpec(**specs[1].to_dict()) == specs[1]
+    assert RunSpec(**specs[2].to_dict()) == specs[2]
     for bad in (["--leaf-blocks", "maybe"], ["--leaf-blocks", "off", "--sweep"],
                 ["--leaf-blocks", "off", "--activations", "keep"]):
         with pytest.raises(SystemExit):
@@ -732,7 +728,7 @@ def test_a_worker_past_its_timeout_is_stopped(tmp_path: Path) -> None:
     started = time.perf_counter()
     result = launch(BenchConfig(model="debug"), spec, tmp_path / "run", timeout_s=0.5)
     assert result["status"] == "timeout" and result["label"] == "zero3_offload"
-    assert time.perf_counter() - started < 15
+    assert time.perf_counter() - started < 15  # the 0.5 s limit, then SIGTERM and its grace: not a hang
     assert (tmp_path / "run" / "config.json").is_file() and not (tmp_path / "run" / "result.json").exists()
 
 
@@ -1096,9 +1092,7 @@ def test_a_failing_rank_is_reported_with_its_error(tmp_path: Path, monkeypatch: 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(inject), os.environ.get("PYTHONPATH", "")]))
     config = parse_args([*TINY, "--accelerator", "cpu"]).config
     spec = at_devices(RunSpec("dos(auto)", "deep_optimizer_states", "auto"), 2)
-    started = time.perf_counter()
     result = launch(config, spec, tmp_path / "run", timeout_s=300)
-    assert time.perf_counter() - started < 120
     assert result["status"] == "failed", result
     assert result["reason"] == "rank 1: RuntimeError: injected: rank 1 cannot build its model"
     assert not (tmp_path / "run" / "result.json").exists()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -56,7 +55,6 @@ PLACEMENT_KEYS = {"placement", "checkpointing", "offload", "hooks", "status", "r
 def test_rok_curve_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, nvme = tmp_path / "rok", tmp_path / "nvme"
     nvme.mkdir()
-    started = time.perf_counter()
     code = main([*ROK, "--activations", *PLACEMENTS, "--nvme-path", str(nvme), "--disk-probe-mib", "8",
                  "--out", str(out)])
     assert code == 0
@@ -111,8 +109,6 @@ def test_rok_curve_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixtu
     code = main([*ROK, "--activations", "keep", "offload-host", "--out", str(out), "--resume",
                  "--activation-budget-gib", f"{budget:.9f}"])
     assert code == 0
-    elapsed = time.perf_counter() - started
-    assert elapsed < 150, f"the end-to-end ROK runs took {elapsed:.0f} s"
     printed = capsys.readouterr().out
     assert "[1/2] keep (reused): ok" in printed and "[2/2] offload-host (reused): ok" in printed
     doc = json.loads((out / "rok.json").read_text())

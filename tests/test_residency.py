@@ -102,12 +102,20 @@ def _reading_for(sizes: list[int], n: int) -> DeviceMemory:
                         peak=0, other=0)
 
 
+def _auto(plan: Any, **kwargs: Any) -> Any:
+    """The strategy with ``resident_gib="auto"`` (the tests' ``make_strategy`` keeps none resident: its control)."""
+    return make_strategy(plan, resident_gib="auto", **kwargs)
+
+
 def _read_as(memory: DeviceMemory | None) -> Any:
     return lambda self: memory
 
 
 def test_auto_is_the_default_and_keeps_nothing_where_the_host_stands_in(vanilla: Any) -> None:
-    run = train(0.5, steps=3, clip=CLIP)
+    from lightning_dos import DeepOptimizerStatesStrategy
+
+    assert DeepOptimizerStatesStrategy().resident_gib == "auto"
+    run = train(0.5, steps=3, clip=CLIP, strategy=make_strategy(0.5, resident_gib="auto"))
     manager = run.strategy.manager
     assert run.strategy.resident_gib == "auto" and manager.resident_auto
     assert manager.residency is not None and manager.residency.memory is None and manager.resident == ()
@@ -118,7 +126,7 @@ def test_auto_is_the_default_and_keeps_nothing_where_the_host_stands_in(vanilla:
 def test_auto_keeps_what_fits_and_runs_exactly_as_residents_set_by_hand(plan: Any, sizes: list[int], vanilla: Any,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(OptimizerStateManager, "device_memory", _read_as(_reading_for(sizes, RESIDENT)))
-    run = train(plan, steps=6, clip=CLIP, strategy=make_strategy(plan))
+    run = train(plan, steps=6, clip=CLIP, strategy=_auto(plan))
     manager = run.strategy.manager
     assert manager.resident == tuple(range(RESIDENT)) and manager.residency.ids == manager.resident
     assert_tracks(run, vanilla, TOL)
@@ -137,7 +145,7 @@ def test_auto_overlapped_with_a_random_plan_every_step_is_exact(sizes: list[int]
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(OptimizerStateManager, "device_memory", _read_as(_reading_for(sizes, RESIDENT)))
     runs = [train("host", steps=6, clip=CLIP, every_step=RandomPlanEveryStep(seed=5),
-                  strategy=make_strategy("host", overlap=overlap)) for overlap in (True, False)]
+                  strategy=_auto("host", overlap=overlap)) for overlap in (True, False)]
     assert runs[0].strategy.manager.overlap and runs[0].strategy.manager.resident == tuple(range(RESIDENT))
     assert runs[0].losses == runs[1].losses and torch.equal(runs[0].masters, runs[1].masters)
     assert_tracks(runs[0], vanilla, TOL)
@@ -145,7 +153,7 @@ def test_auto_overlapped_with_a_random_plan_every_step_is_exact(sizes: list[int]
 
 def test_every_subgroup_resident_leaves_both_lanes_empty(vanilla: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(OptimizerStateManager, "device_memory", _read_as(HUGE))
-    run = train("auto", steps=6, clip=CLIP)
+    run = train("auto", steps=6, clip=CLIP, strategy=_auto("auto"))
     manager = run.strategy.manager
     assert manager.resident == tuple(range(len(manager.subgroup_sizes)))
     assert all(r.timings.host_params == r.timings.device_params == 0 for r in manager.records)
@@ -166,7 +174,7 @@ def test_under_memory_pressure_residents_go_back_to_the_host_exactly(sizes: list
         return free.get(len(self.records))
 
     monkeypatch.setattr(OptimizerStateManager, "free_device_bytes", free_device_bytes)
-    run = train("host", steps=6, clip=CLIP)
+    run = train("host", steps=6, clip=CLIP, strategy=_auto("host"))
     manager = run.strategy.manager
     assert manager.released == tuple(reversed(range(RESIDENT))) and manager.resident == ()
     assert manager.executor.resident is None
@@ -183,10 +191,10 @@ def test_a_checkpoint_of_auto_residents_resumes_with_and_without_them(tmp_path: 
     from test_resident import _SaveAfter
 
     monkeypatch.setattr(OptimizerStateManager, "device_memory", _read_as(_reading_for(sizes, RESIDENT)))
-    full = train("device", steps=6, epoch_batches=3, clip=CLIP)
+    full = train("device", steps=6, epoch_batches=3, clip=CLIP, strategy=_auto("device"))
     assert full.strategy.manager.resident == tuple(range(RESIDENT))
     path = str(tmp_path / "mid.ckpt")
-    train("device", steps=6, epoch_batches=3, clip=CLIP, every_step=_SaveAfter(path, 3))
+    train("device", steps=6, epoch_batches=3, clip=CLIP, strategy=_auto("device"), every_step=_SaveAfter(path, 3))
     for resident in ("auto", 0):
         resumed = train("device", steps=6, epoch_batches=3, clip=CLIP, ckpt_path=path,
                         strategy=make_strategy("device", resident_gib=resident))
@@ -206,7 +214,7 @@ def test_the_budget_covers_the_residents_and_leaves_the_rest_to_the_device_lane(
         sizes: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(OptimizerStateManager, "device_memory", _read_as(HUGE))
     budget = _budget_gib(sizes, RESIDENT)
-    run = train("device", steps=4, clip=CLIP, strategy=make_strategy("device", memory_budget_gib=budget))
+    run = train("device", steps=4, clip=CLIP, strategy=_auto("device", memory_budget_gib=budget))
     manager = run.strategy.manager
     assert manager.resident == tuple(range(RESIDENT))
     assert manager.lane_budget_bytes == int(budget * GIB) - 12 * sum(sizes[:RESIDENT])

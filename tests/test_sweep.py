@@ -10,7 +10,6 @@ measured), and a fixed-plan process stopped by its time limit that still reports
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -49,12 +48,9 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def test_sweep_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "sweep"
-    started = time.perf_counter()
     code = main([*TINY, "--sweep", "--sweep-plans", "host", "0.5", "stride:2", "--steps-per-plan", "2",
                  "--budgets", "unlimited", "--out", str(out)])
-    elapsed = time.perf_counter() - started
     assert code == 0
-    assert elapsed < 120, f"the end-to-end sweep took {elapsed:.0f} s"
     printed = capsys.readouterr().out
     assert "[1/1] unlimited: ok  3/3 fixed plans" in printed and "; auto " in printed
     assert "1/1 processes completed" in printed

@@ -83,3 +83,28 @@ def test_checkpoint_and_deepspeed_readers_with_the_state_on_the_device(tmp_path:
     (run, cb), (ref, ref_cb) = runs
     assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(cb.read, ref_cb.read)) and cb.read
     assert run.losses == ref.losses and torch.equal(run.masters, ref.masters)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
+def test_auto_keeps_the_tiny_model_whole_on_the_device_and_tracks_vanilla(overlap: bool, vanilla: object) -> None:
+    """``resident_gib="auto"`` (the default) reads the device's memory after the first step: the tiny model's whole
+    state fits, every subgroup is resident from the first update phase on, and 200 steps track vanilla."""
+    run = train("auto", steps=STEPS, clip=CLIP, accelerator="cuda",
+                strategy=make_strategy("auto", resident_gib="auto", overlap=overlap))
+    _assert_close(run, vanilla, 1e-4)
+    manager = run.strategy.manager
+    memory = manager.residency.memory
+    assert memory is not None and memory.total > memory.peak > 0
+    assert manager.resident == tuple(range(len(manager.subgroup_sizes)))
+    assert all(r.timings.host_params == r.timings.device_params == 0 for r in manager.records)
+
+
+def test_auto_under_a_budget_keeps_what_the_budget_holds_and_tracks_vanilla(gib: float, vanilla: object) -> None:
+    """``memory_budget_gib`` covers the residents and the device lane's two slots: a budget of the slots plus the first
+    subgroups' state keeps exactly those resident; the rest run in the lanes the plan gives them, overlapped."""
+    sizes = train("host", steps=1, clip=CLIP, accelerator="cuda").strategy.manager.subgroup_sizes
+    budget = (2 * max(sizes) * 16) / GIB + gib
+    run = train(0.5, steps=STEPS, clip=CLIP, accelerator="cuda",
+                strategy=make_strategy(0.5, resident_gib="auto", memory_budget_gib=budget, overlap=True))
+    _assert_close(run, vanilla, 1e-4)
+    assert run.strategy.manager.resident == tuple(range(RESIDENT))
