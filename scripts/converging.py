@@ -32,6 +32,8 @@ RUNS: dict[str, tuple[str, ...]] = {
 }
 #: windows of steps over which the distances are summarised, to show how they evolve
 WINDOWS = 4
+#: the longest one fit may take (a hung fit fails the comparison instead of blocking it for ever)
+FIT_TIMEOUT_S = 3 * 3600
 
 
 def run(recipe: Path, out: Path, extra: Sequence[str]) -> dict[str, float]:
@@ -45,7 +47,7 @@ def run(recipe: Path, out: Path, extra: Sequence[str]) -> dict[str, float]:
                     "--trainer.log_every_n_steps", "1", *extra]
         print(f"converging: {label}: {' '.join(command[2:])}", flush=True)
         start = time.perf_counter()
-        subprocess.run(command, check=True, stdin=subprocess.DEVNULL)
+        subprocess.run(command, check=True, stdin=subprocess.DEVNULL, timeout=FIT_TIMEOUT_S)
         seconds[label] = time.perf_counter() - start
     return seconds
 

@@ -142,8 +142,9 @@ def test_killed_while_writing_a_checkpoint(tmp_path: Path, uninterrupted: dict[i
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_killed_at_a_random_point(tmp_path: Path, uninterrupted: dict[int, float], seed: int) -> None:
-    """SIGKILL after a seeded delay (0-1 s) from the first checkpoint's appearance: between checkpoints or inside one
-    (or, on a fast machine, after the end: then the resume has nothing left to train)."""
+    """SIGKILL after a seeded delay (0-1 s) from the first checkpoint's appearance: between checkpoints or inside one.
+    The kill must hit a live run (a run that had already ended would test a plain resume only), and the resume must
+    have steps left to train."""
     config = debug_with_checkpoints(tmp_path, max_steps=STEPS, every=1)
     command = [sys.executable, "-m", "lightning_dos", "fit", "--config", str(config)]
     process = subprocess.Popen(command, cwd=config.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -153,7 +154,8 @@ def test_killed_at_a_random_point(tmp_path: Path, uninterrupted: dict[int, float
     while not (folder.is_dir() and any(folder.iterdir())) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     time.sleep(random.Random(seed).uniform(0.0, 1.0))
+    assert process.poll() is None, "the run ended before the kill: nothing was interrupted"
     process.send_signal(signal.SIGKILL)
-    process.wait(timeout=60)
+    assert process.wait(timeout=60) == -signal.SIGKILL
     first = _resume_and_compare(tmp_path, uninterrupted)
-    assert 0 <= first <= STEPS  # 0: killed before the first checkpoint was published, so it started over
+    assert 0 <= first < STEPS  # 0: killed before the first checkpoint was published, so it started over
