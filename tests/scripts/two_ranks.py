@@ -4,7 +4,9 @@ together they save a sharded checkpoint.
 Usage: python tests/scripts/two_ranks.py PLAN OUT_DIR [CKPT]   (PLAN "vanilla" for ZeRO-3 offload, else a DOS plan;
 CKPT: a checkpoint to resume from; in the environment, RESIDENT_GIB=G: the DOS run keeps G GiB of each rank's
 subgroups on the device, ``resident_gib``; OVERLAP=1: each update phase overlaps the next forward; RANDOM_PLAN=S: a
-random plan every step, drawn from seed S, the same on both ranks)
+random plan every step, drawn from seed S, the same on both ranks; PERSIST=1: every 16-bit parameter persists
+(``param_persistence=True``, and so leaf blocks); FLAT_GATHER=0: DeepSpeed's own release and per-parameter gather
+of the persistent parameters after the step instead of the seam's gather per subgroup; ACCELERATOR=cuda: two GPUs)
 Lightning re-runs this script for rank 1, as it does for any multi-process CPU run. With TWO_NODES=1 and NODE_RANK,
 LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, as a cluster launcher sets them, it is one of two
 single-rank nodes.
@@ -31,14 +33,21 @@ def main() -> None:
     # (not NODE_RANK itself: Lightning sets it for the rank it starts on one node too)
     nodes = 2 if os.environ.get("TWO_NODES") == "1" else 1
     rec = LossRecorder()
-    options = {"resident_gib": float(os.environ["RESIDENT_GIB"])} if "RESIDENT_GIB" in os.environ else {}
+    resident = os.environ.get("RESIDENT_GIB")
+    options: dict = {} if resident is None else {"resident_gib": resident if resident == "auto" else float(resident)}
     if os.environ.get("OVERLAP") == "1":
         options["overlap"] = True
+    if os.environ.get("PERSIST") == "1":
+        options["param_persistence"] = True
+    if os.environ.get("FLAT_GATHER") == "0":
+        from lightning_dos.zero.optimizer import InterleavedZeroOptimizer
+
+        InterleavedZeroOptimizer.flat_persistent_gather = False
     callbacks: list[pl.Callback] = [rec]
     if "RANDOM_PLAN" in os.environ:
         callbacks.append(RandomPlanEveryStep(seed=int(os.environ["RANDOM_PLAN"])))
     trainer = pl.Trainer(
-        accelerator="cpu",
+        accelerator=os.environ.get("ACCELERATOR", "cpu"),
         devices=2 // nodes,
         num_nodes=nodes,
         strategy=make_strategy(plan, **options),
@@ -77,6 +86,10 @@ def main() -> None:
         "resident": list(manager.resident) if manager else None,
         "device_subgroups": len(manager.records[-1].plan.device_subgroups()) if manager and manager.records else None,
         "overlapped": bool(getattr(trainer.strategy, "overlapped", False)),
+        "leaf_blocks": len(getattr(trainer.strategy, "leaf_block_names", [])),
+        "persistent": len(getattr(opt, "persistent_parameters", [])),
+        "refreshed": getattr(opt, "refreshed_params", 0),
+        "params": len(params),
         "plans": [record.plan.lane_letters() for record in manager.records] if manager else None,
         "node_rank": trainer.node_rank,
         "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
