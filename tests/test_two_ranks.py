@@ -112,7 +112,8 @@ def test_two_ranks_with_every_parameter_persistent_gather_per_subgroup_bit_for_b
     bit, and tracking vanilla."""
     vanilla = _run("vanilla", tmp_path / "vanilla")
     runs = {name: _run("host", tmp_path / name, RANDOM_PLAN="3", PERSIST="1", **env) for name, env in (
-        ("deepspeed", {"FLAT_GATHER": "0"}), ("flat", {}), ("flat-overlapped", {"OVERLAP": "1"}))}
+        ("deepspeed", {"FLAT_GATHER": "0"}), ("flat", {"FLAT_GATHER": "1"}),
+        ("flat-overlapped", {"OVERLAP": "1", "FLAT_GATHER": "1"}))}
     for rank in range(2):
         info = runs["flat"][rank]
         assert info["persistent"] == info["params"] > 0 and info["leaf_blocks"] == 0  # TinyLM has no repeated blocks

@@ -29,8 +29,9 @@ def test_two_gpus_gather_per_subgroup_overlapped_with_residents_track_deepspeeds
     env = {"ACCELERATOR": "cuda", "RANDOM_PLAN": "3", "PERSIST": "1"}
     vanilla = _run("vanilla", tmp_path / "vanilla", ACCELERATOR="cuda")
     runs = {name: _run("host", tmp_path / name, **env, **extra) for name, extra in (
-        ("deepspeed", {"FLAT_GATHER": "0"}), ("flat", {}), ("flat-overlapped", {"OVERLAP": "1"}),
-        ("flat-overlapped-resident", {"OVERLAP": "1", "RESIDENT_GIB": "auto"}))}
+        ("deepspeed", {"FLAT_GATHER": "0"}), ("flat", {"FLAT_GATHER": "1"}),
+        ("flat-overlapped", {"OVERLAP": "1", "FLAT_GATHER": "1"}),
+        ("flat-overlapped-resident", {"OVERLAP": "1", "FLAT_GATHER": "1", "RESIDENT_GIB": "auto"}))}
     for rank in range(2):
         params = runs["flat"][rank]["params"]
         assert runs["flat"][rank]["refreshed"] == params and runs["deepspeed"][rank]["refreshed"] == 0

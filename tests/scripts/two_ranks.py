@@ -5,8 +5,9 @@ Usage: python tests/scripts/two_ranks.py PLAN OUT_DIR [CKPT]   (PLAN "vanilla" f
 CKPT: a checkpoint to resume from; in the environment, RESIDENT_GIB=G: the DOS run keeps G GiB of each rank's
 subgroups on the device, ``resident_gib``; OVERLAP=1: each update phase overlaps the next forward; RANDOM_PLAN=S: a
 random plan every step, drawn from seed S, the same on both ranks; PERSIST=1: every 16-bit parameter persists
-(``param_persistence=True``, and so leaf blocks); FLAT_GATHER=0: DeepSpeed's own release and per-parameter gather
-of the persistent parameters after the step instead of the seam's gather per subgroup; ACCELERATOR=cuda: two GPUs)
+(``param_persistence=True``, and so leaf blocks); FLAT_GATHER=1/0: the seam's gather per subgroup of the persistent
+parameters after the step, or DeepSpeed's own release and per-parameter gather (``flat_persistent_gather``);
+ACCELERATOR=cuda: two GPUs)
 Lightning re-runs this script for rank 1, as it does for any multi-process CPU run. With TWO_NODES=1 and NODE_RANK,
 LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, as a cluster launcher sets them, it is one of two
 single-rank nodes.
@@ -39,10 +40,10 @@ def main() -> None:
         options["overlap"] = True
     if os.environ.get("PERSIST") == "1":
         options["param_persistence"] = True
-    if os.environ.get("FLAT_GATHER") == "0":
+    if "FLAT_GATHER" in os.environ:
         from lightning_dos.zero.optimizer import InterleavedZeroOptimizer
 
-        InterleavedZeroOptimizer.flat_persistent_gather = False
+        InterleavedZeroOptimizer.flat_persistent_gather = os.environ["FLAT_GATHER"] == "1"
     callbacks: list[pl.Callback] = [rec]
     if "RANDOM_PLAN" in os.environ:
         callbacks.append(RandomPlanEveryStep(seed=int(os.environ["RANDOM_PLAN"])))
