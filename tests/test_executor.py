@@ -60,23 +60,45 @@ def _host_step_with_torch(subgroups: list[Subgroup], inv: float):
     return host_step
 
 
-@pytest.mark.parametrize("buffers", [1, 2, 3])
-@pytest.mark.parametrize("lanes", ["HDHDD", "DDDDD", "HHHHH"])
+def _host_step_with_cpu_adam(subgroups: list[Subgroup], inv: float):
+    """The host lane's real step: DeepSpeed's CPU Adam through the GIL-free op (what the seam gives the executor),
+    the gradient scaled by ``inv`` as the kernel reads it."""
+    from lightning_dos.zero.cpu_adam_nogil import HostAdam
+
+    adam = HostAdam({"lr": HYPER.lr, "betas": (HYPER.beta1, HYPER.beta2), "eps": HYPER.eps,
+                     "weight_decay": HYPER.weight_decay}, adamw=HYPER.adamw)
+
+    def host_step(i: int) -> None:
+        sg = subgroups[i]
+        sg.master.grad = sg.grad
+        adam.step(sg.state, sg.master, sg.hyper, grad_scale=inv)
+
+    return host_step
+
+
+@pytest.mark.parametrize(("lanes", "buffers"), [("HDHDD", 1), ("HDHDD", 2), ("HDHDD", 3), ("DDDDD", 1), ("DDDDD", 2),
+                                                ("DDDDD", 3), ("HHHHH", 1)])  # no device lane: buffers change nothing
 def test_both_lanes_match_torch_adamw(lanes: str, buffers: int) -> None:
+    """Each lane's real update, DeepSpeed's CPU Adam on the host and fused Adam on the device, against torch's AdamW
+    from the same state."""
     inv = 0.5
     subgroups = _subgroups(torch.bfloat16)
+    for sg in subgroups:
+        sg.state.update(exp_avg=sg.exp_avg, exp_avg_sq=sg.exp_avg_sq)  # CPU Adam reads the moments from its state
     expected = [_reference(sg, inv) for sg in subgroups]
     plan = [Lane.DEVICE if c == "D" else Lane.HOST for c in lanes]
     order = [4, 0, 1, 2, 3]  # a device-lane order other than ascending
     before = time.perf_counter()
     timings = UpdateExecutor(torch.device("cpu")).run(
-        plan, order, buffers, subgroups, torch.tensor(inv), _host_step_with_torch(subgroups, inv)
+        plan, order, buffers, subgroups, torch.tensor(inv), _host_step_with_cpu_adam(subgroups, inv)
     )
     assert before <= timings.started_s <= time.perf_counter() - timings.total_s  # when the phase began, host clock
-    for sg, (m, a, v) in zip(subgroups, expected):
+    for sg, (m, a, v), lane in zip(subgroups, expected, lanes):
+        # CPU Adam's vectorised fp32 (fused multiply-adds) differs from torch's loop in the last bits of the moments
+        scale = 10 if lane == "H" else 1
         torch.testing.assert_close(sg.master, m, rtol=1e-6, atol=1e-7)
-        torch.testing.assert_close(sg.exp_avg, a, rtol=1e-6, atol=1e-9)
-        torch.testing.assert_close(sg.exp_avg_sq, v, rtol=1e-6, atol=1e-10)
+        torch.testing.assert_close(sg.exp_avg, a, rtol=1e-6, atol=1e-9 * scale)
+        torch.testing.assert_close(sg.exp_avg_sq, v, rtol=1e-6, atol=1e-10 * scale)
         assert sg.state["step"] == 4
         # 16-bit params written in their own dtype, from the updated master
         assert sg.param16.dtype == torch.bfloat16
