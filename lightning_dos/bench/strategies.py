@@ -6,11 +6,11 @@ strategy a worker builds for one of them. Adding a strategy to the comparison is
 the workers, results, report and chart take every kind from here. No torch import here (``build`` imports lazily,
 in the worker).
 
-Beside DOS and its DeepSpeed baselines, the peers a user could pick instead (:mod:`lightning_dos.peers`) are kinds
-too, all in the default list so that one bench on the GPU host compares every one: ``plain`` (one GPU, nothing
-offloaded), ``torchao_offload``, ``superoffload`` and ``zenflow``. A peer that cannot run here (no CUDA device,
-torchao not installed: ``pip install 'lightning-dos[peers]'``) still gets its row, with status ``failed`` and the
-first line of the error that says why, raised by its strategy before the model is built.
+Beside DOS and its DeepSpeed baselines, the peers a user could pick instead (:mod:`lightning_dos.strategies.peers`) are
+kinds too, all in the default list so that one bench on the GPU host compares every one: ``plain`` (one GPU, nothing
+offloaded), ``torchao_offload``, ``superoffload`` and ``zenflow``. A peer that cannot run here (no CUDA device, torchao
+not installed: ``pip install 'lightning-dos[peers]'``) still gets its row, with status ``failed`` and the first line of
+the error that says why, raised by its strategy before the model is built.
 
 Data parallelism (``--devices N [M ...]``): every configuration runs once per device count, its :class:`RunSpec`
 carrying ``devices``; the labels of the rows at more than one device get the suffix ``@dp<N>``. A kind that trains on
@@ -132,7 +132,7 @@ def dos_rows(config: BenchConfig) -> list[RunSpec]:
 
 
 def _offload(config: BenchConfig, spec: RunSpec) -> Any:
-    from lightning_dos.baselines import ZeRO3OffloadStrategy
+    from lightning_dos.strategies.baselines import ZeRO3OffloadStrategy
 
     ratio = 1.0 if spec.plan is None else float(spec.plan)
     return ZeRO3OffloadStrategy(ratio=ratio, sub_group_size=config.sub_group_size, pin_memory=config.pin_memory)
@@ -148,31 +148,31 @@ def _dos(config: BenchConfig, spec: RunSpec) -> Any:
 
 
 def _no_offload(config: BenchConfig, spec: RunSpec) -> Any:
-    from lightning_dos.baselines import ZeRO3Strategy
+    from lightning_dos.strategies.baselines import ZeRO3Strategy
 
     return ZeRO3Strategy(sub_group_size=config.sub_group_size)
 
 
 def _plain(config: BenchConfig, spec: RunSpec) -> Any:
-    from lightning_dos.peers import PlainStrategy
+    from lightning_dos.strategies.peers import PlainStrategy
 
     return PlainStrategy()
 
 
 def _torchao_offload(config: BenchConfig, spec: RunSpec) -> Any:
-    from lightning_dos.peers import TorchaoOffloadStrategy
+    from lightning_dos.strategies.peers import TorchaoOffloadStrategy
 
     return TorchaoOffloadStrategy()  # the bench never clips, which torchao_offload requires
 
 
 def _superoffload(config: BenchConfig, spec: RunSpec) -> Any:
-    from lightning_dos.peers import SuperOffloadStrategy
+    from lightning_dos.strategies.peers import SuperOffloadStrategy
 
     return SuperOffloadStrategy(sub_group_size=config.sub_group_size, pin_memory=config.pin_memory)
 
 
 def _zenflow(config: BenchConfig, spec: RunSpec) -> Any:
-    from lightning_dos.peers import ZenFlowStrategy
+    from lightning_dos.strategies.peers import ZenFlowStrategy
 
     return ZenFlowStrategy(pin_memory=config.pin_memory)  # ZeRO-2: there are no subgroups to size
 
