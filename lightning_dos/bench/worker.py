@@ -454,7 +454,7 @@ def execute(payload: dict[str, Any], spec: RunSpec, workdir: Path) -> dict[str, 
     if "sweep" in payload:
         return execute_sweep(payload, spec, workdir)
     if ACTIVATIONS_KEY in payload:  # a ROK placement's run or search probe
-        return execute_placement(payload, spec, workdir)
+        return execute_placement(payload, spec, workdir, fit_and_measure=fit_and_measure, dos_records=dos_records)
     return run(BenchConfig.from_dict(payload["bench"]), spec, workdir)
 
 
