@@ -5,7 +5,7 @@ trains a :class:`~lightning_dos.models.GPTModule` on any LightningDataModule cho
 (default :class:`~lightning_dos.data.TextDataModule`). The model's vocabulary and context length follow
 the data module (``data.vocab_size`` -> ``model.vocab_size``, ``data.seq_len`` -> ``model.block_size``), so a
 recipe sets them once. Every run gets the default callbacks and its run identity (name
-``<recipe>-<strategy>[-<plan>]``, W&B group/job type/tags: :func:`lightning_dos.run_info.configure_run`).
+``<recipe>-<strategy>[-<plan>]``, W&B group/job type/tags: :func:`lightning_dos.telemetry.run_info.configure_run`).
 ``lightning-dos bench ...`` hands its arguments to ``lightning_dos.bench.main``.
 """
 
@@ -22,11 +22,11 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 import lightning_dos  # noqa: F401  (registers "deep_optimizer_states" and the baselines by name)
-from lightning_dos.callbacks import default_callbacks
-from lightning_dos.checkpoint import newest_complete, validate_resume_path
 from lightning_dos.data import TextDataModule
 from lightning_dos.models import GPTModule
-from lightning_dos.run_info import configure_run
+from lightning_dos.strategies.checkpoint import newest_complete, validate_resume_path
+from lightning_dos.telemetry.callbacks import default_callbacks
+from lightning_dos.telemetry.run_info import configure_run
 
 __all__ = ["DOSLightningCLI", "main"]
 
@@ -38,8 +38,8 @@ DESCRIPTION = (
 TOOL_COMMANDS = {
     "bench": "lightning_dos.bench",  # strategies compared in one run
     "prepare": "lightning_dos.data.prepare",  # a corpus tokenised into sharded token files
-    "compare": "lightning_dos.compare",  # runs of different strategies drawn side by side
-    "to-universal": "lightning_dos.checkpoint",  # a checkpoint that resumes at any world size
+    "compare": "lightning_dos.telemetry.compare",  # runs of different strategies drawn side by side
+    "to-universal": "lightning_dos.strategies.checkpoint",  # a checkpoint that resumes at any world size
 }
 #: Seed used when a config sets none, so two runs of one recipe give the same losses.
 DEFAULT_SEED = 1234

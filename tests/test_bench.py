@@ -358,9 +358,9 @@ def test_phase_timer_gives_each_phase_of_a_synchronised_iteration_its_own_peak_g
     per-phase peaks are the largest over the synchronised iterations, and the report names the highest phase."""
     import torch
 
-    from lightning_dos.bench.memory import GpuPeakMeter
     from lightning_dos.bench.report import _phase_peak_lines
     from lightning_dos.bench.timing import PhaseTimer
+    from lightning_dos.telemetry.peak_memory import GpuPeakMeter
 
     gpu = _FakeAllocator()
     gpu.alloc(4.0)  # parameters, before training
@@ -673,7 +673,7 @@ def test_e2e_headline_from_raw_end_times() -> None:
 def test_iteration_timeline_places_the_update_lanes(tmp_path: Path) -> None:
     """The update phase's lane spans (ms since it began) are shifted to where it began in the iteration; a
     configuration without a DOS update phase gets fwd / bwd / step only; no timelines, no figure."""
-    from lightning_dos.telemetry import ROWS, lane_bars
+    from lightning_dos.telemetry.records import ROWS, lane_bars
 
     events = [{"subgroup": 0, "lane": "host", "adam": [0.0, 3.0], "upload": [3.0, 4.0]},
               {"subgroup": 1, "lane": "device", "prefetch": [-1.0, 1.0], "adam": [1.0, 2.0], "flush": [2.0, 5.0]}]

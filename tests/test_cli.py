@@ -22,9 +22,9 @@ from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_dos
-import lightning_dos.loggers as loggers
-from lightning_dos.callbacks import DOSMetricsLogger, ValLossReport
+import lightning_dos.telemetry.loggers as loggers
 from lightning_dos.cli import DOSLightningCLI, main
+from lightning_dos.telemetry.callbacks import DOSMetricsLogger, ValLossReport
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -147,11 +147,11 @@ def test_csv_fallback_without_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPa
                                     capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
     # a fresh copy of the module, imported without wandb, stands in for the real one until the test ends
-    spec = importlib.util.find_spec("lightning_dos.loggers")
+    spec = importlib.util.find_spec("lightning_dos.telemetry.loggers")
     fresh = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fresh)
-    monkeypatch.setitem(sys.modules, "lightning_dos.loggers", fresh)
-    monkeypatch.setattr(lightning_dos, "loggers", fresh)
+    monkeypatch.setitem(sys.modules, "lightning_dos.telemetry.loggers", fresh)
+    monkeypatch.setattr(lightning_dos.telemetry, "loggers", fresh)
     assert not fresh.wandb_available()
 
     logger = fresh.DOSWandbLogger(name="run", save_dir=str(tmp_path), project="p", tags=["a"])

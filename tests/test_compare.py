@@ -18,7 +18,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from wandb_runs import read_finished_wandb_run
 
 from lightning_dos.cli import main as cli_main
-from lightning_dos.compare import (
+from lightning_dos.models import GPTModule
+from lightning_dos.telemetry.compare import (
     CompareError,
     Run,
     find_run_dirs,
@@ -29,8 +30,7 @@ from lightning_dos.compare import (
     summary_table,
     wandb_records,
 )
-from lightning_dos.models import GPTModule
-from lightning_dos.run_info import configure_run
+from lightning_dos.telemetry.run_info import configure_run
 
 
 def _png(path: Path) -> tuple[int, int]:

@@ -10,7 +10,7 @@ import time
 import torch
 from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-from lightning_dos.subgroup import AdamHyper
+from lightning_dos.update.subgroup import AdamHyper
 from lightning_dos.zero.cpu_adam_nogil import HostAdam
 
 BETAS = (0.9, 0.95)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from recipe_run import debug_with_checkpoints, fit, metrics, run_fit, series
 
-from lightning_dos.checkpoint import (
+from lightning_dos.strategies.checkpoint import (
     COMPLETE_MARKER,
     describe,
     newest_complete,

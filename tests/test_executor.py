@@ -7,9 +7,9 @@ import time
 import pytest
 import torch
 
-from lightning_dos.executor import UpdateExecutor
 from lightning_dos.planning.plan import Lane
-from lightning_dos.subgroup import AdamHyper, Subgroup
+from lightning_dos.update.executor import UpdateExecutor
+from lightning_dos.update.subgroup import AdamHyper, Subgroup
 
 HYPER = AdamHyper(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, adamw=True)
 SIZES = [300, 120, 500, 80, 260]
@@ -154,7 +154,7 @@ def test_a_16_bit_gradient_kept_on_the_device_is_widened_exactly() -> None:
 
 def test_a_16_bit_gradient_widened_in_chunks_is_the_same_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunks of 64 elements (a multiple of the vector width, as the real chunk is): the values of one whole pass."""
-    import lightning_dos.device_adam as device_adam
+    import lightning_dos.update.device_adam as device_adam
 
     runs = []
     for chunk in (device_adam.CHUNK, 64):
@@ -175,7 +175,7 @@ def test_subgroups_pass_through_the_slots_in_pieces_with_the_values_of_whole_sub
     """Pieces of 128 parameters (a multiple of every vector width, as the real piece is) through slots of one piece:
     the values of whole subgroups bit for bit, early prefetches included, the same bytes on the link, slots of a
     piece instead of the largest subgroup, and one span per stage of each subgroup covering all its pieces."""
-    import lightning_dos.executor as executor
+    import lightning_dos.update.executor as executor
 
     def subgroups() -> list[Subgroup]:
         sgs = _subgroups(torch.bfloat16)
@@ -233,7 +233,7 @@ def test_plan_length_must_match() -> None:
 
 def test_chunked_transfers_give_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:
     """Prefetch and flush in chunks (64 MB on a real run; 7 elements here) move every element exactly once."""
-    import lightning_dos.executor as executor
+    import lightning_dos.update.executor as executor
 
     monkeypatch.setattr(executor, "COPY_CHUNK", 7)
     inv = 0.25
@@ -254,7 +254,7 @@ def test_device_lane_is_issued_a_window_ahead_of_the_host_lane(monkeypatch: pyte
     Events here complete only once the host lane has finished one more subgroup after they were recorded,
     like a prefetch that is still on the link while CPU Adam runs; results must not change.
     """
-    import lightning_dos.executor as executor
+    import lightning_dos.update.executor as executor
 
     clock = {"host_steps": 0}
     log: list[str] = []
@@ -316,7 +316,7 @@ def test_host_lane_uploads_pass_through_the_ring_in_chunks_and_never_block_the_h
     """
     import time
 
-    import lightning_dos.executor as executor
+    import lightning_dos.update.executor as executor
 
     delay = 0.1
 
@@ -361,7 +361,7 @@ def test_upload_ring_reuses_a_buffer_only_after_its_last_conversion() -> None:
     import contextlib
     import itertools
 
-    import lightning_dos.executor as executor
+    import lightning_dos.update.executor as executor
 
     counter = itertools.count()
     log: list[tuple[str, str, int]] = []
@@ -399,7 +399,7 @@ def test_upload_ring_reuses_a_buffer_only_after_its_last_conversion() -> None:
 def test_prefetches_issued_before_the_update_phase_are_used_and_give_the_same_result() -> None:
     """``prefetch_ahead`` (the manager calls it at dispatch) issues the device lane's first prefetches, one per slot
     and at most PREFETCH_WINDOW; the next ``run`` of that plan uses them, and the result is torch's AdamW."""
-    from lightning_dos.executor import PREFETCH_WINDOW
+    from lightning_dos.update.executor import PREFETCH_WINDOW
 
     inv = 0.5
     subgroups = _subgroups()
@@ -468,7 +468,7 @@ class _ForwardOnlyEvent:
 def test_spans_of_early_prefetches_are_timed_forward_from_the_lane_origin() -> None:
     """On a GPU a prefetch issued at dispatch begins before the phase's start event: its span is measured from the
     lane's origin event (recorded before it) and shifted, never as an elapsed time that runs backwards."""
-    from lightning_dos.executor import LaneTimings, _resolve_spans
+    from lightning_dos.update.executor import LaneTimings, _resolve_spans
 
     origin, start = _ForwardOnlyEvent(0.0), _ForwardOnlyEvent(0.020)
     spans = [(0, "device", "prefetch", _ForwardOnlyEvent(0.001), _ForwardOnlyEvent(0.011)),

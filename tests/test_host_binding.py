@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_dos.host_binding import numa_nodes, parse_cpulist, rank_cores
+from lightning_dos.strategies.host_binding import numa_nodes, parse_cpulist, rank_cores
 
 
 def test_parse_cpulist() -> None:

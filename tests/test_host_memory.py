@@ -11,8 +11,8 @@ import gc
 import pytest
 import torch
 
-import lightning_dos.host_memory as host_memory
-from lightning_dos.host_memory import PinnedRegistry
+import lightning_dos.update.host_memory as host_memory
+from lightning_dos.update.host_memory import PinnedRegistry
 
 
 class FakeCudart:

@@ -17,7 +17,7 @@ from wandb.sdk.wandb_run import Run as WandbRun
 from wandb_runs import read_finished_wandb_run
 
 from lightning_dos.cli import DOSLightningCLI
-from lightning_dos.compare import read_csv_run
+from lightning_dos.telemetry.compare import read_csv_run
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 

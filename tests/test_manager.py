@@ -8,11 +8,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lightning_dos import manager as manager_module
-from lightning_dos.executor import LaneTimings
-from lightning_dos.manager import GIB, OptimizerStateManager, StepRecord
 from lightning_dos.planning import planner
 from lightning_dos.planning.plan import Lane, Plan, parse_plan
+from lightning_dos.update import manager as manager_module
+from lightning_dos.update.executor import LaneTimings
+from lightning_dos.update.manager import GIB, OptimizerStateManager, StepRecord
 
 
 class FakeOptimizer:

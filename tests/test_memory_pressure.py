@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import pytest
 from parity import train
 
-from lightning_dos.manager import OptimizerStateManager
+from lightning_dos.update.manager import OptimizerStateManager
 
 PRESSED = 2  # the update phase (0-based) before which the memory is taken
 

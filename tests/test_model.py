@@ -14,10 +14,10 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_dos.callbacks import PerfMetrics
 from lightning_dos.models import GPT, GPTConfig, GPTModule, flops_per_token, lr_factor, num_params
 from lightning_dos.models.gpt import RMSNorm, _apply_rope, _rope_tables
 from lightning_dos.optim import weight_decay_groups
+from lightning_dos.telemetry.callbacks import PerfMetrics
 
 STYLES = ("llama", "gpt2")
 

@@ -11,7 +11,7 @@ import lightning.pytorch as pl
 import torch
 from torchmetrics import MeanMetric, MetricCollection, SumMetric
 
-from lightning_dos.module_device import move_module_state
+from lightning_dos.strategies.module_device import move_module_state
 
 META = torch.device("meta")
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from parity import TinyLM, train
 
-from lightning_dos.callbacks import NonFiniteLossGuard, default_callbacks
+from lightning_dos.telemetry.callbacks import NonFiniteLossGuard, default_callbacks
 
 NAN_AT = 2  # the batch whose loss is NaN
 

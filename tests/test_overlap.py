@@ -21,12 +21,12 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from parity import RandomPlanEveryStep, TinyLM, assert_tracks, make_strategy, rel, train
 
 from lightning_dos import DeepOptimizerStatesStrategy
-from lightning_dos import strategy as strategy_module
-from lightning_dos.callbacks import DOSMetricsLogger
-from lightning_dos.executor import UpdateExecutor
-from lightning_dos.phase import Phase
 from lightning_dos.planning.plan import Lane, Plan
-from lightning_dos.strategy import overlap_by_default
+from lightning_dos.strategies import dos as strategy_module
+from lightning_dos.strategies.dos import overlap_by_default
+from lightning_dos.telemetry.callbacks import DOSMetricsLogger
+from lightning_dos.update.executor import UpdateExecutor
+from lightning_dos.update.phase import Phase
 from lightning_dos.zero.cpu_adam_nogil import HostAdam
 from lightning_dos.zero.optimizer import InterleavedZeroOptimizer
 
@@ -369,7 +369,7 @@ class _LiveLanes(pl.Callback):
     def __init__(self) -> None:
         import gc
 
-        from lightning_dos.executor import _DeviceLane
+        from lightning_dos.update.executor import _DeviceLane
 
         self.gc, self.kind, self.counts = gc, _DeviceLane, []
 
@@ -492,7 +492,7 @@ def test_a_plan_put_in_force_at_a_join_runs_from_the_next_step_with_no_gradient_
     placed the gradients for the plan in force. The step then runs that plan; the new one runs from the next step.
     A device-lane gradient brought to the host at the step (a blocking copy on a GPU) would mean the step ran a
     plan its backward did not place gradients for."""
-    from lightning_dos.manager import OptimizerStateManager
+    from lightning_dos.update.manager import OptimizerStateManager
 
     calibrate, grad_to_host = OptimizerStateManager._calibrate, InterleavedZeroOptimizer._grad_to_host
     plans = {"device": None, "host": None}
@@ -522,7 +522,7 @@ def test_a_plan_put_in_force_at_a_join_runs_from_the_next_step_with_no_gradient_
 
 def _kept_gradient_subgroups(sizes: list[int]) -> list[Any]:
     """Subgroups whose bf16 gradients stayed on the device (the host stands in for it) through backward."""
-    from lightning_dos.subgroup import AdamHyper, Subgroup
+    from lightning_dos.update.subgroup import AdamHyper, Subgroup
 
     hyper = AdamHyper(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, adamw=True)
     g = torch.Generator().manual_seed(0)
@@ -542,7 +542,7 @@ def test_an_issued_phase_frees_its_slots_and_kept_gradients_once_its_work_is_don
     next backward runs with them and its own kept gradients allocated at once (on a GPU host: gigabytes)."""
     import weakref
 
-    from lightning_dos.executor import _DeviceLane
+    from lightning_dos.update.executor import _DeviceLane
 
     subgroups = _kept_gradient_subgroups([300, 120, 500, 80])
     kept = [weakref.ref(sg.grad) for sg in subgroups]
@@ -578,8 +578,8 @@ def test_a_kept_gradient_goes_as_soon_as_its_subgroups_adam_is_issued_not_at_the
     and the fourth still hold theirs. The update is then the same as without the hold."""
     import weakref
 
-    from lightning_dos import executor as executor_module
-    from lightning_dos.resident import ResidentState
+    from lightning_dos.update import executor as executor_module
+    from lightning_dos.update.resident import ResidentState
 
     sizes = [300, 120, 500, 80, 200]
     reference = _kept_gradient_subgroups(sizes)

@@ -174,7 +174,7 @@ def test_subgroups_through_the_slots_in_pieces_train_bit_identically(
     """The device lane's pieces (384 MB of state on a real run; 128 parameters here, so every subgroup of the tiny
     model is several) through DeepSpeed, serial and overlapped: the same losses and masters, bit for bit, as whole
     subgroups per slot without overlap."""
-    import lightning_dos.executor as executor
+    import lightning_dos.update.executor as executor
 
     whole = train(plan, steps=4, precision=precision, clip=CLIP)
     monkeypatch.setattr(executor, "PIECE", 128)

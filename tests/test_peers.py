@@ -28,10 +28,10 @@ from parity import LossRecorder, TinyLM, token_loader
 
 import lightning_dos
 from lightning_dos import PlainStrategy, SuperOffloadStrategy, TorchaoOffloadStrategy, ZenFlowStrategy
-from lightning_dos.baselines import ZeRO3OffloadStrategy
 from lightning_dos.bench import main as bench_main
 from lightning_dos.optim import adamw, weight_decay_groups
-from lightning_dos.peers import PEERS_EXTRA, ZENFLOW_DEFAULTS
+from lightning_dos.strategies.baselines import ZeRO3OffloadStrategy
+from lightning_dos.strategies.peers import PEERS_EXTRA, ZENFLOW_DEFAULTS
 
 PEERS = {"plain": PlainStrategy, "torchao_offload": TorchaoOffloadStrategy, "superoffload": SuperOffloadStrategy,
          "zenflow": ZenFlowStrategy}

@@ -25,11 +25,11 @@ from lightning_dos import (
     ZeRO3OffloadStrategy,
     ZeRO3Strategy,
 )
-from lightning_dos.callbacks import DOSMetricsLogger, ValLossReport
 from lightning_dos.cli import DOSLightningCLI
 from lightning_dos.data import SyntheticDataModule, TextDataModule
-from lightning_dos.loggers import DOSWandbLogger
 from lightning_dos.models.gpt import num_params
+from lightning_dos.telemetry.callbacks import DOSMetricsLogger, ValLossReport
+from lightning_dos.telemetry.loggers import DOSWandbLogger
 
 # the tests pass args while pytest's own arguments sit in sys.argv
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")

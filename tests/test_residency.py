@@ -15,7 +15,7 @@ import pytest
 import torch
 from parity import RandomPlanEveryStep, assert_tracks, make_strategy, train
 
-from lightning_dos.manager import OptimizerStateManager
+from lightning_dos.update.manager import OptimizerStateManager
 from lightning_dos.planning.residency import (
     GIB,
     HEADROOM_MIN_BYTES,

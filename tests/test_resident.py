@@ -70,7 +70,7 @@ def test_every_plan_with_resident_subgroups_matches_vanilla(plan: Any, accumulat
 def test_resident_subgroups_update_exactly_as_the_device_lane_does(gib: float,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The same fused Adam on the same values: bit for bit the device lane's result, also in chunks."""
-    import lightning_dos.device_adam as device_adam
+    import lightning_dos.update.device_adam as device_adam
 
     ref = train("device", steps=5, clip=CLIP)
     # smaller than a subgroup, so several chunks each; a multiple of the vector width, as CHUNK is (a chunk edge

@@ -14,7 +14,7 @@ from parity import make_strategy, rel, train
 import lightning_dos
 from lightning_dos import DeepOptimizerStatesStrategy, ZeRO3OffloadStrategy
 from lightning_dos._versions import check_versions
-from lightning_dos.strategy import AUTO_SUB_GROUP_MAX, PERSIST_ALL, auto_sub_group_size, persistence_threshold
+from lightning_dos.strategies.dos import AUTO_SUB_GROUP_MAX, PERSIST_ALL, auto_sub_group_size, persistence_threshold
 
 
 def test_import_registers_names_idempotently() -> None:
@@ -138,7 +138,7 @@ def test_dispatch_once_per_update_with_accumulation() -> None:
 
 def test_baselines_keep_zero3_when_every_default_is_passed_explicitly() -> None:
     """A class_path config passes DeepSpeedStrategy's defaults (stage 2, no offload) explicitly; they must not win."""
-    from lightning_dos.baselines import ZeRO3Strategy
+    from lightning_dos.strategies.baselines import ZeRO3Strategy
 
     s = ZeRO3OffloadStrategy(ratio=0.75)
     zero = s.config["zero_optimization"]
@@ -182,7 +182,7 @@ def test_backward_may_queue_more_reduce_buckets_than_vanilla() -> None:
 def test_dispatch_starts_the_device_lane_prefetches_before_the_update_phase() -> None:
     """From the second step on (the moments' homes exist after the first update phase) dispatch issues the device
     lane's first prefetches, and the update phase uses them; parity with vanilla holds (tests/test_parity.py)."""
-    from lightning_dos.executor import PREFETCH_WINDOW
+    from lightning_dos.update.executor import PREFETCH_WINDOW
 
     run = train(0.5, steps=3)
     records = run.strategy.manager.records

@@ -13,7 +13,7 @@ import pytest
 import torch
 from parity import rel, subprocess_env
 
-from lightning_dos.checkpoint import describe, partial_path
+from lightning_dos.strategies.checkpoint import describe, partial_path
 
 SCRIPT = Path(__file__).parent / "scripts" / "two_ranks.py"
 #: ``resident_gib`` of the two-rank run with resident subgroups: room for 3,000 parameters' state per rank (a few of

@@ -13,8 +13,8 @@ import torch
 from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 from parity import subprocess_env, train
 
-from lightning_dos.checkpoint import describe
 from lightning_dos.cli import main
+from lightning_dos.strategies.checkpoint import describe
 
 SCRIPT = Path(__file__).parent / "scripts" / "two_ranks.py"
 pytestmark = pytest.mark.slow

@@ -24,14 +24,20 @@ from torch.utils.data import DataLoader, Dataset
 from wandb_runs import read_finished_wandb_run
 
 import lightning_dos
-import lightning_dos.bench.environment as environment
+import lightning_dos.telemetry.environment as environment
 from lightning_dos import DeepOptimizerStatesStrategy, ZeRO3OffloadStrategy, ZeRO3Strategy
-from lightning_dos.callbacks import PerfMetrics, batch_tokens, default_callbacks, host_in_use_gib, peak_host_gib
 from lightning_dos.cli import DOSLightningCLI, main
-from lightning_dos.compare import Run, read_csv_run
-from lightning_dos.loggers import DOSWandbLogger
 from lightning_dos.models.gpt import GPTConfig, num_params
-from lightning_dos.run_info import (
+from lightning_dos.telemetry.callbacks import (
+    PerfMetrics,
+    batch_tokens,
+    default_callbacks,
+    host_in_use_gib,
+    peak_host_gib,
+)
+from lightning_dos.telemetry.compare import Run, read_csv_run
+from lightning_dos.telemetry.loggers import DOSWandbLogger
+from lightning_dos.telemetry.run_info import (
     RunIdentity,
     RunInfoLogger,
     configure_run,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from lightning_dos.compare import Run, _wandb_log, read_wandb_run, wandb_records
+from lightning_dos.telemetry.compare import Run, _wandb_log, read_wandb_run, wandb_records
 
 
 def read_finished_wandb_run(path: Path, timeout_s: float = 60.0) -> Run:

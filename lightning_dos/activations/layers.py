@@ -2,8 +2,10 @@
 
 The offloader needs to know, for each tensor saved for backward, which layer it belongs to: the last layers stay
 on the device (``keep_last_layers``) and backward restores layers in reverse order. The model does not say; its
-blocks are found by type (:class:`lightning_dos.models.gpt.Block` by default) or given as a list, and a forward
-pre-hook and a forward hook on each count them as the forward pass runs through them.
+blocks are found by type or given as a list, and a forward pre-hook and a forward hook on each count them as the
+forward pass runs through them. The types found by default are those a model package registers
+(:func:`register_layer_type`: :mod:`lightning_dos.models` registers its GPT ``Block``), so this package imports no
+model.
 
 A tensor saved inside block ``i`` belongs to layer ``i``; one saved between blocks belongs to the next block to run
 (under activation checkpointing that is the block's input, saved when ``checkpoint`` is entered, before the block
@@ -21,14 +23,22 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 
-__all__ = ["LayerTracker", "default_layer_types", "find_layers"]
+__all__ = ["LayerTracker", "default_layer_types", "find_layers", "register_layer_type"]
+
+#: The block types found when none are given, in the order they were registered.
+_DEFAULT_LAYER_TYPES: list[type[nn.Module]] = []
+
+
+def register_layer_type(block_type: type[nn.Module]) -> None:
+    """Make ``block_type`` one of the block types found when none are given (registering twice adds it once)."""
+    if block_type not in _DEFAULT_LAYER_TYPES:
+        _DEFAULT_LAYER_TYPES.append(block_type)
 
 
 def default_layer_types() -> tuple[type[nn.Module], ...]:
-    """The block types found when none are given: this package's GPT blocks."""
-    from lightning_dos.models.gpt import Block
-
-    return (Block,)
+    """The block types found when none are given: those registered, this package's GPT blocks
+    (:mod:`lightning_dos.models` registers them when it is imported, as it is before any of its models exists)."""
+    return tuple(_DEFAULT_LAYER_TYPES)
 
 
 def find_layers(root: nn.Module, types: Optional[Sequence[type[nn.Module]]] = None) -> list[nn.Module]:

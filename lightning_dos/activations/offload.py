@@ -139,7 +139,8 @@ class ActivationOffload:
         prefetch_layers: blocks restored ahead of the one backward is in.
         layers: the model (its blocks of ``layer_types`` are found), or the blocks in forward order (a list, a
             ``ModuleList`` or a ``Sequential``); may be given later with :meth:`attach`.
-        layer_types: block types to find in ``layers``; default: :class:`lightning_dos.models.gpt.Block`.
+        layer_types: block types to find in ``layers``; default: the registered ones, the GPT ``Block`` of
+            :mod:`lightning_dos.models.gpt` (:func:`~lightning_dos.activations.layers.register_layer_type`).
         device: the device activations are moved off; default: the current CUDA device, else the CPU (the host then
             stands in for the device: same buffers, copies and ordering, on worker threads).
         io_threads: NVMe I/O threads.
@@ -206,7 +207,7 @@ class ActivationOffload:
         """Take the model (its blocks are found by type) or its blocks; the block hooks go on at the next step."""
         found = as_layers(layers, self.layer_types)
         if not found:
-            names = ", ".join(t.__name__ for t in (self.layer_types or _default_types()))
+            names = ", ".join(t.__name__ for t in (self.layer_types or _default_types())) or "(none registered)"
             raise ValueError(f"layers: found no blocks of type {names} in {type(layers).__name__}; pass the blocks "
                              "(layers=[...], in forward order) or their type (layer_types=(MyBlock,))")
         if self._tracker is not None:

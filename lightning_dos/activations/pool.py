@@ -1,11 +1,11 @@
 """Owns the host buffers activations are copied into: a pool of page-locked buffers reused across layers and steps.
 
-A transformer saves the same few tensor sizes in every layer and every step, so after the first step every offload
-finds a free buffer of its size class and no new host memory is allocated or page-locked. Buffers are page-locked in
-place (``cudaHostRegister`` through :class:`~lightning_dos.host_memory.PinnedRegistry`, exactly their bytes, not a
-power of two), start at a page boundary and span whole pages, as direct file I/O needs. A released buffer is handed
-out again only once the event of the last copy that reads it has completed. On a host without CUDA the buffers are
-ordinary memory.
+A transformer saves the same few tensor sizes in every layer and every step, so after the first step every offload finds
+a free buffer of its size class and no new host memory is allocated or page-locked. Buffers are page-locked in place
+(``cudaHostRegister`` through :class:`~lightning_dos.update.host_memory.PinnedRegistry`, exactly their bytes, not a
+power of two), start at a page boundary and span whole pages, as direct file I/O needs. A released buffer is handed out
+again only once the event of the last copy that reads it has completed. On a host without CUDA the buffers are ordinary
+memory.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class HostBufferPool:
         self.pin = pin
         self._registry: Any = None
         if pin:
-            from lightning_dos.host_memory import PinnedRegistry
+            from lightning_dos.update.host_memory import PinnedRegistry
 
             self._registry = PinnedRegistry()
         self._free: dict[int, list[HostBuffer]] = {}

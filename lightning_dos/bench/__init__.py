@@ -14,10 +14,11 @@
 
 Modules, each serving every mode: ``arguments`` (command line, recipes), ``config`` (settings), ``strategies``
 (the strategy kinds compared: one entry per kind), ``workload`` (model and data), ``harness`` (the invocation),
-``launcher`` (one worker process), ``worker`` (inside it, with ``timing`` and ``memory``; ``ranks`` for its
-data-parallel ranks), ``stats``, ``results`` (figures, documents), ``claims`` (what each mode checks), ``report``,
-``chart``, ``environment`` (hardware and versions); the ROK curve's own modules are in the ``rok`` package.
-docs/bench.md is the user's guide.
+``launcher`` (one worker process), ``worker`` (inside it, with ``timing``; ``ranks`` for its data-parallel ranks),
+``stats``, ``results`` (figures, documents), ``claims`` (what each mode checks), ``report``, ``chart``; the ROK
+curve's own modules are in the ``rok`` package. Peak memory and the host's hardware and versions are measured by
+:mod:`lightning_dos.telemetry.peak_memory` and :mod:`lightning_dos.telemetry.environment`, which training runs use
+too. docs/bench.md is the user's guide.
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ SEPARATE_SUBGROUPS_SHARE = 0.05
 
 def _timeline_panel(ax: Any, result: dict[str, Any], offset_ms: float = 0.0) -> None:
     """``result``'s iteration timeline in ``ax``, its time axis shifted by ``offset_ms``."""
-    from lightning_dos.telemetry import ROWS, lane_bars
+    from lightning_dos.telemetry.records import ROWS, lane_bars
 
     timeline = result["iteration_timeline"]
     marks = {"start": 0.0, **{k: v for k, v in timeline["marks_ms"].items() if v is not None}}
@@ -174,7 +174,7 @@ def _timeline_panel(ax: Any, result: dict[str, Any], offset_ms: float = 0.0) -> 
 
 def timeline_rows(result: dict[str, Any]) -> int:
     """Rows of a configuration's timeline panel: fwd, bwd, step, and the update phase's lane stages for DOS."""
-    from lightning_dos.telemetry import ROWS
+    from lightning_dos.telemetry.records import ROWS
 
     update = (result.get("iteration_timeline") or {}).get("update")
     return len(TIMELINE_PHASES) + (len(ROWS) if update is not None and update.get("start_ms") is not None else 0)

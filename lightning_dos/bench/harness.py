@@ -35,7 +35,6 @@ from tqdm.auto import tqdm
 from lightning_dos.bench import chart, report
 from lightning_dos.bench.claims import check_claims
 from lightning_dos.bench.config import BenchConfig, Budget, SweepConfig, resolve_budget
-from lightning_dos.bench.environment import hardware_info, merge_worker_device, versions
 from lightning_dos.bench.launcher import launch
 from lightning_dos.bench.results import (
     aggregate,
@@ -53,6 +52,7 @@ from lightning_dos.bench.stats import median
 from lightning_dos.bench.strategies import KINDS, RunSpec, expand, schedule, single_device_reason
 from lightning_dos.bench.worker import PROGRESS_FILE
 from lightning_dos.bench.workload import NO_OFFLOAD_BYTES_PER_PARAM, describe_model, prepare_text
+from lightning_dos.telemetry.environment import hardware_info, merge_worker_device, versions
 
 GPU_TIMING = ("GPU: torch.cuda.synchronize() is called at every phase boundary (bench mode), so each phase's "
               "kernels are charged to it; this costs a little and removes overlap across boundaries, so these "

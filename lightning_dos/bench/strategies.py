@@ -6,11 +6,11 @@ strategy a worker builds for one of them. Adding a strategy to the comparison is
 the workers, results, report and chart take every kind from here. No torch import here (``build`` imports lazily,
 in the worker).
 
-Beside DOS and its DeepSpeed baselines, the peers a user could pick instead (:mod:`lightning_dos.peers`) are kinds
-too, all in the default list so that one bench on the GPU host compares every one: ``plain`` (one GPU, nothing
-offloaded), ``torchao_offload``, ``superoffload`` and ``zenflow``. A peer that cannot run here (no CUDA device,
-torchao not installed: ``pip install 'lightning-dos[peers]'``) still gets its row, with status ``failed`` and the
-first line of the error that says why, raised by its strategy before the model is built.
+Beside DOS and its DeepSpeed baselines, the peers a user could pick instead (:mod:`lightning_dos.strategies.peers`) are
+kinds too, all in the default list so that one bench on the GPU host compares every one: ``plain`` (one GPU, nothing
+offloaded), ``torchao_offload``, ``superoffload`` and ``zenflow``. A peer that cannot run here (no CUDA device, torchao
+not installed: ``pip install 'lightning-dos[peers]'``) still gets its row, with status ``failed`` and the first line of
+the error that says why, raised by its strategy before the model is built.
 
 Data parallelism (``--devices N [M ...]``): every configuration runs once per device count, its :class:`RunSpec`
 carrying ``devices``; the labels of the rows at more than one device get the suffix ``@dp<N>``. A kind that trains on
@@ -23,12 +23,26 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
-
-if TYPE_CHECKING:
-    from lightning_dos.bench.config import BenchConfig
+from typing import Any, Protocol, Union
 
 PlanValue = Union[str, float, None]
+
+
+class BenchSettings(Protocol):
+    """What a kind reads of a bench's settings, a :class:`lightning_dos.bench.config.BenchConfig`: a protocol, so that
+    this module, whose names the config imports, imports nothing of the config."""
+
+    strategies: list[str]
+    devices: list[int]
+    ratios: list[float]
+    plans: list[str]
+    overlap: list[bool]
+    leaf_blocks: list[bool]
+    resident_gib: list[float | str]
+    sub_group_size: int
+    memory_budget_gib: float | None
+    pin_memory: bool
+
 
 #: The control every speedup and loss comparison is measured against.
 BASELINE = "zero3_offload"
@@ -86,9 +100,9 @@ class StrategyKind:
     """What ``--strategies`` takes and results.json's ``strategy`` says."""
     summary: str
     """One line for the command line's help and the docs."""
-    rows: Callable[[BenchConfig], list[RunSpec]]
+    rows: Callable[[BenchSettings], list[RunSpec]]
     """The configurations this kind contributes for a bench's settings, in report order (repeat 0)."""
-    build: Callable[[BenchConfig, RunSpec], Any]
+    build: Callable[[BenchSettings, RunSpec], Any]
     """The Lightning strategy of one configuration (called in the worker; import torch-heavy modules inside)."""
     keeps_states_on_device: bool = False
     """Whether the model and optimizer states all stay on the GPU: then the harness skips the kind when they clearly
@@ -111,7 +125,7 @@ def plan_argument(plan: str) -> str | float | list[str]:
         return text
 
 
-def dos_plans(config: BenchConfig) -> list[str]:
+def dos_plans(config: BenchSettings) -> list[str]:
     """The DOS plans to run: ``auto`` first, then the fixed plans asked for, without repeats."""
     plans: list[str] = []
     for plan in [*DEFAULT_PLANS, *config.plans]:
@@ -121,7 +135,7 @@ def dos_plans(config: BenchConfig) -> list[str]:
     return plans
 
 
-def dos_rows(config: BenchConfig) -> list[RunSpec]:
+def dos_rows(config: BenchSettings) -> list[RunSpec]:
     """DOS's configurations: every plan of :func:`dos_plans`, once per ``config.overlap``, ``config.leaf_blocks``
     and ``config.resident_gib`` setting."""
     return [RunSpec(label=f"dos({plan}{OVERLAP_SUFFIX if overlap else ''}{'' if leaf else LAYER_HOOKS_SUFFIX}"
@@ -131,14 +145,14 @@ def dos_rows(config: BenchConfig) -> list[RunSpec]:
             for leaf in dict.fromkeys(config.leaf_blocks) for gib in dict.fromkeys(config.resident_gib)]
 
 
-def _offload(config: BenchConfig, spec: RunSpec) -> Any:
-    from lightning_dos.baselines import ZeRO3OffloadStrategy
+def _offload(config: BenchSettings, spec: RunSpec) -> Any:
+    from lightning_dos.strategies.baselines import ZeRO3OffloadStrategy
 
     ratio = 1.0 if spec.plan is None else float(spec.plan)
     return ZeRO3OffloadStrategy(ratio=ratio, sub_group_size=config.sub_group_size, pin_memory=config.pin_memory)
 
 
-def dos_arguments(config: BenchConfig, spec: RunSpec) -> dict[str, Any]:
+def dos_arguments(config: BenchSettings, spec: RunSpec) -> dict[str, Any]:
     """The ``DeepOptimizerStatesStrategy`` arguments of a DOS row that differ from the strategy's defaults (results.json
     records them as the row's ``strategy_args``; ``{}`` would be exactly what a user gets with no options). The bench
     always sets ``sub_group_size`` (every strategy the same) and ``overlap`` (each row says whether it overlaps)."""
@@ -156,49 +170,49 @@ def dos_arguments(config: BenchConfig, spec: RunSpec) -> dict[str, Any]:
     return args
 
 
-def strategy_arguments(config: BenchConfig, spec: RunSpec) -> dict[str, Any] | None:
+def strategy_arguments(config: BenchSettings, spec: RunSpec) -> dict[str, Any] | None:
     """What results.json records as a row's ``strategy_args``: DOS rows' arguments beyond the strategy's defaults
     (:func:`dos_arguments`); None for the other kinds (their builders below say what they set)."""
     return dos_arguments(config, spec) if spec.strategy == "deep_optimizer_states" else None
 
 
-def _dos(config: BenchConfig, spec: RunSpec) -> Any:
+def _dos(config: BenchSettings, spec: RunSpec) -> Any:
     from lightning_dos import DeepOptimizerStatesStrategy
 
     return DeepOptimizerStatesStrategy(**dos_arguments(config, spec))
 
 
-def _no_offload(config: BenchConfig, spec: RunSpec) -> Any:
-    from lightning_dos.baselines import ZeRO3Strategy
+def _no_offload(config: BenchSettings, spec: RunSpec) -> Any:
+    from lightning_dos.strategies.baselines import ZeRO3Strategy
 
     return ZeRO3Strategy(sub_group_size=config.sub_group_size)
 
 
-def _plain(config: BenchConfig, spec: RunSpec) -> Any:
-    from lightning_dos.peers import PlainStrategy
+def _plain(config: BenchSettings, spec: RunSpec) -> Any:
+    from lightning_dos.strategies.peers import PlainStrategy
 
     return PlainStrategy()
 
 
-def _torchao_offload(config: BenchConfig, spec: RunSpec) -> Any:
-    from lightning_dos.peers import TorchaoOffloadStrategy
+def _torchao_offload(config: BenchSettings, spec: RunSpec) -> Any:
+    from lightning_dos.strategies.peers import TorchaoOffloadStrategy
 
     return TorchaoOffloadStrategy()  # the bench never clips, which torchao_offload requires
 
 
-def _superoffload(config: BenchConfig, spec: RunSpec) -> Any:
-    from lightning_dos.peers import SuperOffloadStrategy
+def _superoffload(config: BenchSettings, spec: RunSpec) -> Any:
+    from lightning_dos.strategies.peers import SuperOffloadStrategy
 
     return SuperOffloadStrategy(sub_group_size=config.sub_group_size, pin_memory=config.pin_memory)
 
 
-def _zenflow(config: BenchConfig, spec: RunSpec) -> Any:
-    from lightning_dos.peers import ZenFlowStrategy
+def _zenflow(config: BenchSettings, spec: RunSpec) -> Any:
+    from lightning_dos.strategies.peers import ZenFlowStrategy
 
     return ZenFlowStrategy(pin_memory=config.pin_memory)  # ZeRO-2: there are no subgroups to size
 
 
-def _one_row(name: str) -> Callable[[BenchConfig], list[RunSpec]]:
+def _one_row(name: str) -> Callable[[BenchSettings], list[RunSpec]]:
     """The rows of a kind with one configuration, labelled by its name."""
     return lambda config: [RunSpec(label=name, strategy=name, plan=None)]
 
@@ -251,7 +265,7 @@ def base_label(label: str) -> str:
     return head if sep and tail.isdigit() else label
 
 
-def expand(config: BenchConfig) -> list[RunSpec]:
+def expand(config: BenchSettings) -> list[RunSpec]:
     """One ``RunSpec`` per configuration and device count for repeat 0, in report order: every configuration at the
     first device count of ``config.devices`` (the baseline first), then at the next one."""
     return [at_devices(spec, devices) for devices in config.devices
@@ -276,7 +290,7 @@ def schedule(specs: list[RunSpec], repeats: int) -> list[RunSpec]:
     return [dataclasses.replace(spec, repeat=r) for r in range(repeats) for spec in specs]
 
 
-def build_strategy(config: BenchConfig, spec: RunSpec) -> Any:
+def build_strategy(config: BenchSettings, spec: RunSpec) -> Any:
     """The Lightning strategy of ``spec``, with the bench's subgroup size and pinning."""
     kind = KINDS.get(spec.strategy)
     if kind is None:

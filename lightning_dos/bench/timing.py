@@ -24,7 +24,7 @@ For the iteration timeline the timer reads when each DOS update phase began (eac
 its ``LaneTimings.started_s``) and keeps the marks of the last synchronised iteration
 (:meth:`PhaseTimer.last_iteration`).
 
-**Peak GPU memory per phase** (with a :class:`~lightning_dos.bench.memory.GpuPeakMeter`): at every mark of a
+**Peak GPU memory per phase** (with a :class:`~lightning_dos.telemetry.peak_memory.GpuPeakMeter`): at every mark of a
 synchronised iteration, after the synchronisation, the allocator's peak since the previous mark is taken and reset;
 ``<phase>_peak_gpu_gib`` is the forward's (start to ``backward_start``), the backward's, and the step's (from the end
 of the backward to the end of the iteration). What happens between iterations and in the end-to-end ones is in the
@@ -49,7 +49,7 @@ import lightning.pytorch as pl
 import torch
 
 from lightning_dos.bench.config import HOST_KEYS, PHASE_PEAKS, PHASES
-from lightning_dos.bench.memory import GIB, GpuPeakMeter
+from lightning_dos.telemetry.peak_memory import GIB, GpuPeakMeter
 
 
 def device_synchronizer(device: torch.device) -> Callable[[], None]:

@@ -108,7 +108,7 @@ def save_timeline(strategy: Any, workdir: Path) -> str | None:
         return None
     import matplotlib.pyplot as plt
 
-    from lightning_dos.telemetry import timeline_figure
+    from lightning_dos.telemetry.records import timeline_figure
 
     path = workdir / "timeline.png"
     fig = timeline_figure(manager.records[-1])
@@ -178,9 +178,9 @@ def fit_and_measure(
     phase boundary, so a callback that reads them itself must not run beside it).
     """
     import lightning_dos  # noqa: F401  (registers the strategies)
-    from lightning_dos.bench.environment import device_info
-    from lightning_dos.bench.memory import GpuPeakMeter, HostMemorySampler, gpu_peaks
     from lightning_dos.bench.timing import PhaseTimer
+    from lightning_dos.telemetry.environment import device_info
+    from lightning_dos.telemetry.peak_memory import GpuPeakMeter, HostMemorySampler, gpu_peaks
 
     started = time.perf_counter()
     with HostMemorySampler() as sampler:
@@ -273,11 +273,11 @@ class PlanSweep(pl.Callback):
     A callback for a run under ``deep_optimizer_states``: it sets the manager's plan in ``on_train_batch_start``
     (before that iteration's backward, so the device lane's gradients stay on the device as the plan says) and
     collects the manager's update records of every iteration under the plan that ran. The fixed plans share one
-    calibration: each prediction is made just before its update phase from everything the fixed plans measured so
-    far. ``auto``'s iterations (:func:`~lightning_dos.bench.config.sweep_schedule`) start cold (the manager's
-    :meth:`~lightning_dos.manager.OptimizerStateManager.start_auto`: starting cost values, then the probe) and keep
-    their own planning state (calibration, plan, probe and re-plan counts) between them, so ``auto`` learns only from
-    its own update phases while sharing the process, its memory placement and the host's slow and fast spells with
+    calibration: each prediction is made just before its update phase from everything the fixed plans measured so far.
+    ``auto``'s iterations (:func:`~lightning_dos.bench.config.sweep_schedule`) start cold (the manager's
+    :meth:`~lightning_dos.update.manager.OptimizerStateManager.start_auto`: starting cost values, then the probe) and
+    keep their own planning state (calibration, plan, probe and re-plan counts) between them, so ``auto`` learns only
+    from its own update phases while sharing the process, its memory placement and the host's slow and fast spells with
     the plans it is compared with.
 
     Args:
@@ -344,7 +344,7 @@ class PlanSweep(pl.Callback):
         return manager
 
     def _resolve(self, manager: Any) -> list[Plan]:
-        from lightning_dos.manager import DEFAULT_BUFFERS
+        from lightning_dos.update.manager import DEFAULT_BUFFERS
 
         buffers = manager.buffers or DEFAULT_BUFFERS
         return [resolve_plan(spec, manager.sizes, buffers=buffers) for spec in self.specs]
@@ -454,7 +454,7 @@ def execute(payload: dict[str, Any], spec: RunSpec, workdir: Path) -> dict[str, 
     if "sweep" in payload:
         return execute_sweep(payload, spec, workdir)
     if ACTIVATIONS_KEY in payload:  # a ROK placement's run or search probe
-        return execute_placement(payload, spec, workdir)
+        return execute_placement(payload, spec, workdir, fit_and_measure=fit_and_measure, dos_records=dos_records)
     return run(BenchConfig.from_dict(payload["bench"]), spec, workdir)
 
 

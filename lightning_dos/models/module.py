@@ -1,7 +1,7 @@
 """Owns decoder-only pretraining of a :class:`~lightning_dos.models.gpt.GPT` as a LightningModule.
 
 Next-token cross-entropy, AdamW with warm-up + cosine learning rate, and the FLOPs per token that
-:class:`~lightning_dos.callbacks.PerfMetrics` turns into TFLOP/s and MFU (the callback logs throughput under
+:class:`~lightning_dos.telemetry.callbacks.PerfMetrics` turns into TFLOP/s and MFU (the callback logs throughput under
 every strategy, so the module does not). The network is built in ``configure_model`` so that a sharding
 strategy (DeepSpeed ZeRO-3) can construct it already partitioned; the optimizer comes from
 :func:`lightning_dos.optim.adamw`, which picks DeepSpeed's CPU Adam when the strategy offloads optimizer state.
@@ -63,8 +63,8 @@ class GPTModule(pl.LightningModule):
         betas: AdamW moment coefficients.
         eps: AdamW denominator epsilon.
         peak_flops: Peak FLOP/s of one device, for the model FLOPs utilisation (``perf/mfu``) that
-            :class:`~lightning_dos.callbacks.PerfMetrics` logs; None lets the callback look it up from the device
-            and precision (MFU is not logged when it is unknown, e.g. on a CPU).
+            :class:`~lightning_dos.telemetry.callbacks.PerfMetrics` logs; None lets the callback look it up from the
+            device and precision (MFU is not logged when it is unknown, e.g. on a CPU).
     """
 
     def __init__(

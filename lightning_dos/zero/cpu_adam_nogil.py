@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from lightning_dos.subgroup import AdamHyper
+from lightning_dos.update.subgroup import AdamHyper
 
 #: The op's name: its folder under ``TORCH_EXTENSIONS_DIR``.
 OP_NAME = "dos_cpu_adam_nogil"

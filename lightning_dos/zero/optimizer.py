@@ -9,9 +9,9 @@
 - its ``step`` is vanilla's preamble (overflow check, global grad norm, loss scale) followed by one call
   to the attached update phase instead of the sequential per-subgroup loop; in the preamble the subgroups' norms
   are reduced together, and persistent parameters that are their own partition (one rank) are not released;
-- ``subgroups()`` exposes each subgroup as a plain :class:`~lightning_dos.subgroup.Subgroup`;
+- ``subgroups()`` exposes each subgroup as a plain :class:`~lightning_dos.update.subgroup.Subgroup`;
 - with ``enable_overlap`` (``overlap=True``) its ``step`` returns once the update phase is issued to a worker
-  thread (:mod:`lightning_dos.phase`), and it gates every reader of what the phase writes: ZeRO-3's parameter
+  thread (:mod:`lightning_dos.update.phase`), and it gates every reader of what the phase writes: ZeRO-3's parameter
   coordinator waits, per module, for the subgroups holding the module's params before it fetches them (forward,
   backward, recompute, prefetches), the backward's copies into the host gradients wait until the update is done
   with them, and everything else that reads optimizer state (checkpoints, ``safe_get_*``) joins the phase first.
@@ -39,9 +39,9 @@ from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 from deepspeed.runtime.zero.partitioned_param_coordinator import iter_params
 from deepspeed.utils import z3_leaf_module
 
-from lightning_dos.host_memory import PinnedRegistry
-from lightning_dos.phase import Phase
-from lightning_dos.subgroup import AdamHyper, Subgroup
+from lightning_dos.update.host_memory import PinnedRegistry
+from lightning_dos.update.phase import Phase
+from lightning_dos.update.subgroup import AdamHyper, Subgroup
 
 _VanillaStage3 = _stage3.DeepSpeedZeroOptimizer_Stage3
 

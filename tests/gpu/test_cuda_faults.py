@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from parity import make_strategy, train  # noqa: E402
 from test_overflow_skip import INF_AT, _InfGradAt, _StateAround  # noqa: E402
 
-from lightning_dos.manager import SAFETY_MARGIN_BYTES  # noqa: E402
+from lightning_dos.update.manager import SAFETY_MARGIN_BYTES  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

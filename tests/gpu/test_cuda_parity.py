@@ -124,7 +124,7 @@ def test_pieces_on_real_streams_match_whole_subgroups(overlap: bool, monkeypatch
     """Subgroups through the slots in pieces of 128 parameters (each subgroup of the tiny model in about 16, through
     1 to 3 slots) on real streams, with a random plan every step: a piece's prefetch must wait for the flush that last
     used its slot, or it overwrites state still being flushed. 100 steps, against whole subgroups per slot."""
-    import lightning_dos.executor as executor
+    import lightning_dos.update.executor as executor
 
     def run() -> object:
         return train("host", steps=100, clip=CLIP, accelerator="cuda", strategy=make_strategy("host", overlap=overlap),

@@ -19,7 +19,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from lightning_dos.bench.environment import versions
 from lightning_dos.bench.harness import (
     Launcher,
     WorkerProcesses,
@@ -41,6 +40,7 @@ from lightning_dos.bench.rok.results import GIB, compare_to_keep, placement_summ
 from lightning_dos.bench.rok.search import Probe, search_micro_batch
 from lightning_dos.bench.rok.worker import ACTIVATIONS_KEY
 from lightning_dos.bench.workload import describe_model
+from lightning_dos.telemetry.environment import versions
 
 __all__ = ["default_out_dir", "dry_run_text", "run_rok", "write_outputs"]
 
@@ -209,7 +209,7 @@ def write_outputs(doc: dict[str, Any], out_dir: Path) -> dict[str, Path]:
 
 def dry_run_text(rok: RokConfig, on_gpu: bool | None = None) -> str:
     """The resolved settings and the worker runs the invocation would make, for ``--dry-run``."""
-    from lightning_dos.bench.environment import hardware_info
+    from lightning_dos.telemetry.environment import hardware_info
 
     if on_gpu is None:
         on_gpu = uses_gpu(rok.bench, hardware_info())

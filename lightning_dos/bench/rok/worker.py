@@ -4,7 +4,8 @@ The worker's config file has an ``activations`` entry
 (:meth:`~lightning_dos.bench.rok.config.RokConfig.worker_settings`): the placement, whether the activation offload's
 hooks run and with which offload placement (``keep`` measures only), the NVMe directory and the offload's knobs. The
 bench settings already carry the placement's activation checkpointing and micro-batch. Training and timing are the
-bench's (:func:`~lightning_dos.bench.worker.fit_and_measure`); this adds the
+bench's (:func:`~lightning_dos.bench.worker.fit_and_measure`, which the worker hands in, so that this module, which the
+worker imports, does not import the worker); this adds the
 :class:`~lightning_dos.activations.ActivationOffloadCallback` where the hooks run and an
 :class:`~lightning_dos.bench.rok.meter.ActivationMemoryMeter` after it, and returns the bench's measurements with the
 meter's under ``activations``.
@@ -12,6 +13,7 @@ meter's under ``activations``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +27,16 @@ ACTIVATIONS_KEY = "activations"
 GIB = 1024**3
 
 
-def execute_placement(payload: dict[str, Any], spec: RunSpec, workdir: Path) -> dict[str, Any]:
+def execute_placement(payload: dict[str, Any], spec: RunSpec, workdir: Path, *,
+                      fit_and_measure: Callable[..., tuple[Any, dict[str, Any]]],
+                      dos_records: Callable[[Any], dict[str, Any] | None]) -> dict[str, Any]:
     """Train the placement of ``payload`` and return the bench's measurements plus the activation memory and the
-    ``act/*`` counters of every iteration (and, under DOS, the manager's update records)."""
+    ``act/*`` counters of every iteration (and, under DOS, the manager's update records).
+
+    ``fit_and_measure`` and ``dos_records`` are the bench worker's (:func:`~lightning_dos.bench.worker.fit_and_measure`,
+    :func:`~lightning_dos.bench.worker.dos_records`)."""
     from lightning_dos.activations import ActivationOffloadCallback
     from lightning_dos.bench.rok.meter import ActivationMemoryMeter
-    from lightning_dos.bench.worker import dos_records, fit_and_measure
 
     config = BenchConfig.from_dict(payload["bench"])
     settings = payload[ACTIVATIONS_KEY]

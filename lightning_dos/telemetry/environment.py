@@ -1,4 +1,6 @@
-"""Owns the description of the host a bench ran on: GPUs, CPU, host memory, PCIe link, and software versions.
+"""Owns the description of the host a run or a bench ran on: GPUs, CPU, host memory, PCIe link, software versions.
+
+A training run logs it with its facts (:mod:`lightning_dos.telemetry.run_info`); the bench puts it in its reports.
 
 Read without touching CUDA in the parent process (a CUDA context there would hold GPU memory while the
 workers run): GPUs and PCIe from ``nvidia-smi`` when it is on the PATH, else the PCIe link from ``/sys``;

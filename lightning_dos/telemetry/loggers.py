@@ -9,7 +9,7 @@ logging, a full disk), training goes on and everything from then on is logged to
 ``<save_dir>/<recipe>/version_N``, with one warning (tables and images, which CSV cannot hold, are dropped).
 
 Its ``name`` is the recipe (as a ``CSVLogger``'s name is the experiment its versions belong to); the W&B run
-itself is named, grouped and tagged by :func:`lightning_dos.run_info.configure_run` (the CLI calls it), which
+itself is named, grouped and tagged by :func:`lightning_dos.telemetry.run_info.configure_run` (the CLI calls it), which
 hands the identity to :meth:`DOSWandbLogger.set_run_identity` before the run starts. ``run_name``, ``group``,
 ``job_type`` and ``tags`` given explicitly always win over it.
 """

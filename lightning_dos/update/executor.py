@@ -14,7 +14,7 @@ fused AdamW on the device, then write the 16-bit params) -> ``flush`` (device->h
 A gradient kept on the device through backward is not prefetched; kept in its 16-bit dtype, ``adam`` widens it
 (exactly) into the slot's gradient row, or, when every gradient of the lane stayed on the device, chunk by chunk
 through one 64 MB scratch buffer and the slot has no gradient row (a quarter less memory;
-:mod:`lightning_dos.device_adam`). The performance model's ``device_memory_bytes`` still counts slots of a whole
+:mod:`lightning_dos.update.device_adam`). The performance model's ``device_memory_bytes`` still counts slots of a whole
 subgroup with the row: under a memory budget it may demote early, never late.
 Each stage has its own stream (``h2d`` for prefetches and uploads, ``adam``, ``flush``, and a high-priority
 ``convert`` for the uploads' 16-bit writes); every cross-stream dependency is an event: a piece's prefetch waits for
@@ -35,11 +35,11 @@ gradient norm. ``run`` uses them if the plan and every tensor they read are stil
 starts afresh otherwise.
 
 On a machine without an accelerator the device lane runs with the host standing in for the device: the
-same buffers, copies, ordering and write-back, with streams and events that complete immediately.
-``issue`` (``overlap=True``) runs the same two lanes on one persistent worker thread instead and returns at once
-with a :class:`~lightning_dos.phase.Phase`: the next forward and backward run meanwhile, each reader waiting at the
-phase's per-subgroup gates, and ``Phase.join`` returns the timings once everything has landed. The caller's stream
-then never waits for the update as a whole (the readers' gates order each read after its own subgroup's write).
+same buffers, copies, ordering and write-back, with streams and events that complete immediately. ``issue``
+(``overlap=True``) runs the same two lanes on one persistent worker thread instead and returns at once with a
+:class:`~lightning_dos.update.phase.Phase`: the next forward and backward run meanwhile, each reader waiting at the
+phase's per-subgroup gates, and ``Phase.join`` returns the timings once everything has landed. The caller's stream then
+never waits for the update as a whole (the readers' gates order each read after its own subgroup's write).
 
 No DeepSpeed import here.
 """
@@ -55,12 +55,12 @@ from typing import Any
 
 import torch
 
-from lightning_dos.device_adam import adam, adam_widened, scratch_for
-from lightning_dos.phase import Phase
 from lightning_dos.planning.perf_model import PREFETCH_WINDOW, buffer_slots, early_prefetches
 from lightning_dos.planning.plan import Lane
-from lightning_dos.resident import ResidentState
-from lightning_dos.subgroup import Subgroup
+from lightning_dos.update.device_adam import adam, adam_widened, scratch_for
+from lightning_dos.update.phase import Phase
+from lightning_dos.update.resident import ResidentState
+from lightning_dos.update.subgroup import Subgroup
 
 #: Prefetches and flushes are issued in chunks of this many fp32 elements (64 MB), so no single copy command
 #: holds a copy engine for long.
@@ -269,7 +269,7 @@ class UpdateExecutor:
         host_order: Sequence[int] = (),
     ) -> Phase:
         """``run``'s update, issued to the worker thread: returns at once with the phase in flight (see
-        :mod:`lightning_dos.phase`); ``Phase.join`` gives its timings. ``host_step`` then runs on the worker and
+        :mod:`lightning_dos.update.phase`); ``Phase.join`` gives its timings. ``host_step`` then runs on the worker and
         must read nothing the training loop may change meanwhile (hyperparameters are read when it is made)."""
         begun = self._begin(lanes, order, buffers, subgroups, inv_scale, host_order)
         phase = Phase(len(subgroups), self.streams.wait)

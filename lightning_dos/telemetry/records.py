@@ -1,8 +1,8 @@
 """Owns what a person looks at: the lane timeline of an update phase and the plan table of a (re-)plan.
 
-Built from the manager's :class:`~lightning_dos.manager.StepRecord` (measured spans of every stage of
+Built from the manager's :class:`~lightning_dos.update.manager.StepRecord` (measured spans of every stage of
 every subgroup) and the performance model's prediction. Loggers (W&B images and tables, CSV) are fed by
-``lightning_dos.callbacks``; nothing here talks to a logger.
+``lightning_dos.telemetry.callbacks``; nothing here talks to a logger.
 """
 
 from __future__ import annotations

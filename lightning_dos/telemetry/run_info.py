@@ -30,8 +30,8 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from lightning_dos.baselines import ZeRO3OffloadStrategy
-from lightning_dos.strategy import DeepOptimizerStatesStrategy
+from lightning_dos.strategies.baselines import ZeRO3OffloadStrategy
+from lightning_dos.strategies.dos import DeepOptimizerStatesStrategy
 
 __all__ = [
     "RunIdentity",
@@ -130,7 +130,7 @@ def device_name(trainer: pl.Trainer) -> str:
     if torch.cuda.is_initialized() or not _forking_launcher(trainer):
         return torch.cuda.get_device_name(index)
     # a forking launcher must find CUDA uninitialised in the parent, so ask nvidia-smi instead
-    from lightning_dos.bench.environment import nvidia_smi_gpus
+    from lightning_dos.telemetry.environment import nvidia_smi_gpus
 
     physical = _physical_gpu_index(index)
     names = [gpu["name"] for gpu in nvidia_smi_gpus() if gpu["index"] == physical]
@@ -171,7 +171,7 @@ def hardware_facts(device: Optional[torch.device] = None) -> dict[str, Any]:
     """GPU used (``"cpu"`` without one), GPU count, memory and driver, CPU model and cores available to this
     process, host RAM, and the GPU's PCIe link (generation and width, current and max; None where unreadable).
     Never raises for a missing ``nvidia-smi`` or ``/sys``."""
-    from lightning_dos.bench.environment import hardware_info
+    from lightning_dos.telemetry.environment import hardware_info
 
     info = hardware_info()
     on_gpu = device is not None and device.type == "cuda"
@@ -201,7 +201,7 @@ def hardware_facts(device: Optional[torch.device] = None) -> dict[str, Any]:
 def version_facts() -> dict[str, Optional[str]]:
     """Versions of python, torch, CUDA (torch's build; None on a CPU build), lightning, deepspeed, lightning-dos
     and wandb (None when not installed)."""
-    from lightning_dos.bench.environment import _package_version, versions
+    from lightning_dos.telemetry.environment import _package_version, versions
 
     return {**versions(), "wandb": _package_version("wandb")}
 
@@ -267,7 +267,7 @@ def configure_run(trainer: pl.Trainer, recipe: Optional[str] = None) -> RunIdent
 
     Gives every W&B logger the run identity (name ``<recipe>-<strategy>[-<plan>]``, group, job type, tags);
     whatever the user set explicitly on the logger is kept. Adds :class:`RunInfoLogger` (the run facts) and
-    :class:`~lightning_dos.callbacks.PerfMetrics` (``perf/*``) unless the trainer already has them.
+    :class:`~lightning_dos.telemetry.callbacks.PerfMetrics` (``perf/*``) unless the trainer already has them.
 
     Args:
         trainer: The Trainer of the run, before ``fit``.
@@ -276,7 +276,7 @@ def configure_run(trainer: pl.Trainer, recipe: Optional[str] = None) -> RunIdent
     Returns:
         The identity given to the loggers.
     """
-    from lightning_dos.callbacks import PerfMetrics
+    from lightning_dos.telemetry.callbacks import PerfMetrics
 
     identity = run_identity(trainer, recipe)
     for logger in trainer.loggers:

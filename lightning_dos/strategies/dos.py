@@ -30,9 +30,9 @@ from lightning_dos.activations.options import (
     DEFAULT_MIN_TENSOR_BYTES,
     STRATEGY_KEYS,
 )
-from lightning_dos.cpu_support import CPUSupportMixin, offload_config_problems
 from lightning_dos.planning.perf_model import CostParams
 from lightning_dos.planning.plan import parse_plan
+from lightning_dos.strategies.deepspeed_base import CPUSupportMixin, offload_config_problems
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +96,9 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             ``True``/``False``: always/never (on several ranks a whole block is gathered at once and its gradients
             reduced only when its backward ends: more device memory, later communication; not measured). A
             ``leaf_module`` entry in ``config`` wins.
-        bind_cores: with several ranks on one host, give each rank's process (its CPU Adam and torch's CPU threads)
-            its own block of the host's cores, NUMA node by NUMA node (``lightning_dos.host_binding``), so one rank's
-            update phase does not take another's cores. Nothing changes with one rank per host.
+        bind_cores: with several ranks on one host, give each rank's process (its CPU Adam and torch's CPU threads) its
+            own block of the host's cores, NUMA node by NUMA node (``lightning_dos.strategies.host_binding``), so one
+            rank's update phase does not take another's cores. Nothing changes with one rank per host.
         stage, offload_optimizer: must stay 3 and True; they exist so a mistaken override is reported
             clearly instead of silently ignored.
         config: a DeepSpeed config dict or JSON path; it must keep ZeRO stage 3 and ``offload_optimizer``
@@ -266,7 +266,7 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             if self.overlapped:
                 _overlap_config_defaults(self.config)
         if self.bind_cores:
-            from lightning_dos.host_binding import bind_rank_cores
+            from lightning_dos.strategies.host_binding import bind_rank_cores
 
             self.bound_cores = bind_rank_cores(self.local_rank, self.num_processes)
             if self.bound_cores is not None:
@@ -316,7 +316,7 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
                 "offload ratio); set overlap: auto or false, or a configuration the interleaved update supports")
 
     def _build_manager(self, ds_optimizer: Any) -> Any:
-        from lightning_dos.manager import OptimizerStateManager
+        from lightning_dos.update.manager import OptimizerStateManager
 
         manager = OptimizerStateManager(
             ds_optimizer,

@@ -5,7 +5,7 @@ For people without a W&B account (or offline): each RUN_DIR is a CSV logger vers
 several of either (``runs/``). One PNG (``--out``) with train/val loss and ``perf/tokens_per_s`` against the
 step, a panel per ``--metric``, and peak GPU and host memory per run as bars; a summary table on stdout
 (median iteration time and tokens/s, peak memory, last losses). Runs are labelled by their run name
-(``<recipe>-<strategy>[-<plan>]``, from the run config that :mod:`lightning_dos.run_info` logs), else by their
+(``<recipe>-<strategy>[-<plan>]``, from the run config that :mod:`lightning_dos.telemetry.run_info` logs), else by their
 directory name.
 
 Offline W&B runs are read from their transaction log (``run-*.wandb``): the installed wandb (0.31) has no

@@ -1,4 +1,7 @@
-"""Owns peak-memory measurement inside a worker: host RSS (sampled + the kernel's high-water mark) and GPU peaks.
+"""Owns peak-memory measurement in a process: host RSS (sampled + the kernel's high-water mark) and GPU peaks.
+
+A bench worker uses all of it; a training run's ``perf/peak_host_gib`` reads the high-water mark
+(:func:`ru_maxrss_bytes`, :class:`~lightning_dos.telemetry.callbacks.PerfMetrics`).
 
 Host: a daemon thread samples this process's resident set size with psutil every ``interval_s``; the kernel's
 own high-water mark (``resource.getrusage(...).ru_maxrss``) catches peaks between samples. The reported peak

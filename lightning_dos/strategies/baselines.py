@@ -15,7 +15,7 @@ from lightning.fabric.strategies import _StrategyRegistry
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
-from lightning_dos.cpu_support import CPUSupportMixin
+from lightning_dos.strategies.deepspeed_base import CPUSupportMixin
 
 
 class ZeRO3OffloadStrategy(CPUSupportMixin):

@@ -7,7 +7,7 @@ device-lane subgroups to the host if they would not fit, runs the executor, and 
 step (plan, timings, bytes) for telemetry. No DeepSpeed import: the optimizer is duck-typed.
 
 With ``overlap=True`` the update phase is issued to the executor's worker thread and runs beside the next forward
-and backward (:mod:`lightning_dos.phase`); the manager joins it at the next dispatch, before any plan change and
+and backward (:mod:`lightning_dos.update.phase`); the manager joins it at the next dispatch, before any plan change and
 whenever asked (:meth:`OptimizerStateManager.join`), and records and calibrates it then: a step's record appears
 one step later than without overlap.
 """
@@ -21,15 +21,15 @@ from typing import Any
 
 import torch
 
-from lightning_dos.executor import LaneTimings, UpdateExecutor
-from lightning_dos.phase import Phase
 from lightning_dos.planning.calibration import Calibrator, StepMeasurement, probe_plans
 from lightning_dos.planning.perf_model import CostParams, device_memory_bytes, predicted_makespan_s
 from lightning_dos.planning.plan import Lane, Plan, PlanSpec, parse_plan, resolve_plan
 from lightning_dos.planning.planner import best_plan, demote_to_fit, kept_grads, rank_plans, resident_subgroups
 from lightning_dos.planning.residency import DeviceMemory, Residency, choose_residents, residents_to_release
 from lightning_dos.planning.trials import TRIAL_SOURCE, PlanTrials, TrialVerdict
-from lightning_dos.resident import RESIDENT_BYTES_PER_PARAM, ResidentState
+from lightning_dos.update.executor import LaneTimings, UpdateExecutor
+from lightning_dos.update.phase import Phase
+from lightning_dos.update.resident import RESIDENT_BYTES_PER_PARAM, ResidentState
 
 log = logging.getLogger(__name__)
 

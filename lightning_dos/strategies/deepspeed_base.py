@@ -5,7 +5,7 @@ places: ``setup_environment`` (CUDA only), ``setup_distributed`` (device indices
 None) and ``deepspeed.initialize(args.device_rank=root_device.index)`` (None crashes DeepSpeed). The mixin
 answers all three, gives subclasses one hook around ``deepspeed.initialize``, moves the module's state that ZeRO-3
 does not place (metrics, buffers) to the device, which no code path of Lightning or DeepSpeed does, and saves
-checkpoints atomically (:mod:`lightning_dos.checkpoint`).
+checkpoints atomically (:mod:`lightning_dos.strategies.checkpoint`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.strategies import DeepSpeedStrategy
 from typing_extensions import override
 
-from lightning_dos.checkpoint import describe, partial_path, publish, remove_partials, validate_resume_path
-from lightning_dos.module_device import move_module_state
+from lightning_dos.strategies.checkpoint import describe, partial_path, publish, remove_partials, validate_resume_path
+from lightning_dos.strategies.module_device import move_module_state
 
 
 class CPUSupportMixin(DeepSpeedStrategy):
@@ -99,8 +99,8 @@ class CPUSupportMixin(DeepSpeedStrategy):
     @override
     def save_checkpoint(self, checkpoint: dict, filepath: Any, storage_options: Optional[Any] = None) -> None:
         """DeepSpeed's sharded save, into ``<filepath>.partial`` and then published at ``filepath`` in one rename, with
-        every file fsynced first (:mod:`lightning_dos.checkpoint`): a crash never leaves a checkpoint that looks
-        complete and is not."""
+        every file fsynced first (:mod:`lightning_dos.strategies.checkpoint`): a crash never leaves a checkpoint that
+        looks complete and is not."""
         filepath = self.broadcast(os.fspath(filepath))
         partial = partial_path(filepath)
         if self.is_global_zero:

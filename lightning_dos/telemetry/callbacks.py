@@ -21,7 +21,7 @@ from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lightning_dos.bench.memory import ru_maxrss_bytes
+from lightning_dos.telemetry.peak_memory import ru_maxrss_bytes
 
 __all__ = ["DOSMetricsLogger", "NonFiniteLossGuard", "PerfMetrics", "ValLossReport", "batch_tokens",
            "default_callbacks", "host_in_use_gib", "peak_host_gib"]
@@ -276,7 +276,7 @@ class DOSMetricsLogger(Callback):
 
     def _log_media(self, trainer: pl.Trainer, manager: Any, records: list) -> None:
         """Plan table at the first phase and at every re-plan; timeline image every n-th phase (W&B only)."""
-        from lightning_dos.telemetry import PLAN_TABLE_COLUMNS, plan_table_rows, timeline_figure
+        from lightning_dos.telemetry.records import PLAN_TABLE_COLUMNS, plan_table_rows, timeline_figure
 
         loggers = [lg for lg in getattr(trainer, "loggers", []) if hasattr(lg, "log_table") or hasattr(lg, "log_image")]
         if not loggers:

@@ -10,8 +10,8 @@ checkpoint save, ``state_dict``, ``safe_get_*``) and :meth:`ResidentState.invali
 checkpoint load, ``safe_set_*``); the next update phase then loads the device copies from the homes again. The device
 copies are loaded from the homes at the first update phase, when the moments exist.
 
-The arithmetic is the device lane's (:mod:`lightning_dos.device_adam`): the gradient widened to fp32 chunk by chunk
-through one scratch buffer, multiplied by the same unscale/clip factor, fused Adam with the param group's current
+The arithmetic is the device lane's (:mod:`lightning_dos.update.device_adam`): the gradient widened to fp32 chunk by
+chunk through one scratch buffer, multiplied by the same unscale/clip factor, fused Adam with the param group's current
 hyperparameters, the 16-bit params written from the new master. No DeepSpeed import here.
 """
 
@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from lightning_dos.device_adam import adam, adam_widened, scratch_for
 from lightning_dos.planning.planner import RESIDENT_BYTES_PER_PARAM
-from lightning_dos.subgroup import Subgroup
+from lightning_dos.update.device_adam import adam, adam_widened, scratch_for
+from lightning_dos.update.subgroup import Subgroup
 
 
 class ResidentState:

@@ -1,18 +1,18 @@
 """Owns Adam on the device: torch's fused Adam(W) with a subgroup's current hyperparameters, whole or in chunks.
 
-Both the device lane (:mod:`lightning_dos.executor`) and the resident subgroups (:mod:`lightning_dos.resident`) update
-with it. :func:`adam_widened` reads a gradient in another dtype (the 16 bits it was kept in on the device) or on the
-host through a scratch buffer of ``CHUNK`` fp32 elements: each chunk is widened (exactly) into the scratch, multiplied
-by the step's unscale/clip factor and updated. Adam is elementwise and ``CHUNK`` a multiple of every vector width, so
-the chunks give the values of one call over a whole fp32 copy, bit for bit, with 64 MB of scratch instead of a whole
-gradient's worth. No DeepSpeed import here.
+Both the device lane (:mod:`lightning_dos.update.executor`) and the resident subgroups
+(:mod:`lightning_dos.update.resident`) update with it. :func:`adam_widened` reads a gradient in another dtype (the 16
+bits it was kept in on the device) or on the host through a scratch buffer of ``CHUNK`` fp32 elements: each chunk is
+widened (exactly) into the scratch, multiplied by the step's unscale/clip factor and updated. Adam is elementwise and
+``CHUNK`` a multiple of every vector width, so the chunks give the values of one call over a whole fp32 copy, bit for
+bit, with 64 MB of scratch instead of a whole gradient's worth. No DeepSpeed import here.
 """
 
 from __future__ import annotations
 
 import torch
 
-from lightning_dos.subgroup import Subgroup
+from lightning_dos.update.subgroup import Subgroup
 
 #: Elements per chunk of a widened gradient (64 MB of fp32 scratch on the device).
 CHUNK = 16 * 1024 * 1024

@@ -38,8 +38,8 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
-from lightning_dos.baselines import ZeRO3OffloadStrategy
-from lightning_dos.cpu_support import CPUSupportMixin, offload_config_problems
+from lightning_dos.strategies.baselines import ZeRO3OffloadStrategy
+from lightning_dos.strategies.deepspeed_base import CPUSupportMixin, offload_config_problems
 
 #: How to install the optional peers (torchao); named by every error about a missing one.
 PEERS_EXTRA = "pip install 'lightning-dos[peers]'"
