@@ -15,7 +15,6 @@ import pytest
 import torch
 from parity import RandomPlanEveryStep, assert_tracks, make_strategy, train
 
-from lightning_dos.update.manager import OptimizerStateManager
 from lightning_dos.planning.residency import (
     GIB,
     HEADROOM_MIN_BYTES,
@@ -25,6 +24,7 @@ from lightning_dos.planning.residency import (
     resident_room,
     residents_to_release,
 )
+from lightning_dos.update.manager import OptimizerStateManager
 
 CLIP = 0.05
 TOL = 1e-5

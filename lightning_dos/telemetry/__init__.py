@@ -9,3 +9,15 @@ peak host and GPU memory. It reads the engine (strategies, the manager's records
 engine never imports it. Import from the modules (this file imports none of them: ``loggers`` chooses between W&B
 and CSV when it is imported).
 """
+
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    """``lightning_dos.telemetry.DOSWandbLogger``: the W&B logger's short public name (what the logger fragment's
+    ``class_path`` names), imported when first asked for."""
+    if name == "DOSWandbLogger":
+        from lightning_dos.telemetry.loggers import DOSWandbLogger
+
+        return DOSWandbLogger
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
