@@ -30,12 +30,14 @@ TINY = ["--model", "debug", "--n-layer", "2", "--n-embd", "64", "--vocab-size", 
         "--sub-group-size", "40000"]
 
 
-def _run(tmp_path: Path, *flags: str) -> tuple[subprocess.CompletedProcess[str], Path, dict[str, Any]]:
-    """The script on the tiny model with ``flags``, under 60 s; its process, output directory and summary."""
+def _run(tmp_path: Path, *flags: str, sub: str = "") -> tuple[subprocess.CompletedProcess[str], Path, dict[str, Any]]:
+    """The script on the tiny model with ``flags``; its process, output directory (``sub``: the folder of one phase,
+    when several were profiled) and summary."""
     out = tmp_path / "profile"
     proc = subprocess.run([sys.executable, str(SCRIPT), *TINY, *flags, "--out", str(out)], env=subprocess_env(),
                           cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = out / sub if sub else out
 
     for name in ("summary.json", "ops_by_self_cpu.txt", "trace.json.gz"):
         assert (out / name).is_file(), name
@@ -76,15 +78,21 @@ def test_profile_backward_on_cpu(tmp_path: Path) -> None:
 
 
 def test_profile_forward_on_cpu(tmp_path: Path) -> None:
-    """``--phase forward``: the window from the batch's start to ``on_before_backward`` (forward and loss)."""
-    proc, _, summary = _run(tmp_path, "--strategy", "dos", "--plan", "device", "--phase", "forward")
+    """``--phase forward``: the window from the batch's start to ``on_before_backward`` (forward and loss); with a
+    second window (``--phase forward step``) each gets its own folder, and ``--dos`` reaches the strategy."""
+    proc, out, summary = _run(tmp_path, "--strategy", "dos", "--plan", "device", "--phase", "forward", "step",
+                              "--dos", "leaf_blocks=false", sub="forward")
+    step = json.loads((out.parent / "step" / "summary.json").read_text())
+    assert step["phase"] == "step" and step["window"] == "on_before_optimizer_step -> on_train_batch_end"
+    assert summary["dos_arguments"] == step["dos_arguments"] == {"leaf_blocks": False}
+    assert summary["devices"] == 1 and summary["rank"] == 0
     assert summary["label"] == "dos(device)"
     assert summary["phase"] == "forward" and summary["window"] == "on_train_batch_start -> on_before_backward"
     assert "backward_ms" not in summary
 
     printed = proc.stdout
     assert "\nforward profile: dos(device) on cpu" in "\n" + printed
-    assert "forward (profiled)" in printed and "backward (profiled)" not in printed
+    assert "forward (profiled)" in printed and "step (profiled)" in printed and "backward (profiled)" not in printed
     assert _printed_ms(printed, "forward (profiled)") > 0
 
 
@@ -122,7 +130,9 @@ def test_bench_config_plan_for_dos_only() -> None:
         config, spec = script.bench_config(args)
         assert (spec.label, spec.plan, config.plans) == (label, plan, plans), strategy
         assert spec.strategy == script.STRATEGY_KINDS[strategy] and config.strategies == [spec.strategy]
-    assert parser.parse_args([*TINY, "--out", "unused"]).phase == "backward"
+    assert parser.parse_args([*TINY, "--out", "unused"]).phase == ["backward"]
+    with pytest.raises(SystemExit, match="--dos: only the dos strategy"):
+        script.main([*TINY, "--strategy", "plain", "--dos", "resident_gib=0", "--out", "unused"])
 
 
 def _event(name: str, start: float, end: float, device: bool = False, stream: int = 0,
