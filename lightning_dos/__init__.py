@@ -3,8 +3,8 @@
 ``import lightning_dos`` checks the DeepSpeed and Lightning versions and registers the strategy name
 ``"deep_optimizer_states"`` with Lightning (idempotently), plus the baselines ``"zero3_offload"``,
 ``"static_split_{0.25,0.5,0.75}"`` and ``"zero3"`` (no offload) and the peers ``"plain"``, ``"torchao_offload"``,
-``"superoffload"`` and ``"zenflow"`` (:mod:`lightning_dos.peers`), so ``Trainer(strategy="deep_optimizer_states")``
-works.
+``"superoffload"`` and ``"zenflow"`` (:mod:`lightning_dos.peers`) and ``"fsdp_offload"``
+(:mod:`lightning_dos.fsdp_offload`), so ``Trainer(strategy="deep_optimizer_states")`` works.
 """
 
 from lightning_dos._versions import check_versions
@@ -14,6 +14,7 @@ check_versions()
 from lightning.pytorch.strategies import StrategyRegistry  # noqa: E402
 
 from lightning_dos.baselines import ZeRO3OffloadStrategy, ZeRO3Strategy  # noqa: E402
+from lightning_dos.fsdp_offload import FSDPOffloadStrategy  # noqa: E402
 from lightning_dos.peers import (  # noqa: E402
     PlainStrategy,
     SuperOffloadStrategy,
@@ -31,7 +32,7 @@ def register() -> None:
     if STRATEGY_NAME not in StrategyRegistry:
         DeepOptimizerStatesStrategy.register_strategies(StrategyRegistry)
     for other in (ZeRO3OffloadStrategy, ZeRO3Strategy, PlainStrategy, TorchaoOffloadStrategy, SuperOffloadStrategy,
-                  ZenFlowStrategy):
+                  ZenFlowStrategy, FSDPOffloadStrategy):
         if other.strategy_name not in StrategyRegistry:
             other.register_strategies(StrategyRegistry)
 
@@ -40,6 +41,7 @@ register()
 
 __all__ = [
     "DeepOptimizerStatesStrategy",
+    "FSDPOffloadStrategy",
     "PlainStrategy",
     "SuperOffloadStrategy",
     "TorchaoOffloadStrategy",

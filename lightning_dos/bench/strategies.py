@@ -8,9 +8,10 @@ in the worker).
 
 Beside DOS and its DeepSpeed baselines, the peers a user could pick instead (:mod:`lightning_dos.peers`) are kinds
 too, all in the default list so that one bench on the GPU host compares every one: ``plain`` (one GPU, nothing
-offloaded), ``torchao_offload``, ``superoffload`` and ``zenflow``. A peer that cannot run here (no CUDA device,
-torchao not installed: ``pip install 'lightning-dos[peers]'``) still gets its row, with status ``failed`` and the
-first line of the error that says why, raised by its strategy before the model is built.
+offloaded), ``torchao_offload``, ``superoffload``, ``zenflow`` and ``fsdp_offload`` (torch FSDP with CPU offload,
+:mod:`lightning_dos.fsdp_offload`: the multi-GPU peer, run at every device count). A peer that cannot run here (no
+CUDA device, torchao not installed: ``pip install 'lightning-dos[peers]'``) still gets its row, with status
+``failed`` and the first line of the error that says why, raised by its strategy before the model is built.
 
 Data parallelism (``--devices N [M ...]``): every configuration runs once per device count, its :class:`RunSpec`
 carrying ``devices``; the labels of the rows at more than one device get the suffix ``@dp<N>``. A kind that trains on
@@ -177,6 +178,12 @@ def _zenflow(config: BenchConfig, spec: RunSpec) -> Any:
     return ZenFlowStrategy(pin_memory=config.pin_memory)  # ZeRO-2: there are no subgroups to size
 
 
+def _fsdp_offload(config: BenchConfig, spec: RunSpec) -> Any:
+    from lightning_dos.fsdp_offload import FSDPOffloadStrategy
+
+    return FSDPOffloadStrategy()  # FSDP pins its host shards itself: config.pin_memory has nothing to set
+
+
 def _one_row(name: str) -> Callable[[BenchConfig], list[RunSpec]]:
     """The rows of a kind with one configuration, labelled by its name."""
     return lambda config: [RunSpec(label=name, strategy=name, plan=None)]
@@ -209,6 +216,9 @@ KINDS: dict[str, StrategyKind] = {kind.name: kind for kind in (
     StrategyKind(
         "zenflow", "peer: DeepSpeed ZenFlow at ZeRO-2, optimizer offloaded (approximate: defers unimportant columns)",
         _one_row("zenflow"), _zenflow),
+    StrategyKind(
+        "fsdp_offload", "peer: torch FSDP (FULL_SHARD, a unit per block) with CPU offload: parameters, gradients and "
+        "AdamW on the host; every device count (CUDA only)", _one_row("fsdp_offload"), _fsdp_offload),
 )}
 #: Strategy kind names, in report order.
 STRATEGIES = tuple(KINDS)
