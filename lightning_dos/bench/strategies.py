@@ -96,6 +96,9 @@ class StrategyKind:
     cannot fit (unless ``--force-no-offload``)."""
     single_device: bool = False
     """Whether the kind trains on one device only: its rows at more than one device are skipped, with the reason."""
+    builds_on_host: bool = False
+    """Whether the model is built on the host, where the other kinds build it on the device: on a GPU its initial
+    weights are then other draws of the same distribution (the CPU's random numbers, not the GPU's)."""
 
 
 def plan_argument(plan: str) -> str | float | list[str]:
@@ -218,7 +221,8 @@ KINDS: dict[str, StrategyKind] = {kind.name: kind for kind in (
         _one_row("zenflow"), _zenflow),
     StrategyKind(
         "fsdp_offload", "peer: torch FSDP (FULL_SHARD, a unit per block) with CPU offload: parameters, gradients and "
-        "AdamW on the host; every device count (CUDA only)", _one_row("fsdp_offload"), _fsdp_offload),
+        "AdamW on the host; every device count (CUDA only)", _one_row("fsdp_offload"), _fsdp_offload,
+        builds_on_host=True),
 )}
 #: Strategy kind names, in report order.
 STRATEGIES = tuple(KINDS)
