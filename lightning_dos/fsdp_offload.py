@@ -67,7 +67,9 @@ class FSDPOffloadStrategy(FSDPStrategy):
       gradients, whose shard goes back to pinned host memory.
     * **Optimizer**: :func:`lightning_dos.optim.adamw` returns torch AdamW, fused, over the host shards
       (:meth:`configure_adamw`); its two moments live on the host beside them. Host memory per rank: 16 bytes per
-      parameter of its shard (weights, gradients, two moments); GPU memory: the units in flight and the activations.
+      parameter of its shard (weights, gradients, two moments), and, while FSDP wraps it, the whole model as the
+      module built it (every rank builds it on the host, fp32: 4 bytes per parameter, until it is sharded); GPU
+      memory: the units in flight and the activations.
     * **Precision**: the Trainer's, through Lightning's FSDP precision plugin: ``bf16-mixed`` computes with bf16
       copies of the gathered parameters and reduces the gradients in bf16 (FSDP ``MixedPrecision``), the host keeps
       fp32 weights; ``32-true`` computes in fp32.
