@@ -3,7 +3,8 @@
 ``import lightning_dos`` checks the DeepSpeed and Lightning versions and registers the strategy name
 ``"deep_optimizer_states"`` with Lightning (idempotently), plus the baselines ``"zero3_offload"``,
 ``"static_split_{0.25,0.5,0.75}"`` and ``"zero3"`` (no offload) and the peers ``"plain"``, ``"torchao_offload"``,
-``"superoffload"`` and ``"zenflow"`` (:mod:`lightning_dos.strategies.peers`), so
+``"superoffload"`` and ``"zenflow"`` (:mod:`lightning_dos.strategies.peers`) and ``"fsdp_offload"``
+(:mod:`lightning_dos.strategies.fsdp_offload`), so
 ``Trainer(strategy="deep_optimizer_states")`` works.
 
 The package has two halves. The engine trains: ``strategies`` (the Lightning strategies), ``update`` (the update
@@ -23,6 +24,7 @@ from lightning.pytorch.strategies import StrategyRegistry  # noqa: E402
 from lightning_dos.strategies import (  # noqa: E402
     STRATEGY_NAME,
     DeepOptimizerStatesStrategy,
+    FSDPOffloadStrategy,
     PlainStrategy,
     SuperOffloadStrategy,
     TorchaoOffloadStrategy,
@@ -40,7 +42,7 @@ def register() -> None:
     if STRATEGY_NAME not in StrategyRegistry:
         DeepOptimizerStatesStrategy.register_strategies(StrategyRegistry)
     for other in (ZeRO3OffloadStrategy, ZeRO3Strategy, PlainStrategy, TorchaoOffloadStrategy, SuperOffloadStrategy,
-                  ZenFlowStrategy):
+                  ZenFlowStrategy, FSDPOffloadStrategy):
         if other.strategy_name not in StrategyRegistry:
             other.register_strategies(StrategyRegistry)
 
@@ -49,6 +51,7 @@ register()
 
 __all__ = [
     "DeepOptimizerStatesStrategy",
+    "FSDPOffloadStrategy",
     "PlainStrategy",
     "SuperOffloadStrategy",
     "TorchaoOffloadStrategy",

@@ -1,7 +1,8 @@
 """Owns the choice of AdamW implementation for a LightningModule's ``configure_optimizers``.
 
 A strategy that brings its own optimizer (torchao's ``CPUOffloadOptimizer`` under ``torchao_offload``,
-``ZenFlowCPUAdam`` under ``zenflow``: :class:`ProvidesAdamW`) builds it; under any other DeepSpeed strategy that
+``ZenFlowCPUAdam`` under ``zenflow``, fused torch AdamW over the host shards under ``fsdp_offload``:
+:class:`ProvidesAdamW`) builds it; under any other DeepSpeed strategy that
 offloads the optimizer, ZeRO needs DeepSpeed's ``DeepSpeedCPUAdam`` (a plain torch optimizer is refused); everywhere
 else a torch AdamW is right. Models call :func:`adamw` and stay ignorant of how they are trained.
 """
@@ -12,6 +13,10 @@ from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+#: The attribute that holds a parameter's whole shape where a sharding strategy flattens it in place (FSDP with
+#: ``use_orig_params``: a 1-D view of this rank's shard), set by that strategy before it wraps the model.
+FULL_SHAPE = "dos_full_shape"
 
 
 @runtime_checkable
@@ -44,10 +49,11 @@ def weight_decay_groups(params: Iterable[torch.nn.Parameter], weight_decay: floa
     """Param groups with decay for tensors of 2+ dims (matrices, embeddings) and none for norms and biases.
 
     Under ZeRO-3 the parameters are already partitioned when ``configure_optimizers`` runs (each one an empty
-    1-D tensor), so the real number of dims is read from ``ds_shape``. Empty groups are left out.
+    1-D tensor), so the real number of dims is read from ``ds_shape``; under FSDP from :data:`FULL_SHAPE`. Empty
+    groups are left out.
     """
     params = [p for p in params if p.requires_grad]
-    ndim = {id(p): len(getattr(p, "ds_shape", p.shape)) for p in params}
+    ndim = {id(p): len(getattr(p, "ds_shape", getattr(p, FULL_SHAPE, p.shape))) for p in params}
     groups = [
         {"params": [p for p in params if ndim[id(p)] >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if ndim[id(p)] < 2], "weight_decay": 0.0},

@@ -175,10 +175,11 @@ def _workers_of(out: Path) -> list[Any]:
 def test_bench_data_parallel_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``--devices 1 2`` on two gloo CPU ranks: every configuration at one and two devices, in one invocation;
     rank 0 reports every rank's own figures, vanilla is compared at the same device count, a single-device kind is
-    skipped at two, and the scaling section, the data-parallel claims, the report and every rank's timeline follow."""
+    skipped at two, a kind that cannot run on a CPU (fsdp_offload, the multi-GPU peer) gets a failed row with its
+    reason at both, and the scaling section, the data-parallel claims, the report and every rank's timeline follow."""
     out = tmp_path / "dp"
     code = main([*TINY, "--accelerator", "cpu", "--devices", "1", "2", "--strategies", "zero3_offload",
-                 "deep_optimizer_states", "plain", "--plans", "auto", "--out", str(out)])
+                 "deep_optimizer_states", "plain", "fsdp_offload", "--plans", "auto", "--out", str(out)])
     assert code == 0
     printed = capsys.readouterr().out
     assert "plain@dp2: SKIPPED: single-GPU only" in printed
@@ -187,11 +188,17 @@ def test_bench_data_parallel_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixtur
     doc = json.loads((out / "results.json").read_text())
     assert doc["config"]["devices"] == [1, 2]
     by_label = {r["label"]: r for r in doc["results"]}
-    assert list(by_label) == ["zero3_offload", "dos(auto)", "plain", "zero3_offload@dp2", "dos(auto)@dp2",
-                              "plain@dp2"]
-    assert [r["devices"] for r in doc["results"]] == [1, 1, 1, 2, 2, 2]
+    assert list(by_label) == ["zero3_offload", "dos(auto)", "plain", "fsdp_offload", "zero3_offload@dp2",
+                              "dos(auto)@dp2", "plain@dp2", "fsdp_offload@dp2"]
+    assert [r["devices"] for r in doc["results"]] == [1, 1, 1, 1, 2, 2, 2, 2]
     skipped = by_label["plain@dp2"]
     assert skipped["status"] == "skipped" and "single-GPU only" in skipped["reason"]
+    for label, devices in (("fsdp_offload", 1), ("fsdp_offload@dp2", 2)):  # run, and refused by the strategy itself
+        fsdp = by_label[label]
+        assert (fsdp["status"], fsdp["strategy"], fsdp["devices"], fsdp["iteration_ms"]) == (
+            "failed", "fsdp_offload", devices, None)
+        assert fsdp["reason"].startswith(
+            "MisconfigurationException: accelerator: fsdp_offload needs a CUDA GPU, got device cpu")
     for label in ("zero3_offload", "dos(auto)", "plain", "zero3_offload@dp2", "dos(auto)@dp2"):
         result = by_label[label]
         assert result["status"] == "ok", (label, result["reason"])
@@ -249,7 +256,8 @@ def test_bench_data_parallel_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixtur
 
     report = (out / "report.md").read_text()
     for text in ("## Data parallel", "| devices |", "| dos(auto)@dp2 | ok |", "](rank_timelines.png)",
-                 "DOS/zero3_offload ratio at DP=2 vs DP=1", "single-GPU only"):
+                 "DOS/zero3_offload ratio at DP=2 vs DP=1", "single-GPU only",
+                 by_label["fsdp_offload@dp2"]["reason"][:60], "except that fsdp_offload builds the model on the host"):
         assert text in report, text
     assert report.index("## Speedup vs zero3_offload") < report.index("## Data parallel") < report.index(
         "## Claims checked in this run")
@@ -437,7 +445,8 @@ def test_defaults_target_a_gpu_host() -> None:
     assert config.steps == 10 and config.warmup == 3
     labels = [spec.label for spec in expand(config)]
     assert labels == ["zero3_offload", "static_split(0.25)", "static_split(0.5)", "static_split(0.75)", "dos(auto)",
-                      "no_offload", "plain", "torchao_offload", "superoffload", "zenflow"]  # every peer, one bench
+                      "no_offload", "plain", "torchao_offload", "superoffload", "zenflow",
+                      "fsdp_offload"]  # every peer, one bench
 
 
 def test_flags_override_a_config_file(tmp_path: Path) -> None:
@@ -908,18 +917,19 @@ def test_devices_default_to_one_and_come_from_flags_or_a_config_file(tmp_path: P
 
 
 def test_every_configuration_runs_at_each_device_count_with_its_label() -> None:
-    config = BenchConfig(strategies=["zero3_offload", "deep_optimizer_states", "plain", "torchao_offload"],
-                         plans=["host"], devices=[1, 2])
+    config = BenchConfig(strategies=["zero3_offload", "deep_optimizer_states", "plain", "torchao_offload",
+                                     "fsdp_offload"], plans=["host"], devices=[1, 2])
     specs = expand(config)
     assert [(s.label, s.devices) for s in specs] == [
         ("zero3_offload", 1), ("dos(auto)", 1), ("dos(host)", 1), ("plain", 1), ("torchao_offload", 1),
-        ("zero3_offload@dp2", 2), ("dos(auto)@dp2", 2), ("dos(host)@dp2", 2), ("plain@dp2", 2),
-        ("torchao_offload@dp2", 2)]
+        ("fsdp_offload", 1), ("zero3_offload@dp2", 2), ("dos(auto)@dp2", 2), ("dos(host)@dp2", 2), ("plain@dp2", 2),
+        ("torchao_offload@dp2", 2), ("fsdp_offload@dp2", 2)]
     assert [s.label for s in expand(BenchConfig(strategies=["zero3_offload"]))] == ["zero3_offload"]  # as before
     assert RunSpec("dos(auto)", "deep_optimizer_states", "auto").devices == 1
-    assert [base_label(s.label) for s in specs[5:7]] == ["zero3_offload", "dos(auto)"]
-    assert base_label("dos(host,device)") == "dos(host,device)" and specs[6].slug == "dos_auto__dp2"
-    assert [single_device_reason(s) is not None for s in specs] == [False] * 8 + [True] * 2
+    assert [base_label(s.label) for s in specs[6:8]] == ["zero3_offload", "dos(auto)"]
+    assert base_label("dos(host,device)") == "dos(host,device)" and specs[7].slug == "dos_auto__dp2"
+    # the single-GPU peers are skipped at two devices; fsdp_offload, the multi-GPU peer, runs there
+    assert [single_device_reason(s) is not None for s in specs] == [False] * 9 + [True] * 2 + [False]
     assert at_devices(specs[0], 1) == specs[0]
 
 

@@ -18,6 +18,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from lightning_dos import (
     DeepOptimizerStatesStrategy,
+    FSDPOffloadStrategy,
     PlainStrategy,
     SuperOffloadStrategy,
     TorchaoOffloadStrategy,
@@ -65,6 +66,7 @@ EXPECTED_STRATEGIES: dict[str, tuple[type, int | None, bool, float | None]] = {
     "torchao_offload": (TorchaoOffloadStrategy, None, False, None),  # torchao offloads, DeepSpeed is not involved
     "superoffload": (SuperOffloadStrategy, 3, True, None),
     "zenflow": (ZenFlowStrategy, 2, True, None),
+    "fsdp_offload": (FSDPOffloadStrategy, None, False, None),  # FSDP offloads, DeepSpeed is not involved
 }
 EXPECTED_LOGGERS: dict[str, type] = {"csv": CSVLogger, "wandb": DOSWandbLogger}
 
@@ -192,10 +194,15 @@ def test_strategy_fragment_overrides_recipe(recipe: Path, fragment: Path) -> Non
     strategy = cli.trainer.strategy
     assert type(strategy) is strategy_class
     recipe_clip = yaml.safe_load(recipe.read_text())["trainer"].get("gradient_clip_val")
-    # torchao_offload cannot clip, so its fragment turns the recipe's clipping off; every other one keeps it
-    assert cli.trainer.gradient_clip_val == (None if strategy_class is TorchaoOffloadStrategy else recipe_clip)
-    if stage is None:  # one device, nothing of DeepSpeed: the recipe's DOS arguments did not leak in
+    # torchao_offload and fsdp_offload cannot clip by norm, so their fragments turn the recipe's clipping off; every
+    # other one keeps it
+    no_clip = (TorchaoOffloadStrategy, FSDPOffloadStrategy)
+    assert cli.trainer.gradient_clip_val == (None if strategy_class in no_clip else recipe_clip)
+    if stage is None:  # nothing of DeepSpeed: the recipe's DOS arguments did not leak in
         assert not hasattr(strategy, "plan_spec") and strategy.root_device.type == "cpu"
+        if strategy_class is FSDPOffloadStrategy:  # the fragment's FSDP settings
+            assert strategy.cpu_offload.offload_params and strategy.sharding_strategy.name == "FULL_SHARD"
+            assert strategy.state_dict_type == "sharded" and strategy.kwargs["use_orig_params"] is True
         return
     zero = _zero(cli)
     offload = zero.get("offload_optimizer")

@@ -41,7 +41,7 @@ GPU_VS_TORCHAO = 0.6
 #: DOS's forward + backward (synchronised) at most this many times plain PyTorch's (the floor one GPU can reach)
 FWD_BWD_VS_PLAIN = 1.15
 #: the kinds that offload the optimizer state, which the fastest DOS configuration must beat end to end
-OFFLOADING_PEERS = ("zero3_offload", "static_split", "torchao_offload", "superoffload", "zenflow")
+OFFLOADING_PEERS = ("zero3_offload", "static_split", "torchao_offload", "superoffload", "zenflow", "fsdp_offload")
 ITERATION_VS_SPLIT = 1.4
 SPLIT_RATIO = 0.5
 STEP_VS_VANILLA = 3.0

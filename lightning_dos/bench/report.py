@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lightning_dos.bench.config import HOST_KEYS
-from lightning_dos.bench.strategies import BASELINE
+from lightning_dos.bench.strategies import BASELINE, KINDS
 from lightning_dos.planning.planner import RESIDENT_BYTES_PER_PARAM
 
 MISSING = "–"
@@ -129,12 +129,22 @@ def _config_lines(doc: dict[str, Any]) -> list[str]:
              f"- Precision {cfg['precision']}, activation checkpointing "
              f"{'on' if cfg['activation_checkpointing'] else 'off'}, sub_group_size {cfg['sub_group_size']:,} "
              f"for every strategy, pinned host memory {'on' if cfg['pin_memory'] else 'off'}",
-             f"- Data: {cfg['data']}, seed {cfg['seed']} (same model init, data and order for every configuration); "
-             f"AdamW lr {cfg['learning_rate']:g}",
+             f"- Data: {cfg['data']}, seed {cfg['seed']} (same model init, data and order for every configuration"
+             f"{_host_init_text(cfg)}); AdamW lr {cfg['learning_rate']:g}",
              "", "Full resolved configuration (as in results.json):", "", "```json"]
     lines += json.dumps(cfg, indent=2).splitlines()
     lines.append("```")
     return lines
+
+
+def _host_init_text(cfg: dict[str, Any]) -> str:
+    """What the configuration line adds for the kinds that build the model on the host (``builds_on_host``)."""
+    host = [name for name in cfg.get("strategies") or [] if name in KINDS and KINDS[name].builds_on_host]
+    if not host:
+        return ""
+    return (f", except that {' and '.join(host)} {'builds' if len(host) == 1 else 'build'} the model on the host: on "
+            "a GPU its initial weights are other draws of the same distribution, so its losses differ from the "
+            "others' from the first step")
 
 
 def _iterations_text(numbers: Sequence[int]) -> str:

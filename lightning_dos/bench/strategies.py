@@ -6,11 +6,13 @@ strategy a worker builds for one of them. Adding a strategy to the comparison is
 the workers, results, report and chart take every kind from here. No torch import here (``build`` imports lazily,
 in the worker).
 
-Beside DOS and its DeepSpeed baselines, the peers a user could pick instead (:mod:`lightning_dos.strategies.peers`) are
-kinds too, all in the default list so that one bench on the GPU host compares every one: ``plain`` (one GPU, nothing
-offloaded), ``torchao_offload``, ``superoffload`` and ``zenflow``. A peer that cannot run here (no CUDA device, torchao
-not installed: ``pip install 'lightning-dos[peers]'``) still gets its row, with status ``failed`` and the first line of
-the error that says why, raised by its strategy before the model is built.
+Beside DOS and its DeepSpeed baselines, the peers a user could pick instead (:mod:`lightning_dos.strategies.peers`)
+are kinds too, all in the default list so that one bench on the GPU host compares every one: ``plain`` (one GPU,
+nothing offloaded), ``torchao_offload``, ``superoffload``, ``zenflow`` and ``fsdp_offload`` (torch FSDP with CPU
+offload, :mod:`lightning_dos.strategies.fsdp_offload`: the multi-GPU peer, run at every device count). A peer that
+cannot run here (no CUDA device, torchao not installed: ``pip install 'lightning-dos[peers]'``) still gets its row,
+with status ``failed`` and the first line of the error that says why, raised by its strategy before the model is
+built.
 
 Data parallelism (``--devices N [M ...]``): every configuration runs once per device count, its :class:`RunSpec`
 carrying ``devices``; the labels of the rows at more than one device get the suffix ``@dp<N>``. A kind that trains on
@@ -109,6 +111,9 @@ class StrategyKind:
     cannot fit (unless ``--force-no-offload``)."""
     single_device: bool = False
     """Whether the kind trains on one device only: its rows at more than one device are skipped, with the reason."""
+    builds_on_host: bool = False
+    """Whether the model is built on the host, where the other kinds build it on the device: on a GPU its initial
+    weights are then other draws of the same distribution (the CPU's random numbers, not the GPU's)."""
 
 
 def plan_argument(plan: str) -> str | float | list[str]:
@@ -212,6 +217,12 @@ def _zenflow(config: BenchSettings, spec: RunSpec) -> Any:
     return ZenFlowStrategy(pin_memory=config.pin_memory)  # ZeRO-2: there are no subgroups to size
 
 
+def _fsdp_offload(config: BenchSettings, spec: RunSpec) -> Any:
+    from lightning_dos.strategies.fsdp_offload import FSDPOffloadStrategy
+
+    return FSDPOffloadStrategy()  # FSDP pins its host shards itself: config.pin_memory has nothing to set
+
+
 def _one_row(name: str) -> Callable[[BenchSettings], list[RunSpec]]:
     """The rows of a kind with one configuration, labelled by its name."""
     return lambda config: [RunSpec(label=name, strategy=name, plan=None)]
@@ -244,6 +255,10 @@ KINDS: dict[str, StrategyKind] = {kind.name: kind for kind in (
     StrategyKind(
         "zenflow", "peer: DeepSpeed ZenFlow at ZeRO-2, optimizer offloaded (approximate: defers unimportant columns)",
         _one_row("zenflow"), _zenflow),
+    StrategyKind(
+        "fsdp_offload", "peer: torch FSDP (FULL_SHARD, a unit per block) with CPU offload: parameters, gradients and "
+        "AdamW on the host; every device count (CUDA only)", _one_row("fsdp_offload"), _fsdp_offload,
+        builds_on_host=True),
 )}
 #: Strategy kind names, in report order.
 STRATEGIES = tuple(KINDS)
