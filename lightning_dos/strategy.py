@@ -119,6 +119,7 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
     """
 
     strategy_name = STRATEGY_NAME
+    takes_torch_adam = True  # configure_optimizers may return torch's Adam/AdamW (lightning_dos.torch_optimizers)
 
     def __init__(
         self,
