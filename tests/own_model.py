@@ -156,13 +156,14 @@ def full_params(trainer: pl.Trainer, module: pl.LightningModule) -> dict[str, to
 
 def fit(strategy: Any, steps: int = 6, clip: float | None = CLIP, module: OwnModel | None = None,
         callbacks: list[pl.Callback] | None = None, ckpt_path: str | None = None, save_to: str | None = None,
-        root: str | None = None, batches: int | None = None, logger: Any = False, **trainer_kwargs: Any) -> Run:
-    """Train ``module`` (an :class:`OwnModel` by default) for ``steps`` optimizer steps on one CPU process, the
-    batches in order under every strategy (Lightning would put a shuffling sampler under DeepSpeed's)."""
+        root: str | None = None, batches: int | None = None, logger: Any = False, accelerator: str = "cpu",
+        **trainer_kwargs: Any) -> Run:
+    """Train ``module`` (an :class:`OwnModel` by default) for ``steps`` optimizer steps in one process (a CPU's by
+    default), the batches in order under every strategy (Lightning would put a shuffling sampler under DeepSpeed's)."""
     recorder = Recorder()
     # with ``batches`` per epoch: whole epochs, so that a checkpoint lands on an epoch boundary
     epochs = {"max_steps": -1, "max_epochs": steps // batches} if batches else {"max_steps": steps}
-    trainer = pl.Trainer(accelerator="cpu", devices=1, strategy=strategy, precision="32-true", **epochs,
+    trainer = pl.Trainer(accelerator=accelerator, devices=1, strategy=strategy, precision="32-true", **epochs,
                          gradient_clip_val=clip, logger=logger, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, default_root_dir=root, use_distributed_sampler=False,
                          callbacks=[recorder, *(callbacks or [])], **trainer_kwargs)
