@@ -16,17 +16,13 @@ it is imported when the model is built, and a missing one is one clear error.
 
 from __future__ import annotations
 
-import functools
-import math
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torchmetrics import MeanMetric
 
-from lightning_dos.models.module import lr_factor
+from lightning_dos.models.module import CausalLMModule, check_training_args
 
 __all__ = ["HFCausalLMModule", "hf_num_params", "import_transformers"]
 
@@ -61,7 +57,7 @@ def hf_num_params(model_type: str, config: dict[str, Any], vocab_size: int | Non
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
-class HFCausalLMModule(pl.LightningModule):
+class HFCausalLMModule(CausalLMModule):
     """Pretrains a Hugging Face causal LM on batches ``(x, y)`` of token ids ``[B, T]`` (``y``: ``x`` shifted by one).
 
     Args:
@@ -97,14 +93,7 @@ class HFCausalLMModule(pl.LightningModule):
         eps: float = 1e-8,
     ) -> None:
         super().__init__()
-        if not learning_rate > 0:
-            raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
-        if warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
-        if not 0.0 <= min_lr_ratio <= 1.0:
-            raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
-        if max_steps is not None and max_steps <= 0:
-            raise ValueError(f"max_steps must be > 0 or None, got {max_steps}")
+        check_training_args(learning_rate, warmup_steps, min_lr_ratio, max_steps)
         self.save_hyperparameters()
         #: the ``transformers`` configuration the model is built from (known before it is built)
         self.config = _hf_config(model_type, config or {}, vocab_size, block_size)
@@ -137,25 +126,6 @@ class HFCausalLMModule(pl.LightningModule):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=idx, use_cache=False).logits
 
-    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x, y = batch
-        return F.cross_entropy(self(x).float().flatten(0, 1), y.flatten())
-
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss = self._loss(batch)
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
-        return loss
-
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self.val_loss.update(self._loss(batch), weight=batch[1].numel())
-
-    def on_validation_epoch_end(self) -> None:
-        loss = self.val_loss.compute()
-        self.val_loss.reset()
-        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
-        self.log("val/ppl", torch.exp(loss), sync_dist=True)
-
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token at ``seq_len`` (read by ``PerfMetrics``): ``6 * N + 12 * layers * hidden * seq_len``
         (PaLM, Appendix B), ``N`` the parameters but the input embedding table."""
@@ -171,7 +141,8 @@ class HFCausalLMModule(pl.LightningModule):
         return float(6 * n + 12 * c.num_hidden_layers * c.hidden_size * seq_len)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        """Plain torch AdamW, decay on every weight but the norms' and the biases', and a warm-up + cosine LambdaLR."""
+        """Plain torch AdamW, decay on every weight but the norms' and the biases', with the warm-up + cosine
+        ``LambdaLR`` (a ``torch.optim.lr_scheduler``: ``with_schedule``)."""
         if self.model is None:
             raise RuntimeError("configure_model() must run before configure_optimizers()")
         no_decay = {id(p) for m in self.model.modules() if "Norm" in type(m).__name__ for p in m.parameters(False)}
@@ -181,13 +152,4 @@ class HFCausalLMModule(pl.LightningModule):
                   {"params": [p for p in params if id(p) in no_decay], "weight_decay": 0.0}]
         optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=self.hparams.learning_rate,
                                       betas=tuple(self.hparams.betas), eps=self.hparams.eps)
-        max_steps = self.hparams.max_steps
-        if max_steps is None:
-            estimated = self.trainer.estimated_stepping_batches
-            if not math.isfinite(estimated):
-                raise ValueError("cannot infer the cosine horizon from an unbounded trainer; set max_steps")
-            max_steps = int(estimated)
-        schedule = functools.partial(lr_factor, warmup_steps=self.hparams.warmup_steps, max_steps=max_steps,
-                                     min_lr_ratio=self.hparams.min_lr_ratio)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return self.with_schedule(optimizer)
