@@ -1,12 +1,13 @@
 """Owns where a model's repeated blocks are: the one rule that activation offload and ZeRO-3's leaf blocks share.
 
-A transformer's blocks are the children of its largest ``nn.ModuleList`` or ``nn.Sequential`` that holds at least two
-modules, all of one class, owning parameters. "Largest" counts parameters (whole ones under ZeRO-3, whose partitioned
-parameters keep their size in ``ds_numel``); on a tie the outermost, the first met, wins. The rule finds the blocks of
-this package's GPT (``blocks``), of torch's ``nn.TransformerEncoder`` (``layers``), of Hugging Face models
-(``model.layers``, ``transformer.h``), of torchtitan's and nanoGPT's, and of a stack written as
-``nn.Sequential(*blocks)``; a block's own inner lists (its experts, say) are never chosen, being smaller than the list
-that holds the block, and nothing inside a chosen block is chosen again.
+A transformer's blocks are the children of its largest ``nn.ModuleList``, ``nn.Sequential`` or ``nn.ModuleDict``
+(torchtitan's choice) that holds at least two modules, all of one class, owning parameters. "Largest" counts parameters
+(whole ones under ZeRO-3, whose partitioned parameters keep their size in ``ds_numel``); on a tie the outermost, the
+first met, wins. The rule finds the blocks of this package's GPT (``blocks``), of torch's ``nn.TransformerEncoder``
+(``layers``), of Hugging Face models (``model.layers``, ``transformer.h``), of nanoGPT's (``transformer.h``) and
+torchtitan's (``layers``, a ``ModuleDict``), and of a stack written as ``nn.Sequential(*blocks)``; a block's own inner
+lists (its experts, say) are never chosen, being smaller than the list that holds the block, and nothing inside a
+chosen block is chosen again.
 
 Two overrides, as the strategy, :class:`~lightning_dos.activations.ActivationOffload` and its callback take them:
 
@@ -34,6 +35,10 @@ BlockNames = Optional[Union[str, Sequence[str]]]
 BlockTypes = Optional[Sequence[Union[str, type]]]
 
 
+#: The containers whose children may be a model's blocks (a ``ModuleDict`` in its insertion order, as it runs them).
+_STACKS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
+
+
 def _numel(module: nn.Module) -> int:
     return sum(getattr(p, "ds_numel", p.numel()) for p in module.parameters())
 
@@ -42,7 +47,7 @@ def repeated_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``(name, module)`` of each block of ``model`` by the rule above (empty: no repeated blocks)."""
     best: Optional[tuple[int, str, list[tuple[str, nn.Module]]]] = None
     for name, container in model.named_modules():
-        if not isinstance(container, (nn.ModuleList, nn.Sequential)):
+        if not isinstance(container, _STACKS):
             continue
         children = list(container.named_children())
         if len(children) < 2 or len({type(child) for _, child in children}) != 1:
@@ -89,7 +94,7 @@ def named_blocks(model: nn.Module, layers: Union[str, Sequence[str]]) -> list[tu
     names = [layers] if isinstance(layers, str) else list(layers)
     missing = [name for name in names if name not in modules]
     if missing:
-        holders = [n for n, m in modules.items() if isinstance(m, (nn.ModuleList, nn.Sequential)) and n][:5]
+        holders = [n for n, m in modules.items() if isinstance(m, _STACKS) and n][:5]
         raise ValueError(f"layers: {type(model).__name__} has no module named {', '.join(map(repr, missing))}; set "
                          f"the name of the module holding the blocks (e.g. {', '.join(map(repr, holders)) or 'none'}) "
                          "or the blocks' own names")
@@ -115,8 +120,8 @@ def no_blocks_message(model: nn.Module, layer_types: BlockTypes = None, what: st
         names = ", ".join(t if isinstance(t, str) else t.__name__ for t in layer_types)
         looked = f"no module of type {names}"
     else:
-        looked = ("no repeated blocks (no nn.ModuleList or nn.Sequential holding two or more modules of one class "
-                  "with parameters)")
+        looked = ("no repeated blocks (no nn.ModuleList, nn.Sequential or nn.ModuleDict holding two or more modules of "
+                  "one class with parameters)")
     return (f"layers: found {looked} in {type(model).__name__}, and {what} needs the model's blocks; set layers (the "
             "name of the module holding the blocks, e.g. 'model.layers', or the blocks' names) or layer_types (their "
             "class or its name, e.g. 'LlamaDecoderLayer')")

@@ -96,7 +96,7 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         layers: the module holding the model's transformer blocks, by name relative to the LightningModule
             (``"model.layers"``: its children are the blocks), or the blocks' own names; for ``leaf_blocks`` and
             ``activation_offload``. ``None`` (the default) finds them: the children of the model's largest
-            ``nn.ModuleList`` or ``nn.Sequential`` of one block class (``lightning_dos.blocks``).
+            ``nn.ModuleList``, ``nn.Sequential`` or ``nn.ModuleDict`` of one block class (``lightning_dos.blocks``).
         layer_types: the blocks' classes or class names instead (``["LlamaDecoderLayer"]``): the outermost modules of
             those classes are the blocks.
         bind_cores: with several ranks on one host, give each rank's process (its CPU Adam and torch's CPU threads)

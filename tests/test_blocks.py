@@ -96,6 +96,16 @@ def test_a_hugging_face_transformers_model() -> None:
     assert {type(block).__name__ for _, block in found} == {"LlamaDecoderLayer"}
 
 
+def test_a_torchtitan_style_module_dict() -> None:
+    """torchtitan keeps its blocks in ``self.layers = nn.ModuleDict()`` keyed "0", "1", ... (pipeline stages drop
+    some); a block's own dict of projections (the same class, four of them) is smaller."""
+    model = nn.Module()
+    model.tok_embeddings = nn.Embedding(10, 8)
+    model.layers = nn.ModuleDict({str(i): DecoderLayer() for i in range(3)})
+    model.output = nn.Linear(8, 10)
+    assert _names(repeated_blocks(model)) == ["layers.0", "layers.1", "layers.2"]
+
+
 def test_this_packages_gpt() -> None:
     gpt = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=16, block_size=8, vocab_size=32))
     assert _names(repeated_blocks(gpt)) == ["blocks.0", "blocks.1", "blocks.2"]
@@ -111,8 +121,9 @@ def test_no_repeated_blocks() -> None:
         assert repeated_blocks(model) == []
     # leaf blocks: nothing to mark, nothing changes; activation offload: one error saying what to set
     assert mark_leaf_blocks(tiny) == []
-    with pytest.raises(ValueError, match=r"layers: found no repeated blocks \(no nn.ModuleList or nn.Sequential .*\) "
-                                         r"in TinyLM, .* set layers .*'model.layers'.* or layer_types"):
+    with pytest.raises(ValueError, match=r"layers: found no repeated blocks \(no nn.ModuleList, nn.Sequential or "
+                                         r"nn.ModuleDict .*\) in TinyLM, .* set layers .*'model.layers'.* or "
+                                         r"layer_types"):
         ActivationOffload("keep", layers=tiny)
 
 

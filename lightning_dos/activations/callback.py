@@ -47,7 +47,7 @@ class ActivationOffloadCallback(Callback):
         layers: the name of the module of the LightningModule holding its blocks (``"model.layers"``), or the blocks'
             names; default: found (:mod:`lightning_dos.blocks`).
         layer_types: the block classes (or class names) to find in the LightningModule instead; default: the children
-            of its largest ``nn.ModuleList`` or ``nn.Sequential`` of one block class.
+            of its largest ``nn.ModuleList``, ``nn.Sequential`` or ``nn.ModuleDict`` of one block class.
         log_metrics: log the ``act/*`` counters of every step (``on_step``) to the trainer's loggers.
         keys: the option names errors cite (the strategy passes its own).
     """

@@ -3,8 +3,8 @@
 The offloader needs to know, for each tensor saved for backward, which layer it belongs to: the last layers stay
 on the device (``keep_last_layers``) and backward restores layers in reverse order. The model does not say; its
 blocks are found as ZeRO-3's leaf blocks are (:mod:`lightning_dos.blocks`: the children of the model's largest
-``nn.ModuleList`` or ``nn.Sequential`` of one block class, or the modules of given types), or given as a list, and a
-forward pre-hook and a forward hook on each count them as the forward pass runs through them.
+``nn.ModuleList``, ``nn.Sequential`` or ``nn.ModuleDict`` of one block class, or the modules of given types), or given
+as a list, and a forward pre-hook and a forward hook on each count them as the forward pass runs through them.
 
 A tensor saved inside block ``i`` belongs to layer ``i``; one saved between blocks belongs to the next block to run
 (under activation checkpointing that is the block's input, saved when ``checkpoint`` is entered, before the block
@@ -93,6 +93,8 @@ class LayerTracker:
 
 def as_layers(layers: Union[nn.Module, Iterable[nn.Module]], types: BlockTypes = None) -> list[nn.Module]:
     """``layers`` as a list of blocks: a module is searched for blocks of ``types``; a sequence is taken as given."""
+    if isinstance(layers, nn.ModuleDict):
+        return list(layers.values())
     if isinstance(layers, nn.Module) and not isinstance(layers, (nn.ModuleList, nn.Sequential)):
         return find_layers(layers, types)
     return list(layers)

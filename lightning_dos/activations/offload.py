@@ -139,9 +139,9 @@ class ActivationOffload:
             last block always stays).
         prefetch_layers: blocks restored ahead of the one backward is in.
         layers: the model (its blocks are found: :mod:`lightning_dos.blocks`), or the blocks in forward order (a
-            list, a ``ModuleList`` or a ``Sequential``); may be given later with :meth:`attach`.
+            list, a ``ModuleList``, a ``Sequential`` or a ``ModuleDict``); may be given later with :meth:`attach`.
         layer_types: block classes (or class names) to find in ``layers``; default: the children of the model's largest
-            ``nn.ModuleList`` or ``nn.Sequential`` of one block class.
+            ``nn.ModuleList``, ``nn.Sequential`` or ``nn.ModuleDict`` of one block class.
         device: the device activations are moved off; default: the current CUDA device, else the CPU (the host then
             stands in for the device: same buffers, copies and ordering, on worker threads).
         io_threads: NVMe I/O threads.

@@ -9,8 +9,9 @@ per module on the training thread.
 Marking each repeated block as a *leaf* makes ZeRO-3 hook the block alone: its parameters are fetched together before
 its forward and its gradients reduced together when its backward ends (a full backward hook on the block), 160 module
 hooks and 5 gradient hooks at gpt-2.7b. The blocks are found as activation offload finds them
-(:mod:`lightning_dos.blocks`: the children of the model's largest ``nn.ModuleList`` or ``nn.Sequential`` of one block
-class, or what the strategy's ``layers`` / ``layer_types`` name); a block's own inner lists (experts) stay inside it.
+(:mod:`lightning_dos.blocks`: the children of the model's largest ``nn.ModuleList``, ``nn.Sequential`` or
+``nn.ModuleDict`` of one block class, or what the strategy's ``layers`` / ``layer_types`` name); a block's own inner
+lists (experts) stay inside it.
 
 A block's full backward hook fires once the gradients of its *inputs* are computed; when no input requires a gradient
 (a first block behind frozen embeddings) it fires before the block's parameter gradients exist, and DeepSpeed would
