@@ -1,11 +1,13 @@
 """Owns the ``lightning-dos`` command line: ``fit``/``validate`` through LightningCLI, and ``bench`` dispatch.
 
 ``lightning-dos fit --config recipes/quickstart.yaml [--config configs/strategy/zero3_offload.yaml ...]``
-trains a :class:`~lightning_dos.models.GPTModule` on any LightningDataModule chosen by ``class_path``
-(default :class:`~lightning_dos.data.TextDataModule`). The model's vocabulary and context length follow
-the data module (``data.vocab_size`` -> ``model.vocab_size``, ``data.seq_len`` -> ``model.block_size``), so a
-recipe sets them once. Every run gets the default callbacks and its run identity (name
-``<recipe>-<strategy>[-<plan>]``, W&B group/job type/tags: :func:`lightning_dos.telemetry.run_info.configure_run`).
+trains a LightningModule chosen by ``class_path`` (default :class:`~lightning_dos.models.GPTModule`, whose arguments a
+recipe may give without one; :class:`~lightning_dos.models.HFCausalLMModule` trains a Hugging Face model) on any
+LightningDataModule chosen by ``class_path`` (default :class:`~lightning_dos.data.TextDataModule`). The model's
+vocabulary and context length follow the data module (``data.vocab_size`` -> ``model.vocab_size``, ``data.seq_len``
+-> ``model.block_size``: a module of one's own takes both arguments), so a recipe sets them once. Every run gets the
+default callbacks and its run identity (name ``<recipe>-<strategy>[-<plan>]``, W&B group/job type/tags:
+:func:`lightning_dos.telemetry.run_info.configure_run`).
 ``lightning-dos bench ...`` hands its arguments to ``lightning_dos.bench.main``.
 """
 
@@ -31,8 +33,8 @@ from lightning_dos.telemetry.run_info import configure_run
 __all__ = ["DOSLightningCLI", "main"]
 
 DESCRIPTION = (
-    "Pretrain a GPT under DeepSpeed ZeRO-3 with Deep Optimizer States: lightning-dos fit --config "
-    "recipes/quickstart.yaml. Compare strategies with lightning-dos bench --help."
+    "Pretrain a GPT or a Hugging Face model under DeepSpeed ZeRO-3 with Deep Optimizer States: lightning-dos fit "
+    "--config recipes/quickstart.yaml. Compare strategies with lightning-dos bench --help."
 )
 #: Subcommands that are not LightningCLI's: name -> module whose ``main(argv)`` runs it.
 TOOL_COMMANDS = {
@@ -54,7 +56,7 @@ def _seq_len(data: Any) -> int:
 
 
 class DOSLightningCLI(LightningCLI):
-    """LightningCLI for GPT pretraining: ``fit`` and ``validate``, data by ``class_path``, DOS callbacks added.
+    """LightningCLI for pretraining: ``fit`` and ``validate``, model and data by ``class_path``, DOS callbacks added.
 
     Args:
         args: Command-line style arguments (``["fit", "--config", "recipe.yaml"]``); None reads ``sys.argv``.
@@ -68,10 +70,11 @@ class DOSLightningCLI(LightningCLI):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         # the same name and help whether started as the console script or as python -m lightning_dos
         kwargs.setdefault("parser_kwargs", {"prog": "lightning-dos", "description": DESCRIPTION})
-        # data is a subclass of LightningDataModule picked by class_path (TextDataModule by default)
+        # model and data are picked by class_path (GPTModule and TextDataModule by default)
         super().__init__(
-            GPTModule,
+            pl.LightningModule,
             pl.LightningDataModule,
+            subclass_mode_model=True,
             subclass_mode_data=True,
             args=list(args) if args is not None else None,
             run=run,
@@ -87,10 +90,11 @@ class DOSLightningCLI(LightningCLI):
         }
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.set_defaults({"data": {"class_path": f"{TextDataModule.__module__}.{TextDataModule.__name__}"}})
+        parser.set_defaults({"data": {"class_path": f"{TextDataModule.__module__}.{TextDataModule.__name__}"},
+                             "model": {"class_path": f"{GPTModule.__module__}.{GPTModule.__name__}"}})
         # on instantiate: the data module knows its vocabulary only once its tokenizer exists
-        parser.link_arguments("data", "model.vocab_size", compute_fn=_vocab_size, apply_on="instantiate")
-        parser.link_arguments("data", "model.block_size", compute_fn=_seq_len, apply_on="instantiate")
+        parser.link_arguments("data", "model.init_args.vocab_size", compute_fn=_vocab_size, apply_on="instantiate")
+        parser.link_arguments("data", "model.init_args.block_size", compute_fn=_seq_len, apply_on="instantiate")
 
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
         """The Trainer with the default callbacks and the run identity (``configure_run``) on its loggers.

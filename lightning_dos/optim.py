@@ -3,8 +3,10 @@
 A strategy that brings its own optimizer (torchao's ``CPUOffloadOptimizer`` under ``torchao_offload``,
 ``ZenFlowCPUAdam`` under ``zenflow``, fused torch AdamW over the host shards under ``fsdp_offload``:
 :class:`ProvidesAdamW`) builds it; under any other DeepSpeed strategy that
-offloads the optimizer, ZeRO needs DeepSpeed's ``DeepSpeedCPUAdam`` (a plain torch optimizer is refused); everywhere
-else a torch AdamW is right. Models call :func:`adamw` and stay ignorant of how they are trained.
+offloads the optimizer, ZeRO needs DeepSpeed's ``DeepSpeedCPUAdam`` (DeepSpeed refuses a plain torch optimizer;
+``deep_optimizer_states`` and ``zero3_offload`` convert torch's Adam/AdamW themselves:
+:mod:`lightning_dos.strategies.torch_optimizers`); everywhere else a torch AdamW is right. Models call
+:func:`adamw` and stay ignorant of how they are trained.
 """
 
 from __future__ import annotations

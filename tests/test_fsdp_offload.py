@@ -26,7 +26,7 @@ from lightning_dos import FSDPOffloadStrategy
 from lightning_dos.models import GPTModule
 from lightning_dos.models.gpt import GPT, Block, GPTConfig
 from lightning_dos.optim import FULL_SHAPE, adamw, weight_decay_groups
-from lightning_dos.strategies.fsdp_offload import mark_full_shapes, wrap_blocks
+from lightning_dos.strategies.fsdp_offload import block_wrap_policy, mark_full_shapes, wrap_blocks
 
 
 def _trainer(strategy: Any = "fsdp_offload", **kwargs: Any) -> pl.Trainer:
@@ -66,8 +66,9 @@ def test_resolves_cpu_offload_a_unit_per_block_full_shard_and_sharded_checkpoint
     assert strategy.state_dict_type == "sharded"
     assert strategy.kwargs["use_orig_params"] is True
     policy = strategy.kwargs["auto_wrap_policy"]
-    assert policy is wrap_blocks  # the registered block types, read when FSDP wraps the model
+    assert policy is wrap_blocks  # made from the model when FSDP wraps it
     gpt = GPT(GPTConfig.from_name("debug"))
+    policy = block_wrap_policy(gpt)
     wrapped = [name for name, module in gpt.named_modules() if policy(module=module, recurse=False, nonwrapped_numel=0)]
     assert wrapped == [f"blocks.{i}" for i in range(gpt.config.n_layer)]  # every block, nothing else
     # the Trainer's precision becomes FSDP mixed precision: bf16 compute and gradient reduction over fp32 weights

@@ -28,7 +28,9 @@ from lightning_dos import (
 )
 from lightning_dos.cli import DOSLightningCLI
 from lightning_dos.data import SyntheticDataModule, TextDataModule
+from lightning_dos.models import HFCausalLMModule
 from lightning_dos.models.gpt import num_params
+from lightning_dos.models.hf import hf_num_params
 from lightning_dos.telemetry.callbacks import DOSMetricsLogger, ValLossReport
 from lightning_dos.telemetry.loggers import DOSWandbLogger
 
@@ -40,7 +42,8 @@ RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 STRATEGY_FRAGMENTS = sorted((ROOT / "configs" / "strategy").glob("*.yaml"))
 LOGGER_FRAGMENTS = sorted((ROOT / "configs" / "logger").glob("*.yaml"))
 
-# recipe -> (model preset, data module class, plan kind); a new recipe must be added here
+# recipe -> (model preset, or "hf:<model_type>" for a Hugging Face model, data module class, plan kind); a new recipe
+# must be added here
 EXPECTED_RECIPES: dict[str, tuple[str, type, str]] = {
     "debug": ("debug", TextDataModule, "fraction"),
     "quickstart": ("gpt-10m", TextDataModule, "auto"),
@@ -49,6 +52,8 @@ EXPECTED_RECIPES: dict[str, tuple[str, type, str]] = {
     "llama-1b": ("llama-1b", TextDataModule, "auto"),
     "llama-3b": ("llama-3b", TextDataModule, "auto"),
     "gpt-2.7b": ("gpt-2.7b", SyntheticDataModule, "auto"),
+    "hf-debug": ("hf:llama", TextDataModule, "fraction"),
+    "hf-llama-1b": ("hf:llama", TextDataModule, "auto"),
 }
 #: The header every recipe starts with (litgpt's and nanoGPT's habit): what it is for, where it runs, what it measured,
 #: how to launch it, and its derived numbers.
@@ -97,12 +102,18 @@ def _zero(cli: DOSLightningCLI) -> dict[str, Any]:
 def _check_recipe(cli: DOSLightningCLI, recipe: Path, stage: int | None = 3) -> None:
     """The recipe's model and data, linked; ZeRO ``stage`` (None: a strategy without a DeepSpeed config)."""
     preset, data_class, _ = EXPECTED_RECIPES[recipe.stem]
-    assert cli.model.hparams.name == preset
-    assert cli.model.config.name == preset
+    if preset.startswith("hf:"):
+        assert type(cli.model) is HFCausalLMModule and cli.model.hparams.model_type == preset[3:]
+        assert cli.model.config.model_type == preset[3:]
+        context = cli.model.config.max_position_embeddings
+    else:
+        assert cli.model.hparams.name == preset
+        assert cli.model.config.name == preset
+        context = cli.model.config.block_size
     assert type(cli.datamodule) is data_class
     # the links: the model's vocabulary and context length follow the data module
     assert cli.model.config.vocab_size == cli.datamodule.vocab_size
-    assert cli.model.config.block_size == cli.datamodule.seq_len
+    assert context == cli.datamodule.seq_len
     if stage is None:
         assert not hasattr(cli.trainer.strategy, "config")
     else:
@@ -138,13 +149,20 @@ def test_recipe_header(recipe: Path) -> None:
     assert "MEASURED" not in header, f"{recipe.name}: the Measured line is a placeholder"
 
 
+def _num_params(model: Any) -> int:
+    if isinstance(model, HFCausalLMModule):
+        h = model.hparams
+        return hf_num_params(h.model_type, h.config, h.vocab_size, h.block_size)
+    return num_params(model.config)
+
+
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_recipe_derived_numbers(recipe: Path) -> None:
     """The header's parameter count and tokens per step are those of the model and data the recipe builds."""
     cli = _cli(recipe)
     derived = _header(recipe).split("# Derived:", 1)[1]
     params = int(re.search(r"([\d,]+) parameters", derived).group(1).replace(",", ""))
-    assert params == num_params(cli.model.config)
+    assert params == _num_params(cli.model)
     batch, seq_len, tokens = re.search(r"(\d+) x (\d+) = ([\d,]+) tokens per step", derived).groups()
     assert (int(batch), int(seq_len)) == (cli.datamodule.batch_size, cli.datamodule.seq_len)
     assert int(tokens.replace(",", "")) == int(batch) * int(seq_len)

@@ -10,12 +10,10 @@ that crashed are removed when the next run's store opens on the same directory.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from typing import Any, Optional, Union
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from torch import nn
 from typing_extensions import override
 
 from lightning_dos.activations.offload import ActivationOffload
@@ -27,6 +25,7 @@ from lightning_dos.activations.options import (
     OptionKeys,
     validate_options,
 )
+from lightning_dos.blocks import BlockNames, BlockTypes, block_override_problems, named_blocks
 
 __all__ = ["ActivationOffloadCallback"]
 
@@ -45,7 +44,10 @@ class ActivationOffloadCallback(Callback):
         min_tensor_bytes: saved storages smaller than this stay on the device.
         keep_last_layers: the last this-many blocks keep their activations on the device.
         prefetch_layers: blocks restored ahead of the one backward is in.
-        layer_types: the block types to find in the LightningModule (default: the GPT ``Block``).
+        layers: the name of the module of the LightningModule holding its blocks (``"model.layers"``), or the blocks'
+            names; default: found (:mod:`lightning_dos.blocks`).
+        layer_types: the block classes (or class names) to find in the LightningModule instead; default: the children
+            of its largest ``nn.ModuleList``, ``nn.Sequential`` or ``nn.ModuleDict`` of one block class.
         log_metrics: log the ``act/*`` counters of every step (``on_step``) to the trainer's loggers.
         keys: the option names errors cite (the strategy passes its own).
     """
@@ -57,11 +59,16 @@ class ActivationOffloadCallback(Callback):
         min_tensor_bytes: int = DEFAULT_MIN_TENSOR_BYTES,
         keep_last_layers: int = DEFAULT_KEEP_LAST_LAYERS,
         prefetch_layers: int = DEFAULT_PREFETCH_LAYERS,
-        layer_types: Optional[Sequence[type[nn.Module]]] = None,
+        layer_types: BlockTypes = None,
         log_metrics: bool = True,
         keys: OptionKeys = DEFAULT_KEYS,
+        layers: BlockNames = None,
     ) -> None:
         validate_options(placement, nvme_path, min_tensor_bytes, keep_last_layers, prefetch_layers, keys=keys)
+        problems = block_override_problems(layers, layer_types)
+        if problems:
+            raise ValueError("activation offload: " + "; ".join(problems))
+        self.layers = layers
         self.placement = placement
         self.nvme_path = nvme_path
         self.min_tensor_bytes = min_tensor_bytes
@@ -85,7 +92,10 @@ class ActivationOffloadCallback(Callback):
             self.placement, self.nvme_path, self.min_tensor_bytes, self.keep_last_layers,
             prefetch_layers=self.prefetch_layers, layer_types=self.layer_types,
             device=trainer.strategy.root_device, keys=self.keys)
-        offload.attach(pl_module)
+        if self.layers:  # the named blocks, in the module's registration order as given
+            offload.attach([block for _, block in named_blocks(pl_module, self.layers)], root=pl_module)
+        else:
+            offload.attach(pl_module)
         self.offload = offload.open()  # the NVMe store opens now: stale files of a crashed run go before step 1
 
     @override

@@ -2,10 +2,9 @@
 
 The offloader needs to know, for each tensor saved for backward, which layer it belongs to: the last layers stay
 on the device (``keep_last_layers``) and backward restores layers in reverse order. The model does not say; its
-blocks are found by type or given as a list, and a forward pre-hook and a forward hook on each count them as the
-forward pass runs through them. The types found by default are those a model package registers
-(:func:`register_layer_type`: :mod:`lightning_dos.models` registers its GPT ``Block``), so this package imports no
-model.
+blocks are found as ZeRO-3's leaf blocks are (:mod:`lightning_dos.blocks`: the children of the model's largest
+``nn.ModuleList``, ``nn.Sequential`` or ``nn.ModuleDict`` of one block class, or the modules of given types), or given
+as a list, and a forward pre-hook and a forward hook on each count them as the forward pass runs through them.
 
 A tensor saved inside block ``i`` belongs to layer ``i``; one saved between blocks belongs to the next block to run
 (under activation checkpointing that is the block's input, saved when ``checkpoint`` is entered, before the block
@@ -23,36 +22,15 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 
-__all__ = ["LayerTracker", "default_layer_types", "find_layers", "register_layer_type"]
+from lightning_dos.blocks import BlockTypes, find_blocks
 
-#: The block types found when none are given, in the order they were registered.
-_DEFAULT_LAYER_TYPES: list[type[nn.Module]] = []
-
-
-def register_layer_type(block_type: type[nn.Module]) -> None:
-    """Make ``block_type`` one of the block types found when none are given (registering twice adds it once)."""
-    if block_type not in _DEFAULT_LAYER_TYPES:
-        _DEFAULT_LAYER_TYPES.append(block_type)
+__all__ = ["LayerTracker", "as_layers", "find_layers"]
 
 
-def default_layer_types() -> tuple[type[nn.Module], ...]:
-    """The block types found when none are given: those registered, this package's GPT blocks
-    (:mod:`lightning_dos.models` registers them when it is imported, as it is before any of its models exists)."""
-    return tuple(_DEFAULT_LAYER_TYPES)
-
-
-def find_layers(root: nn.Module, types: Optional[Sequence[type[nn.Module]]] = None) -> list[nn.Module]:
-    """The outermost modules of ``types`` in ``root``, in registration order (a transformer's forward order)."""
-    types = tuple(types) if types else default_layer_types()
-    found: list[nn.Module] = []
-    inside: set[int] = set()
-    for module in root.modules():
-        if id(module) in inside:
-            continue
-        if isinstance(module, types):
-            found.append(module)
-            inside.update(id(m) for m in module.modules())
-    return found
+def find_layers(root: nn.Module, types: BlockTypes = None) -> list[nn.Module]:
+    """The blocks of ``root`` in registration order (a transformer's forward order): the outermost modules of
+    ``types`` (classes or class names), else its repeated blocks (:func:`lightning_dos.blocks.repeated_blocks`)."""
+    return [module for _, module in find_blocks(root, layer_types=types)]
 
 
 def _in_backward() -> bool:
@@ -113,9 +91,10 @@ class LayerTracker:
         self._current = None
 
 
-def as_layers(layers: Union[nn.Module, Iterable[nn.Module]], types: Optional[Sequence[type[nn.Module]]] = None
-              ) -> list[nn.Module]:
+def as_layers(layers: Union[nn.Module, Iterable[nn.Module]], types: BlockTypes = None) -> list[nn.Module]:
     """``layers`` as a list of blocks: a module is searched for blocks of ``types``; a sequence is taken as given."""
+    if isinstance(layers, nn.ModuleDict):
+        return list(layers.values())
     if isinstance(layers, nn.Module) and not isinstance(layers, (nn.ModuleList, nn.Sequential)):
         return find_layers(layers, types)
     return list(layers)

@@ -29,7 +29,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any, Optional, Union
 
 import torch
@@ -50,6 +50,7 @@ from lightning_dos.activations.pool import HostBuffer, HostBufferPool
 from lightning_dos.activations.stats import Decision, StepStats
 from lightning_dos.activations.store import DEFAULT_IO_THREADS, NVMeStore
 from lightning_dos.activations.streams import CopyLanes, Event
+from lightning_dos.blocks import BlockTypes, block_override_problems, no_blocks_message
 
 __all__ = ["ActivationOffload"]
 
@@ -137,10 +138,10 @@ class ActivationOffload:
         keep_last_layers: the last this-many blocks keep their activations on the device (what is saved after the
             last block always stays).
         prefetch_layers: blocks restored ahead of the one backward is in.
-        layers: the model (its blocks of ``layer_types`` are found), or the blocks in forward order (a list, a
-            ``ModuleList`` or a ``Sequential``); may be given later with :meth:`attach`.
-        layer_types: block types to find in ``layers``; default: the registered ones, the GPT ``Block`` of
-            :mod:`lightning_dos.models.gpt` (:func:`~lightning_dos.activations.layers.register_layer_type`).
+        layers: the model (its blocks are found: :mod:`lightning_dos.blocks`), or the blocks in forward order (a
+            list, a ``ModuleList``, a ``Sequential`` or a ``ModuleDict``); may be given later with :meth:`attach`.
+        layer_types: block classes (or class names) to find in ``layers``; default: the children of the model's largest
+            ``nn.ModuleList``, ``nn.Sequential`` or ``nn.ModuleDict`` of one block class.
         device: the device activations are moved off; default: the current CUDA device, else the CPU (the host then
             stands in for the device: same buffers, copies and ordering, on worker threads).
         io_threads: NVMe I/O threads.
@@ -158,7 +159,7 @@ class ActivationOffload:
         *,
         prefetch_layers: int = DEFAULT_PREFETCH_LAYERS,
         layers: Optional[Union[nn.Module, Iterable[nn.Module]]] = None,
-        layer_types: Optional[Sequence[type[nn.Module]]] = None,
+        layer_types: BlockTypes = None,
         device: Optional[Union[str, torch.device]] = None,
         io_threads: int = DEFAULT_IO_THREADS,
         max_inflight_write_bytes: int = DEFAULT_MAX_INFLIGHT_WRITE_BYTES,
@@ -173,6 +174,9 @@ class ActivationOffload:
         self.min_tensor_bytes = int(min_tensor_bytes)
         self.keep_last_layers = int(keep_last_layers)
         self.prefetch_layers = int(prefetch_layers)
+        problems = block_override_problems(None, layer_types)
+        if problems:
+            raise ValueError("activation offload: " + "; ".join(problems))
         self.layer_types = tuple(layer_types) if layer_types else None
         self.device = _resolve_device(device)
         self.io_threads = io_threads
@@ -203,17 +207,17 @@ class ActivationOffload:
             self.attach(layers)
 
     # ------------------------------------------------------------------ lifetime
-    def attach(self, layers: Union[nn.Module, Iterable[nn.Module]]) -> ActivationOffload:
-        """Take the model (its blocks are found by type) or its blocks; the block hooks go on at the next step."""
+    def attach(self, layers: Union[nn.Module, Iterable[nn.Module]], root: Optional[nn.Module] = None
+               ) -> ActivationOffload:
+        """Take the model (its blocks are found) or its blocks; the block hooks go on at the next step. ``root``: the
+        model the given blocks belong to (its parameters, like the blocks', never move)."""
         found = as_layers(layers, self.layer_types)
         if not found:
-            names = ", ".join(t.__name__ for t in (self.layer_types or _default_types())) or "(none registered)"
-            raise ValueError(f"layers: found no blocks of type {names} in {type(layers).__name__}; pass the blocks "
-                             "(layers=[...], in forward order) or their type (layer_types=(MyBlock,))")
+            raise ValueError(no_blocks_message(layers, self.layer_types))
         if self._tracker is not None:
             self._tracker.remove()
         self._tracker = LayerTracker(found)
-        self._params_of = [layers] if isinstance(layers, nn.Module) else list(found)
+        self._params_of = [root] if root is not None else [layers] if isinstance(layers, nn.Module) else list(found)
         return self
 
     @property
@@ -525,12 +529,6 @@ def _resolve_device(device: Optional[Union[str, torch.device]]) -> torch.device:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return device
-
-
-def _default_types() -> tuple[type[nn.Module], ...]:
-    from lightning_dos.activations.layers import default_layer_types
-
-    return default_layer_types()
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

@@ -23,7 +23,7 @@ from lightning_dos.models.gpt import GPT, GPTConfig
 from lightning_dos.models.gpt import flops_per_token as _flops_per_token
 from lightning_dos.optim import adamw, weight_decay_groups
 
-__all__ = ["GPTModule", "lr_factor"]
+__all__ = ["CausalLMModule", "GPTModule", "check_training_args", "lr_factor"]
 
 
 def lr_factor(step: int, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:
@@ -40,7 +40,71 @@ def lr_factor(step: int, warmup_steps: int, max_steps: int, min_lr_ratio: float)
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-class GPTModule(pl.LightningModule):
+def check_training_args(learning_rate: float, warmup_steps: int, min_lr_ratio: float, max_steps: int | None) -> None:
+    """Raise ``ValueError`` for the first training argument out of range (the modules' constructors call it)."""
+    if not learning_rate > 0:
+        raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+    if not 0.0 <= min_lr_ratio <= 1.0:
+        raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
+    if max_steps is not None and max_steps <= 0:
+        raise ValueError(f"max_steps must be > 0 or None, got {max_steps}")
+
+
+class CausalLMModule(pl.LightningModule):
+    """What the pretraining modules share: next-token cross-entropy on ``(x, y)`` batches (``forward`` gives the
+    logits), ``train/*`` and ``val/*`` logging, and the warm-up + cosine schedule of ``hparams`` (``learning_rate``,
+    ``warmup_steps``, ``max_steps``, ``min_lr_ratio``). A subclass builds ``self.model`` and the optimizer."""
+
+    val_loss: MeanMetric
+
+    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        logits = self(x)
+        # cross-entropy over a large vocabulary is not accurate enough in bf16
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+        return loss
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self.val_loss.update(self._loss(batch), weight=batch[1].numel())
+
+    def on_validation_epoch_end(self) -> None:
+        loss = self.val_loss.compute()
+        self.val_loss.reset()
+        # the metric has already reduced across ranks; sync_dist only keeps Lightning from warning
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+        self.log("val/ppl", torch.exp(loss), sync_dist=True)
+
+    def with_schedule(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """``configure_optimizers``' answer: ``optimizer`` with the warm-up + cosine ``LambdaLR``, stepped per step."""
+        max_steps = self.hparams.max_steps
+        if max_steps is None:
+            estimated = self.trainer.estimated_stepping_batches
+            if not math.isfinite(estimated):
+                raise ValueError("cannot infer the cosine horizon from an unbounded trainer; set max_steps")
+            max_steps = int(estimated)
+        if self.hparams.warmup_steps >= max_steps:
+            rank_zero_warn(
+                f"warmup_steps ({self.hparams.warmup_steps}) >= max_steps ({max_steps}): "
+                "the learning rate never reaches its peak"
+            )
+        schedule = functools.partial(
+            lr_factor,
+            warmup_steps=self.hparams.warmup_steps,
+            max_steps=max_steps,
+            min_lr_ratio=self.hparams.min_lr_ratio,
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+class GPTModule(CausalLMModule):
     """Pretrains a GPT on batches ``(x, y)`` of token ids ``[B, T]``, where ``y`` is ``x`` shifted by one.
 
     Args:
@@ -89,14 +153,7 @@ class GPTModule(pl.LightningModule):
         peak_flops: float | None = None,
     ) -> None:
         super().__init__()
-        if not learning_rate > 0:
-            raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
-        if warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
-        if not 0.0 <= min_lr_ratio <= 1.0:
-            raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
-        if max_steps is not None and max_steps <= 0:
-            raise ValueError(f"max_steps must be > 0 or None, got {max_steps}")
+        check_training_args(learning_rate, warmup_steps, min_lr_ratio, max_steps)
         self.save_hyperparameters()
         overrides = dict(
             vocab_size=vocab_size,
@@ -125,31 +182,9 @@ class GPTModule(pl.LightningModule):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
 
-    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x, y = batch
-        logits = self(x)
-        # cross-entropy over a large vocabulary is not accurate enough in bf16
-        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss = self._loss(batch)
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
-        return loss
-
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token at sequence length ``seq_len`` (read by ``PerfMetrics`` for TFLOP/s and MFU)."""
         return _flops_per_token(self.config, seq_len)
-
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self.val_loss.update(self._loss(batch), weight=batch[1].numel())
-
-    def on_validation_epoch_end(self) -> None:
-        loss = self.val_loss.compute()
-        self.val_loss.reset()
-        # the metric has already reduced across ranks; sync_dist only keeps Lightning from warning
-        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
-        self.log("val/ppl", torch.exp(loss), sync_dist=True)
 
     def configure_optimizers(self) -> dict[str, Any]:
         if self.model is None:
@@ -162,22 +197,4 @@ class GPTModule(pl.LightningModule):
             eps=self.hparams.eps,
             weight_decay=self.hparams.weight_decay,
         )
-        max_steps = self.hparams.max_steps
-        if max_steps is None:
-            estimated = self.trainer.estimated_stepping_batches
-            if not math.isfinite(estimated):
-                raise ValueError("cannot infer the cosine horizon from an unbounded trainer; set max_steps")
-            max_steps = int(estimated)
-        if self.hparams.warmup_steps >= max_steps:
-            rank_zero_warn(
-                f"warmup_steps ({self.hparams.warmup_steps}) >= max_steps ({max_steps}): "
-                "the learning rate never reaches its peak"
-            )
-        schedule = functools.partial(
-            lr_factor,
-            warmup_steps=self.hparams.warmup_steps,
-            max_steps=max_steps,
-            min_lr_ratio=self.hparams.min_lr_ratio,
-        )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return self.with_schedule(optimizer)

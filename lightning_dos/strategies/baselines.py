@@ -30,6 +30,7 @@ class ZeRO3OffloadStrategy(CPUSupportMixin):
     """
 
     strategy_name = "zero3_offload"
+    takes_torch_adam = True  # torch's Adam/AdamW run as DeepSpeed's CPU Adam, as under deep_optimizer_states
 
     def __init__(
         self,

@@ -22,6 +22,7 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.strategies import DeepSpeedStrategy
 from typing_extensions import override
 
+from lightning_dos.optim import offloads_optimizer
 from lightning_dos.strategies.checkpoint import describe, partial_path, publish, remove_partials, validate_resume_path
 from lightning_dos.strategies.module_device import move_module_state
 
@@ -60,6 +61,23 @@ class CPUSupportMixin(DeepSpeedStrategy):
 
     def prepare_config(self, model: torch.nn.Module) -> None:
         """Last chance to complete the DeepSpeed config, with the (sharded) model built."""
+
+    #: Whether torch's Adam/AdamW from ``configure_optimizers`` are taken as they are when the optimizer state is
+    #: offloaded (:mod:`lightning_dos.strategies.torch_optimizers`); strategies whose engine steps
+    #: ``DeepSpeedCPUAdam`` set it.
+    takes_torch_adam: bool = False
+
+    @override
+    def _init_optimizers(self) -> tuple[torch.optim.Optimizer, Any]:
+        if not (self.takes_torch_adam and offloads_optimizer(self.lightning_module.trainer)):
+            return super()._init_optimizers()
+        from lightning_dos.strategies.torch_optimizers import adopt_optimizer, configured_optimizers
+
+        name = getattr(self, "strategy_name", type(self).__name__)
+        optimizer, scheduler = configured_optimizers(self.lightning_module, name)
+        force = bool(self.config.get("zero_force_ds_cpu_optimizer", True))
+        optimizer = adopt_optimizer(optimizer, [scheduler] if scheduler else [], name, force_ds_cpu_optimizer=force)
+        return optimizer, scheduler
 
     @override
     def _setup_model_and_optimizer(

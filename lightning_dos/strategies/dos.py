@@ -30,6 +30,7 @@ from lightning_dos.activations.options import (
     DEFAULT_MIN_TENSOR_BYTES,
     STRATEGY_KEYS,
 )
+from lightning_dos.blocks import BlockNames, BlockTypes, block_override_problems
 from lightning_dos.planning.perf_model import CostParams
 from lightning_dos.planning.plan import parse_plan
 from lightning_dos.strategies.deepspeed_base import CPUSupportMixin, offload_config_problems
@@ -89,16 +90,22 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             quarter of the device memory free when the engine is built; ``True``/``False``: always/never; an int:
             DeepSpeed's ``stage3_param_persistence_threshold`` (parameters of at most that many elements persist).
             A persistence threshold in ``config`` wins.
-        leaf_blocks: whether ZeRO-3 hooks each repeated block (the modules of an ``nn.ModuleList``: the transformer
-            blocks) once instead of every layer in it (DeepSpeed's z3 leaf modules; ``lightning_dos.zero.leaf_blocks``):
-            a block's parameters are fetched together and its gradients reduced together when its backward ends.
+        leaf_blocks: whether ZeRO-3 hooks each repeated block (the transformer blocks: see ``layers``) once instead
+            of every layer in it (DeepSpeed's z3 leaf modules; ``lightning_dos.zero.leaf_blocks``): a block's
+            parameters are fetched together and its gradients reduced together when its backward ends.
             ``"auto"``: on one rank (where every parameter persists, so the per-layer hooks fetch nothing);
             ``True``/``False``: always/never (on several ranks a whole block is gathered at once and its gradients
             reduced only when its backward ends: more device memory, later communication; not measured). A
             ``leaf_module`` entry in ``config`` wins.
-        bind_cores: with several ranks on one host, give each rank's process (its CPU Adam and torch's CPU threads) its
-            own block of the host's cores, NUMA node by NUMA node (``lightning_dos.strategies.host_binding``), so one
-            rank's update phase does not take another's cores. Nothing changes with one rank per host.
+        layers: the module holding the model's transformer blocks, by name relative to the LightningModule
+            (``"model.layers"``: its children are the blocks), or the blocks' own names; for ``leaf_blocks`` and
+            ``activation_offload``. ``None`` (the default) finds them: the children of the model's largest
+            ``nn.ModuleList``, ``nn.Sequential`` or ``nn.ModuleDict`` of one block class (``lightning_dos.blocks``).
+        layer_types: the blocks' classes or class names instead (``["LlamaDecoderLayer"]``): the outermost modules of
+            those classes are the blocks.
+        bind_cores: with several ranks on one host, give each rank's process (its CPU Adam and torch's CPU threads)
+            its own block of the host's cores, NUMA node by NUMA node (``lightning_dos.strategies.host_binding``), so
+            one rank's update phase does not take another's cores. Nothing changes with one rank per host.
         stage, offload_optimizer: must stay 3 and True; they exist so a mistaken override is reported
             clearly instead of silently ignored.
         config: a DeepSpeed config dict or JSON path; it must keep ZeRO stage 3 and ``offload_optimizer``
@@ -123,6 +130,8 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
     """
 
     strategy_name = STRATEGY_NAME
+    #: configure_optimizers may return torch's Adam/AdamW (lightning_dos.strategies.torch_optimizers)
+    takes_torch_adam = True
 
     def __init__(
         self,
@@ -136,6 +145,8 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         pin_memory: bool = True,
         param_persistence: Union[Literal["auto"], bool, int] = "auto",
         leaf_blocks: Union[Literal["auto"], bool] = "auto",
+        layers: Optional[Union[str, list[str]]] = None,
+        layer_types: Optional[list[str]] = None,
         bind_cores: bool = True,
         stage: int = 3,
         offload_optimizer: bool = True,
@@ -156,8 +167,14 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         #: whether update phases run beside the next forward (decided in ``setup_environment``, confirmed when the
         #: engine is built)
         self.overlapped = overlap is True
+        problems = block_override_problems(layers, layer_types)
+        if problems:
+            raise ValueError("; ".join(problems))
+        #: the blocks' names or classes, where the strategy was told them (None: found)
+        self.layers, self.layer_types = layers, layer_types
         self.activation_offload_callback = _activation_offload_callback(
-            activation_offload, activation_nvme_path, activation_min_tensor_bytes, activation_keep_last_layers)
+            activation_offload, activation_nvme_path, activation_min_tensor_bytes, activation_keep_last_layers,
+            layers, layer_types)
         self.plan_spec = parse_plan(plan)
         self._auto_sub_group_size = _validate_sub_group_size(sub_group_size)
         if memory_budget_gib is not None and memory_budget_gib < 0:
@@ -290,7 +307,7 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         if "leaf_module" not in zero and leaf_blocks_on(self.leaf_blocks, self.world_size, persist_all):
             from lightning_dos.zero.leaf_blocks import mark_leaf_blocks
 
-            self.leaf_block_names = mark_leaf_blocks(model)
+            self.leaf_block_names = mark_leaf_blocks(model, self.layers, self.layer_types)
         if user_persistence is None and persist_all and "memory_efficient_linear" not in zero:
             from lightning_dos.zero.linear import restore_torch_linear
 
@@ -444,7 +461,8 @@ class _DispatchCallback(Callback):
 
 # ---------------------------------------------------------------------- config helpers
 def _activation_offload_callback(placement: Optional[str], nvme_path: Optional[Union[str, Path]],
-                                 min_tensor_bytes: int, keep_last_layers: int) -> Optional[Callback]:
+                                 min_tensor_bytes: int, keep_last_layers: int, layers: BlockNames = None,
+                                 layer_types: BlockTypes = None) -> Optional[Callback]:
     """The activation-offload callback the ``activation_*`` arguments ask for (None: off); one ``ValueError`` naming
     each bad argument and its fix otherwise."""
     from lightning_dos.activations import OFFLOAD_PLACEMENTS, ActivationOffloadCallback, validate_options
@@ -453,7 +471,8 @@ def _activation_offload_callback(placement: Optional[str], nvme_path: Optional[U
                      placements=(None, *OFFLOAD_PLACEMENTS))
     if placement is None:
         return None
-    return ActivationOffloadCallback(placement, nvme_path, min_tensor_bytes, keep_last_layers, keys=STRATEGY_KEYS)
+    return ActivationOffloadCallback(placement, nvme_path, min_tensor_bytes, keep_last_layers, keys=STRATEGY_KEYS,
+                                     layers=layers, layer_types=layer_types)
 
 
 def _validate_sub_group_size(value: Union[int, str]) -> bool:

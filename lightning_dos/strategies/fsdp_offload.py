@@ -24,7 +24,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch.nn import Module
 from typing_extensions import override
 
-from lightning_dos.activations.layers import default_layer_types
+from lightning_dos.blocks import repeated_blocks
 from lightning_dos.optim import FULL_SHAPE
 
 #: The only sharding this peer runs: parameters, gradients and optimizer state sharded over every rank (ZeRO-3's).
@@ -56,10 +56,23 @@ def mark_full_shapes(module: Module) -> None:
 
 
 def wrap_blocks(module: torch.nn.Module, recurse: bool, nonwrapped_numel: int) -> bool:
-    """FSDP's auto-wrap policy here: recurse everywhere, and make each module of a registered block type a unit (the
-    types are read when FSDP wraps the model, so the model's package may register them after this one is imported)."""
-    del nonwrapped_numel
-    return True if recurse else isinstance(module, default_layer_types())
+    """The default FSDP auto-wrap policy's stand-in: a marker, replaced when the model is wrapped by
+    :func:`block_wrap_policy` of that model (the units need the model: they are its repeated blocks)."""
+    raise RuntimeError("wrap_blocks: replaced by block_wrap_policy(model) when fsdp_offload wraps the model")
+
+
+def block_wrap_policy(model: torch.nn.Module) -> Any:
+    """FSDP units for ``model``: a ``ModuleWrapPolicy`` of its repeated blocks' class (:mod:`lightning_dos.blocks`:
+    the children of its largest ``nn.ModuleList``/``nn.Sequential``/``nn.ModuleDict`` of one block class); one clear
+    error for a model with none."""
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    types = {type(block) for _, block in repeated_blocks(model)}
+    if not types:
+        raise MisconfigurationException(
+            f"auto_wrap_policy: fsdp_offload makes each repeated block an FSDP unit and found none in "
+            f"{type(model).__name__}; pass auto_wrap_policy={{MyBlock}} (the block classes to wrap)")
+    return ModuleWrapPolicy(types)
 
 class FSDPOffloadStrategy(FSDPStrategy):
     """torch FSDP with CPU offload: each rank's shard of the parameters, its gradients and the AdamW update on the host.
@@ -67,8 +80,8 @@ class FSDPOffloadStrategy(FSDPStrategy):
     Lightning's ``FSDPStrategy`` as a user would configure it for a GPT, with ``CPUOffload(offload_params=True)``:
 
     * **Units**: every transformer block (the block types registered with
-      :func:`lightning_dos.activations.layers.register_layer_type`: the GPT's ``Block``) is an FSDP unit
-      (:func:`wrap_blocks`); the embeddings, the final norm and the output layer form the root unit.
+      :mod:`lightning_dos.blocks` finds: the GPT's ``Block``) is an FSDP unit
+      (:func:`block_wrap_policy`); the embeddings, the final norm and the output layer form the root unit.
     * **Sharding**: ``FULL_SHARD`` over every rank (at one rank torch runs it unsharded, ``NO_SHARD``). Each rank keeps
       its shard of the fp32 parameters in pinned host memory, copies a unit's shard to the GPU and all-gathers the
       unit just before its forward and again before its backward, frees it after each, and reduce-scatters the
@@ -105,8 +118,9 @@ class FSDPOffloadStrategy(FSDPStrategy):
             timeout: as for Lightning's ``FSDPStrategy``; the Trainer sets the first ones.
         cpu_offload: must stay on (``True`` or ``CPUOffload(offload_params=True)``); it exists so that a mistaken
             override is refused instead of ignored.
-        auto_wrap_policy: the FSDP units; ``None`` wraps every registered block type (:func:`wrap_blocks`). Lightning
-            accepts a set of module classes, a ``ModuleWrapPolicy`` or a policy function.
+        auto_wrap_policy: the FSDP units; ``None`` wraps each of the model's repeated blocks
+            (:func:`block_wrap_policy`). Lightning accepts a set of module classes, a ``ModuleWrapPolicy`` or a
+            policy function.
         sharding_strategy: must stay ``"FULL_SHARD"`` (or ``ShardingStrategy.FULL_SHARD``).
         state_dict_type: ``"sharded"`` (one shard per rank) or ``"full"`` (gathered on rank 0).
         **kwargs: any other argument of Lightning's ``FSDPStrategy`` or torch's ``FullyShardedDataParallel``.
@@ -219,6 +233,8 @@ class FSDPOffloadStrategy(FSDPStrategy):
     @override
     def _setup_model(self, model: Module) -> Module:
         mark_full_shapes(model)  # before FSDP flattens the parameters into 1-D views of each rank's shard
+        if self.kwargs.get("auto_wrap_policy") is wrap_blocks:
+            self.kwargs["auto_wrap_policy"] = block_wrap_policy(model)
         return super()._setup_model(model)
 
     def configure_adamw(

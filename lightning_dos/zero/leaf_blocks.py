@@ -8,8 +8,10 @@ per module on the training thread.
 
 Marking each repeated block as a *leaf* makes ZeRO-3 hook the block alone: its parameters are fetched together before
 its forward and its gradients reduced together when its backward ends (a full backward hook on the block), 160 module
-hooks and 5 gradient hooks at gpt-2.7b. The blocks are the modules of every ``nn.ModuleList`` that holds at least two
-modules of one class with parameters, outermost first (a block's own inner lists, e.g. experts, stay inside it).
+hooks and 5 gradient hooks at gpt-2.7b. The blocks are found as activation offload finds them
+(:mod:`lightning_dos.blocks`: the children of the model's largest ``nn.ModuleList``, ``nn.Sequential`` or
+``nn.ModuleDict`` of one block class, or what the strategy's ``layers`` / ``layer_types`` name); a block's own inner
+lists (experts) stay inside it.
 
 A block's full backward hook fires once the gradients of its *inputs* are computed; when no input requires a gradient
 (a first block behind frozen embeddings) it fires before the block's parameter gradients exist, and DeepSpeed would
@@ -23,35 +25,25 @@ from typing import Any
 
 import torch
 
+from lightning_dos.blocks import BlockNames, BlockTypes, find_blocks, no_blocks_message, repeated_blocks
+
+__all__ = ["mark_leaf_blocks", "repeated_blocks"]
+
 #: The attribute a marked block keeps its input check's hook handle in (marking twice adds no second check).
 _GUARD = "_dos_leaf_block_guard"
 
 
-def repeated_blocks(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-    """``(name, module)`` of each repeated block of ``model``: the modules of an ``nn.ModuleList`` holding at least two
-    modules of one class that own parameters; nothing inside a block already chosen is chosen again."""
-    chosen: list[tuple[str, torch.nn.Module]] = []
-    inside: set[int] = set()
-    for name, module in model.named_modules():
-        if id(module) in inside or not isinstance(module, torch.nn.ModuleList):
-            continue
-        children = list(module.named_children())
-        classes = {type(child) for _, child in children}
-        if len(children) < 2 or len(classes) != 1 or not any(True for _ in children[0][1].parameters()):
-            continue
-        for child_name, child in children:
-            chosen.append((f"{name}.{child_name}" if name else child_name, child))
-            inside.update(id(m) for m in child.modules())
-    return chosen
-
-
-def mark_leaf_blocks(model: torch.nn.Module) -> list[str]:
-    """Mark every repeated block of ``model`` as a ZeRO-3 leaf module (before the engine is built) and guard its
-    inputs; return the blocks' names (empty: the model has no repeated blocks, nothing changes)."""
+def mark_leaf_blocks(model: torch.nn.Module, layers: BlockNames = None, layer_types: BlockTypes = None) -> list[str]:
+    """Mark every block of ``model`` (:func:`lightning_dos.blocks.find_blocks`: ``layers`` / ``layer_types`` override
+    the rule) as a ZeRO-3 leaf module (before the engine is built) and guard its inputs; return the blocks' names
+    (empty: the model has no repeated blocks, nothing changes). Overrides that find nothing raise ``ValueError``."""
     from deepspeed.utils import set_z3_leaf_module
 
+    found = find_blocks(model, layers, layer_types)
+    if not found and (layers or layer_types):
+        raise ValueError(no_blocks_message(model, layer_types, what="leaf_blocks"))
     names = []
-    for name, block in repeated_blocks(model):
+    for name, block in found:
         set_z3_leaf_module(block, True)
         if getattr(block, _GUARD, None) is None:
             setattr(block, _GUARD, block.register_forward_pre_hook(_require_input_grad(name), with_kwargs=True))

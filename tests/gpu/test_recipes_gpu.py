@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from recipe_run import ROOT, finite, fit, metrics, recipe_copy, series, summary  # noqa: E402
 
 from lightning_dos.models.gpt import GPTConfig, num_params  # noqa: E402
+from lightning_dos.models.hf import hf_num_params  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -49,10 +50,18 @@ def _overrides(recipe: Path, out: Path) -> Path:
     validates = trainer.get("limit_val_batches", 1.0) != 0
     extra = dict(val_check_interval=2, limit_val_batches=2, num_sanity_val_steps=1) if validates and not FULL else {}
     # checkpoints where the disk holds two of them (the largest recipes' do not fit a 64 GB disk)
-    preset = GPTConfig.from_name(config["model"]["name"])
-    room = shutil.disk_usage(out.parent).free > 2.5 * CHECKPOINT_BYTES_PER_PARAM * num_params(preset)
+    room = shutil.disk_usage(out.parent).free > 2.5 * CHECKPOINT_BYTES_PER_PARAM * _num_params(config)
     every = (None if FULL else 2) if room else steps + 1
     return recipe_copy(recipe, out, max_steps=steps, every_n_train_steps=every, log_every_n_steps=1, **extra)
+
+
+def _num_params(config: dict) -> int:
+    """Parameters of a recipe's model: a GPT preset's, or a Hugging Face model's (``model.class_path``)."""
+    model = config["model"]
+    if "class_path" in model:
+        args, data = model["init_args"], config["data"]["init_args"]
+        return hf_num_params(args.get("model_type", "llama"), args["config"], data["bpe_vocab_size"], data["seq_len"])
+    return num_params(GPTConfig.from_name(model["name"]))
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
