@@ -46,6 +46,7 @@ def _teardown_wandb() -> None:
         wandb.teardown()
 
 
+@pytest.hookimpl(trylast=True)  # after ``-m`` has deselected: only the tests that will run are left
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A run that selected GPU tests (``-m gpu``) on a machine where CUDA does not work stops with an error instead
     of skipping every one of them to a green exit (a CPU build of torch, a broken driver)."""
