@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -142,20 +143,29 @@ def test_killed_while_writing_a_checkpoint(tmp_path: Path, uninterrupted: dict[i
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_killed_at_a_random_point(tmp_path: Path, uninterrupted: dict[int, float], seed: int) -> None:
-    """SIGKILL after a seeded delay (0-1 s) from the first checkpoint's appearance: between checkpoints or inside one.
-    The kill must hit a live run (a run that had already ended would test a plain resume only), and the resume must
-    have steps left to train."""
+    """SIGKILL at a seeded point: once the checkpoint of a seeded step k (1 .. STEPS - 2) has appeared, after a seeded
+    delay of up to 50 ms, so between checkpoints or inside the next one's save, with at least two steps left. The kill
+    must hit a live run and the resume must have steps left to train (a point fixed in seconds, as it was, let a fast
+    machine finish the run first)."""
+    rng = random.Random(seed)
+    k, delay = rng.randint(1, STEPS - 2), rng.uniform(0.0, 0.05)
     config = debug_with_checkpoints(tmp_path, max_steps=STEPS, every=1)
     command = [sys.executable, "-m", "lightning_dos", "fit", "--config", str(config)]
     process = subprocess.Popen(command, cwd=config.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                stdin=subprocess.DEVNULL, env=dict(os.environ))
     folder = tmp_path / "checkpoints"
+
+    def reached() -> bool:
+        steps = [int(m.group(1)) for p in (folder.iterdir() if folder.is_dir() else ())
+                 if (m := re.fullmatch(r"step=(\d+)\.ckpt", p.name))]  # published
+        return any(step >= k for step in steps)
+
     deadline = time.monotonic() + 300
-    while not (folder.is_dir() and any(folder.iterdir())) and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(random.Random(seed).uniform(0.0, 1.0))
-    assert process.poll() is None, "the run ended before the kill: nothing was interrupted"
+    while not reached() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(delay)
+    assert process.poll() is None, f"the run ended before the kill at step {k}: nothing was interrupted"
     process.send_signal(signal.SIGKILL)
     assert process.wait(timeout=60) == -signal.SIGKILL
     first = _resume_and_compare(tmp_path, uninterrupted)
-    assert 0 <= first < STEPS  # 0: killed before the first checkpoint was published, so it started over
+    assert k <= first < STEPS  # resumed from checkpoint k or the next one, with steps left
