@@ -6,6 +6,11 @@ is free when the update phase begins (``dispatch``, called from ``on_before_opti
 device-lane subgroups to the host if they would not fit, runs the executor, and keeps a record of every
 step (plan, timings, bytes) for telemetry. No DeepSpeed import: the optimizer is duck-typed.
 
+It also decides which subgroups stay resident on the device (``resident_gib``): a number, when it starts; ``"auto"``,
+at the first dispatch, from the device's memory and the training's measured peak
+(:mod:`lightning_dos.planning.residency`), giving residents back under memory pressure at later dispatches. The
+planner then weighs the resident subgroups as empty, so one plan covers the three places.
+
 With ``overlap=True`` the update phase is issued to the executor's worker thread and runs beside the next forward
 and backward (:mod:`lightning_dos.update.phase`); the manager joins it at the next dispatch, before any plan change and
 whenever asked (:meth:`OptimizerStateManager.join`), and records and calibrates it then: a step's record appears
