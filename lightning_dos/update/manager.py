@@ -34,7 +34,7 @@ from lightning_dos.planning.residency import DeviceMemory, Residency, choose_res
 from lightning_dos.planning.trials import TRIAL_SOURCE, PlanTrials, TrialVerdict
 from lightning_dos.update.executor import LaneTimings, UpdateExecutor
 from lightning_dos.update.phase import Phase
-from lightning_dos.update.resident import RESIDENT_BYTES_PER_PARAM, ResidentState
+from lightning_dos.update.resident import RESIDENT_BYTES_PER_PARAM, ResidentState, resident_bytes
 
 log = logging.getLogger(__name__)
 
@@ -185,8 +185,7 @@ class OptimizerStateManager:
         budget)."""
         if self.memory_budget_bytes is None:
             return None
-        resident = RESIDENT_BYTES_PER_PARAM * sum(self.subgroup_sizes[i] for i in self.resident)
-        return max(0, self.memory_budget_bytes - resident)
+        return max(0, self.memory_budget_bytes - resident_bytes(self.subgroup_sizes, self.resident))
 
     def _all_grads(self) -> frozenset[int]:
         """For planning: every device-lane subgroup would keep its gradient on the device (if they may)."""
@@ -626,7 +625,7 @@ class OptimizerStateManager:
             "dos/prefetched_ahead": float(t.prefetched_ahead),
             "dos/dispatch_lead_ms": t.lead_s * 1e3,
             "dos/resident_subgroups": float(len(self.resident)),
-            "dos/resident_gib": RESIDENT_BYTES_PER_PARAM * sum(self.subgroup_sizes[i] for i in self.resident) / GIB,
+            "dos/resident_gib": resident_bytes(self.subgroup_sizes, self.resident) / GIB,
         }
         if t.host_compute_s > 0:
             out["dos/cpu_adam_gparam_s"] = t.host_params / t.host_compute_s / 1e9
