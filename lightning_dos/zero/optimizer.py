@@ -83,9 +83,8 @@ class InterleavedZeroOptimizer(_VanillaStage3):
     #: the device copies of the resident subgroups' state (``resident_gib``; a ``ResidentState``, set by the manager)
     resident_state: Any = None
     #: persistent parameters partitioned over several ranks stay whole through the step and are refreshed by one
-    #: gather per subgroup (``_refresh_whole_params``) instead of DeepSpeed's release and per-parameter gathers. Off
-    #: until it has run on GPUs: bit for bit DeepSpeed's gather on two gloo ranks, not yet measured on NCCL
-    flat_persistent_gather: bool = False
+    #: gather per subgroup (``_refresh_whole_params``) instead of DeepSpeed's release and per-parameter gathers
+    flat_persistent_gather: bool = True
     #: parameters the last step refreshed so (telemetry and tests)
     refreshed_params: int = 0
 
