@@ -11,8 +11,8 @@ import torch
 from lightning_dos.planning import planner
 from lightning_dos.planning.plan import Lane, Plan, parse_plan
 from lightning_dos.update import manager as manager_module
-from lightning_dos.update.executor import LaneTimings
 from lightning_dos.update.manager import GIB, OptimizerStateManager, StepRecord
+from lightning_dos.update.timings import LaneTimings
 
 
 class FakeOptimizer:

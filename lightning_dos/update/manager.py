@@ -32,9 +32,10 @@ from lightning_dos.planning.plan import Lane, Plan, PlanSpec, parse_plan, resolv
 from lightning_dos.planning.planner import best_plan, demote_to_fit, kept_grads, rank_plans, resident_subgroups
 from lightning_dos.planning.residency import DeviceMemory, Residency, choose_residents, residents_to_release
 from lightning_dos.planning.trials import TRIAL_SOURCE, PlanTrials, TrialVerdict
-from lightning_dos.update.executor import LaneTimings, UpdateExecutor
+from lightning_dos.update.executor import UpdateExecutor
 from lightning_dos.update.phase import Phase
 from lightning_dos.update.resident import RESIDENT_BYTES_PER_PARAM, ResidentState, resident_bytes
+from lightning_dos.update.timings import LaneTimings
 
 log = logging.getLogger(__name__)
 
