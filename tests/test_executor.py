@@ -175,7 +175,7 @@ def test_subgroups_pass_through_the_slots_in_pieces_with_the_values_of_whole_sub
     """Pieces of 128 parameters (a multiple of every vector width, as the real piece is) through slots of one piece:
     the values of whole subgroups bit for bit, early prefetches included, the same bytes on the link, slots of a
     piece instead of the largest subgroup, and one span per stage of each subgroup covering all its pieces."""
-    import lightning_dos.update.executor as executor
+    import lightning_dos.update.device_lane as device_lane
 
     def subgroups() -> list[Subgroup]:
         sgs = _subgroups(torch.bfloat16)
@@ -189,7 +189,7 @@ def test_subgroups_pass_through_the_slots_in_pieces_with_the_values_of_whole_sub
     order = [2, 0, 4, 1, 3]
     whole = subgroups()
     first = UpdateExecutor(torch.device("cpu")).run(lanes, order, 2, whole, torch.tensor(0.5), lambda i: None)
-    monkeypatch.setattr(executor, "PIECE", 128)
+    monkeypatch.setattr(device_lane, "PIECE", 128)
     pieces = subgroups()
     runner = UpdateExecutor(torch.device("cpu"))
     assert runner.prefetch_ahead(lanes, order, 2, pieces) == 2  # two pieces of subgroup 2 (500 parameters)
@@ -233,9 +233,9 @@ def test_plan_length_must_match() -> None:
 
 def test_chunked_transfers_give_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:
     """Prefetch and flush in chunks (64 MB on a real run; 7 elements here) move every element exactly once."""
-    import lightning_dos.update.executor as executor
+    import lightning_dos.update.streams as streams
 
-    monkeypatch.setattr(executor, "COPY_CHUNK", 7)
+    monkeypatch.setattr(streams, "COPY_CHUNK", 7)  # the device lane's copies
     inv = 0.25
     subgroups = _subgroups()
     expected = [_reference(sg, inv) for sg in subgroups]
@@ -254,12 +254,14 @@ def test_device_lane_is_issued_a_window_ahead_of_the_host_lane(monkeypatch: pyte
     Events here complete only once the host lane has finished one more subgroup after they were recorded,
     like a prefetch that is still on the link while CPU Adam runs; results must not change.
     """
-    import lightning_dos.update.executor as executor
+    import lightning_dos.update.device_lane as device_lane
+    import lightning_dos.update.streams as streams
+    from lightning_dos.planning.perf_model import PREFETCH_WINDOW
 
     clock = {"host_steps": 0}
     log: list[str] = []
 
-    class SlowEvent(executor._HostEvent):
+    class SlowEvent(streams.HostEvent):
         def record(self, stream: object = None) -> None:
             super().record(stream)
             self.at = clock["host_steps"]
@@ -267,14 +269,14 @@ def test_device_lane_is_issued_a_window_ahead_of_the_host_lane(monkeypatch: pyte
         def query(self) -> bool:
             return clock["host_steps"] > self.at
 
-    monkeypatch.setattr(executor._Streams, "event", lambda self, timing=False: SlowEvent())
-    issue_next = executor._DeviceLane.issue_next
+    monkeypatch.setattr(streams.Streams, "event", lambda self, timing=False: SlowEvent())
+    issue_next = device_lane.DeviceLane.issue_next
 
-    def logged_issue(lane: executor._DeviceLane) -> None:
+    def logged_issue(lane: device_lane.DeviceLane) -> None:
         log.append(f"D{lane.ids[lane.next]}")
         issue_next(lane)
 
-    monkeypatch.setattr(executor._DeviceLane, "issue_next", logged_issue)
+    monkeypatch.setattr(device_lane.DeviceLane, "issue_next", logged_issue)
     sizes = [50] * 8
     g = torch.Generator().manual_seed(1)
     subgroups = [
@@ -293,7 +295,7 @@ def test_device_lane_is_issued_a_window_ahead_of_the_host_lane(monkeypatch: pyte
 
     lanes = [Lane.HOST, Lane.HOST, Lane.HOST] + [Lane.DEVICE] * 5
     UpdateExecutor(torch.device("cpu")).run(lanes, list(range(8)), 3, subgroups, 1.0, host_step)
-    window = executor.PREFETCH_WINDOW
+    window = PREFETCH_WINDOW
     assert log[:window] == [f"D{3 + j}" for j in range(window)]  # the first prefetches go out before CPU Adam
     assert log[window] == "H0"
     assert log.index("D7") > log.index("H0")  # not everything up front: the rest follows the host lane
@@ -316,11 +318,12 @@ def test_host_lane_uploads_pass_through_the_ring_in_chunks_and_never_block_the_h
     """
     import time
 
-    import lightning_dos.update.executor as executor
+    import lightning_dos.update.host_lane as host_lane
+    import lightning_dos.update.streams as streams
 
     delay = 0.1
 
-    class InFlightEvent(executor._HostEvent):
+    class InFlightEvent(streams.HostEvent):
         def query(self) -> bool:
             return time.perf_counter() >= self.time + delay
 
@@ -328,17 +331,17 @@ def test_host_lane_uploads_pass_through_the_ring_in_chunks_and_never_block_the_h
             time.sleep(max(0.0, self.time + delay - time.perf_counter()))
 
     copies: list[tuple[int, int]] = []
-    monkeypatch.setattr(executor._Streams, "event", lambda self, timing=False: InFlightEvent())
-    monkeypatch.setattr(executor, "COPY_CHUNK", 7)
-    ring_upload = executor._UploadRing.upload
+    monkeypatch.setattr(streams.Streams, "event", lambda self, timing=False: InFlightEvent())
+    monkeypatch.setattr(host_lane, "COPY_CHUNK", 7)  # the upload ring's buffers
+    ring_upload = host_lane._UploadRing.upload
 
-    def logged_upload(ring: executor._UploadRing, master: torch.Tensor, param16: torch.Tensor):
+    def logged_upload(ring: host_lane._UploadRing, master: torch.Tensor, param16: torch.Tensor):
         first = ring.next
         out = ring_upload(ring, master, param16)
         copies.append((first, ring.next))
         return out
 
-    monkeypatch.setattr(executor._UploadRing, "upload", logged_upload)
+    monkeypatch.setattr(host_lane._UploadRing, "upload", logged_upload)
     subgroups = _subgroups(torch.bfloat16)
     expected = [_reference(sg, 1.0) for sg in subgroups]
     run = UpdateExecutor(torch.device("cpu"))
@@ -346,8 +349,9 @@ def test_host_lane_uploads_pass_through_the_ring_in_chunks_and_never_block_the_h
         [Lane.HOST] * len(SIZES), list(range(len(SIZES))), 1, subgroups, 1.0, _host_step_with_torch(subgroups, 1.0)
     )
     assert [last - first for first, last in copies] == [-(-n // 7) for n in SIZES]  # ceil(n / 7) chunks each
-    assert all(b.numel() == 7 for b in run._upload) and len(run._upload) == executor.UPLOAD_BUFFERS
-    assert timings.device_buffer_bytes == executor.UPLOAD_BUFFERS * 7 * 4
+    ring = run.host_lane.buffers
+    assert all(b.numel() == 7 for b in ring) and len(ring) == host_lane.UPLOAD_BUFFERS
+    assert timings.device_buffer_bytes == host_lane.UPLOAD_BUFFERS * 7 * 4
     assert timings.host_busy_s - timings.host_compute_s < delay  # no upload was waited for
     assert timings.total_s >= delay  # ... but run() returns only once the last one has landed
     for sg, (m, _, _) in zip(subgroups, expected):
@@ -361,7 +365,7 @@ def test_upload_ring_reuses_a_buffer_only_after_its_last_conversion() -> None:
     import contextlib
     import itertools
 
-    import lightning_dos.update.executor as executor
+    import lightning_dos.update.host_lane as host_lane
 
     counter = itertools.count()
     log: list[tuple[str, str, int]] = []
@@ -382,7 +386,7 @@ def test_upload_ring_reuses_a_buffer_only_after_its_last_conversion() -> None:
                 log.append(("wait", stream, event))
 
     buffers = [torch.empty(4) for _ in range(3)]
-    ring = executor._UploadRing(Streams(), buffers)  # type: ignore[arg-type]
+    ring = host_lane._UploadRing(Streams(), buffers)  # type: ignore[arg-type]
     master = torch.arange(22, dtype=torch.float32)  # 6 chunks of 4 (the last of 2)
     param16 = torch.zeros(22, dtype=torch.bfloat16)
     begin, end = ring.upload(master, param16)
@@ -399,7 +403,7 @@ def test_upload_ring_reuses_a_buffer_only_after_its_last_conversion() -> None:
 def test_prefetches_issued_before_the_update_phase_are_used_and_give_the_same_result() -> None:
     """``prefetch_ahead`` (the manager calls it at dispatch) issues the device lane's first prefetches, one per slot
     and at most PREFETCH_WINDOW; the next ``run`` of that plan uses them, and the result is torch's AdamW."""
-    from lightning_dos.update.executor import PREFETCH_WINDOW
+    from lightning_dos.planning.perf_model import PREFETCH_WINDOW
 
     inv = 0.5
     subgroups = _subgroups()
@@ -468,16 +472,16 @@ class _ForwardOnlyEvent:
 def test_spans_of_early_prefetches_are_timed_forward_from_the_lane_origin() -> None:
     """On a GPU a prefetch issued at dispatch begins before the phase's start event: its span is measured from the
     lane's origin event (recorded before it) and shifted, never as an elapsed time that runs backwards."""
-    from lightning_dos.update.executor import LaneTimings, _resolve_spans
+    from lightning_dos.update.timings import LaneTimings, resolve_spans
 
     origin, start = _ForwardOnlyEvent(0.0), _ForwardOnlyEvent(0.020)
     spans = [(0, "device", "prefetch", _ForwardOnlyEvent(0.001), _ForwardOnlyEvent(0.011)),
              (0, "device", "adam", _ForwardOnlyEvent(0.021), _ForwardOnlyEvent(0.030)),
              (0, "device", "flush", _ForwardOnlyEvent(0.030), _ForwardOnlyEvent(0.040))]
     timings = LaneTimings()
-    _resolve_spans(start, 0.0, spans, timings, origin=origin)
+    resolve_spans(start, 0.0, spans, timings, origin=origin)
     (entry,) = timings.events
     assert entry["prefetch"] == pytest.approx((-0.019, -0.009)) and entry["adam"] == pytest.approx((0.001, 0.010))
     assert timings.prefetch_busy_s == pytest.approx(0.010) and timings.device_busy_s == pytest.approx(0.020)
     with pytest.raises(AssertionError, match="backwards"):  # without the origin the early span would run backwards
-        _resolve_spans(start, 0.0, spans, LaneTimings())
+        resolve_spans(start, 0.0, spans, LaneTimings())

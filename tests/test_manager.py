@@ -1,27 +1,41 @@
-"""The manager's ``auto`` policy on its own (no DeepSpeed): when it re-plans, and what it may choose."""
+"""The manager on its own (no DeepSpeed): the gradients it keeps on the device, what ``auto`` may choose from, and its
+planning state, swapped, saved and restored. Update phases run through the seam's hook on subgroups in host memory
+(the host stands in for the device); ``auto``'s own rules are tested in tests/test_auto_planner.py."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
-from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
 
 from lightning_dos.planning import planner
+from lightning_dos.planning.auto import AUTO_MAX_BUFFERS, PROBE_STEPS, AutoPlanner
 from lightning_dos.planning.plan import Lane, Plan, parse_plan
-from lightning_dos.update import manager as manager_module
-from lightning_dos.update.executor import LaneTimings
-from lightning_dos.update.manager import GIB, OptimizerStateManager, StepRecord
+from lightning_dos.update.manager import GIB, OptimizerStateManager, PlanningState, StepRecord
+from lightning_dos.update.subgroup import AdamHyper, Subgroup
 
 
 class FakeOptimizer:
-    """What the manager reads from the seam: subgroup sizes and whether the interleaved update applies."""
+    """What the manager reads from the seam: subgroup sizes, whether the interleaved update applies, and the
+    subgroups of an update phase (their gradients in host memory)."""
 
     device_grad_subgroups: frozenset[int] = frozenset()
+    update_phase: Any = None  # the manager attaches itself here
+
+    def __init__(self, sizes: tuple[int, ...] = (1000,) * 6) -> None:
+        self.sizes = list(sizes)
+        g = torch.Generator().manual_seed(0)
+        hyper = AdamHyper(lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.0, adamw=True)
+        self._subgroups = [Subgroup(index=i, numel=n, master=torch.randn(n, generator=g), exp_avg=torch.zeros(n),
+                                    exp_avg_sq=torch.zeros(n), state={"step": 0}, grad=torch.randn(n, generator=g),
+                                    param16=torch.zeros(n), hyper=hyper) for i, n in enumerate(self.sizes)]
 
     def subgroup_sizes(self) -> list[int]:
-        return [1000] * 6
+        return list(self.sizes)
 
     def device_grad_bytes_per_param(self) -> int:
         return 2
@@ -29,41 +43,30 @@ class FakeOptimizer:
     def _dos_supported(self) -> bool:
         return True
 
+    def state_homes_ready(self) -> bool:
+        return False  # no prefetch at dispatch
 
-def _plan(letters: str, buffers: int = 2) -> Plan:
-    return Plan(lanes=tuple(Lane.DEVICE if c == "D" else Lane.HOST for c in letters), buffers=buffers, source="auto")
+    def subgroups(self) -> list[Subgroup]:
+        return self._subgroups
+
+    def step(self) -> None:
+        """The optimizer's step as the seam runs it: the manager's update phase, with a host lane that takes 1 ms
+        per subgroup (its rate is then measured, whatever the machine)."""
+        self.update_phase(self, lambda i: time.sleep(1e-3), 1.0)
+
+
+def _plan(letters: str, buffers: int = 2, source: str = "auto") -> Plan:
+    return Plan(lanes=tuple(Lane.DEVICE if c == "D" else Lane.HOST for c in letters), buffers=buffers, source=source)
+
+
+def _letters(plan: Plan) -> str:
+    return "".join(lane.letter for lane in plan.lanes)
 
 
 def _step(manager: OptimizerStateManager) -> StepRecord:
-    record = StepRecord(step=len(manager.records), plan=manager.base_plan, timings=LaneTimings(), free_bytes=None,
-                        demoted=(), device_fraction=0.0, predicted_s=1.0)
-    manager.records.append(record)
-    manager._calibrate(record)
-    return record
-
-
-def test_auto_replans_after_fresh_drift_only_and_for_a_real_gain(monkeypatch: pytest.MonkeyPatch) -> None:
-    manager = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("auto"))
-    assert manager.base_plan.source == "probe" and manager.optimizer.device_grad_subgroups == frozenset()
-    candidates = iter([_plan("DHDHDH"), _plan("HDHDHD"), _plan("DDHHDD")])
-    predicted = {"DHDHDH": 1.00, "HDHDHD": 0.97, "DDHHDD": 0.90}  # 3% better: churn; 10% better: a real gain
-    manager.trials.max_trials = 0  # the drift check alone (a running trial makes it wait)
-    monkeypatch.setattr(manager, "_resolve", lambda spec: next(candidates))
-    monkeypatch.setattr(manager, "_predict", lambda plan: predicted["".join(lane.letter for lane in plan.lanes)])
-    monkeypatch.setattr(manager.calibrator, "observe", lambda measurement: None)
-    monkeypatch.setattr(manager.calibrator, "should_replan", lambda patience: True)  # every step drifts
-
-    # the probe: the host lane alone, then half the subgroups on each lane (their gradients stay on the device)
-    probe = [_step(manager)]
-    assert manager.optimizer.device_grad_subgroups == frozenset({1, 3, 5})  # decided before the next backward
-    probe += [_step(manager) for _ in range(manager_module.PROBE_STEPS - 1)]
-    assert ["".join(lane.letter for lane in r.plan.lanes) for r in probe] == ["HHHHHH", "HDHDHD"]
-    assert [r.replanned for r in probe] == [False, True]  # the probe's steps are not re-plans; choosing after is
-    replanned = [_step(manager).replanned for _ in range(7)]
-    # 1-2 after the choice: too few fresh steps; 3: weighed, 3% is no gain, kept;
-    # 4-5: too few fresh steps since that check; 6: weighed again, 10% better, adopted; 7: too few fresh steps
-    assert replanned == [False, False, False, False, False, True, False]
-    assert "".join(lane.letter for lane in manager.base_plan.lanes) == "DDHHDD"
+    """One update phase of the plan in force, as an optimizer step runs it; its record."""
+    manager.optimizer.step()
+    return manager.records[-1]
 
 
 def test_kept_gradients_are_budgeted_in_the_optimizers_gradient_dtype() -> None:
@@ -76,13 +79,13 @@ def test_kept_gradients_are_budgeted_in_the_optimizers_gradient_dtype() -> None:
     assert (manager.cost.device_grad_bytes_per_param, fp32.cost.device_grad_bytes_per_param) == (2, 4)
     plan = _plan("HDHDHD")
     # the rule the manager applies on a GPU (on the host standing in, no budget applies)
-    kept = [planner.grads_for(plan, m.sizes, m.cost, 40_000, m._all_grads()) for m in (manager, fp32)]
+    kept = [planner.grads_for(plan, m.sizes, m.cost, 40_000, m.plan_model.may_keep) for m in (manager, fp32)]
     assert kept == [frozenset({1, 3, 5}), frozenset()]
 
 
 class _UnevenOptimizer(FakeOptimizer):
-    def subgroup_sizes(self) -> list[int]:
-        return [3000, 1000, 1000, 1000, 1000, 1000]
+    def __init__(self) -> None:
+        super().__init__((3000, 1000, 1000, 1000, 1000, 1000))
 
 
 def test_a_named_plan_that_runs_demoted_keeps_the_gradients_it_still_runs_on_the_device() -> None:
@@ -91,14 +94,14 @@ def test_a_named_plan_that_runs_demoted_keeps_the_gradients_it_still_runs_on_the
     the backward from the plan as dispatch will run it (up to b73d0c1: none kept, every gradient to the host)."""
     manager = OptimizerStateManager(_UnevenOptimizer(), plan=parse_plan("device"), memory_budget_gib=50_000 / GIB)
     manager.device = torch.device("cuda")  # the budget applies on a GPU only; nothing here touches one
-    assert manager._kept_grads(manager.base_plan) == frozenset({1, 2, 3, 4, 5})
-    manager._plan_gradients()
+    assert manager.plan_model.kept_grads(manager.base_plan) == frozenset({1, 2, 3, 4, 5})
+    manager.set_plan(manager.base_plan)  # the gradients are planned again for the plan in force
     assert manager.optimizer.device_grad_subgroups == frozenset({1, 2, 3, 4, 5})
 
 
 def test_auto_considers_two_buffers_at_most_unless_buffers_is_set() -> None:
     auto = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("auto"))
-    assert max(plan.buffers for plan in _candidates(auto)) == manager_module.AUTO_MAX_BUFFERS == 2
+    assert max(plan.buffers for plan in _candidates(auto)) == AUTO_MAX_BUFFERS == 2
     deep = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("auto"), buffers=4)
     assert max(plan.buffers for plan in _candidates(deep)) == 4
 
@@ -115,22 +118,20 @@ def _candidates(manager: OptimizerStateManager) -> list[Plan]:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(planner, "candidate_plans", spy)
-        manager._resolve(manager.spec)
+        manager.plan_model.best_plan()
     return seen
 
 
-def _letters(plan: Plan) -> str:
-    return "".join(lane.letter for lane in plan.lanes)
-
-
-def _timed_step(manager: OptimizerStateManager) -> StepRecord:
-    """One measured update phase (0.5 s, half the parameters on the host lane) of the plan in force."""
-    record = StepRecord(step=len(manager.records), plan=manager.base_plan,
-                        timings=LaneTimings(total_s=0.5, host_params=3000, host_compute_s=0.5), free_bytes=None,
-                        demoted=(), device_fraction=0.5, predicted_s=0.2)
-    manager.records.append(record)
-    manager._calibrate(record)
-    return record
+def test_the_probe_puts_its_plans_in_force_with_their_gradients_and_the_choice_is_a_replan() -> None:
+    manager = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("auto"))
+    assert manager.base_plan.source == "probe" and manager.optimizer.device_grad_subgroups == frozenset()
+    probe = [_step(manager)]
+    assert manager.optimizer.device_grad_subgroups == frozenset({1, 3, 5})  # decided before the next backward
+    probe += [_step(manager) for _ in range(PROBE_STEPS - 1)]
+    assert [_letters(r.plan) for r in probe] == ["HHHHHH", "HDHDHD"]
+    assert [r.replanned for r in probe] == [False, True]  # the probe's steps are not re-plans; choosing after is
+    assert manager.base_plan.source == "auto" and not manager.auto.probing
+    assert manager.optimizer.device_grad_subgroups == manager.plan_model.kept_grads(manager.base_plan)
 
 
 def test_start_auto_begins_cold_after_fixed_plans() -> None:
@@ -139,8 +140,9 @@ def test_start_auto_begins_cold_after_fixed_plans() -> None:
     manager = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("0.5"),
                                     cost_overrides={"gpu_adam_params_per_s": 7e9})
     start = manager.cost
+    assert manager.auto is None
     for _ in range(3):  # fixed plans: nothing is re-planned, and calibration moves the rates
-        assert not _timed_step(manager).replanned
+        assert not _step(manager).replanned
     assert manager.cost.cpu_adam_params_per_s != start.cpu_adam_params_per_s
     assert manager.calibrator.history
 
@@ -149,108 +151,75 @@ def test_start_auto_begins_cold_after_fixed_plans() -> None:
     assert manager.spec.kind == "auto" and manager.cost == start and not manager.calibrator.history
     assert manager.cost.gpu_adam_params_per_s == 7e9
     assert _letters(manager.base_plan) == "HHHHHH" and manager.optimizer.device_grad_subgroups == frozenset()
-    probe = [_timed_step(manager)]
+    probe = [_step(manager)]
     assert _letters(manager.base_plan) == "HDHDHD" and manager.optimizer.device_grad_subgroups == {1, 3, 5}
 
     # a fixed-plan step between two of auto's (the plan sweep interleaves them): it neither advances auto's probe nor
     # feeds auto's calibration, and auto goes on where it was
     auto = manager.planning_state()
+    assert auto.auto is manager.auto and auto.auto.steps == 1
     manager.restore(fixed)
     assert manager.spec.kind == "fraction" and _letters(manager.base_plan) == _letters(fixed.base_plan)
+    assert manager.auto is None
     assert manager.optimizer.device_grad_subgroups == {i for i, c in enumerate(_letters(fixed.base_plan)) if c == "D"}
-    between = _timed_step(manager)
+    between = _step(manager)
     assert not between.replanned and len(fixed.calibrator.history) == 4 and len(auto.calibrator.history) == 1
     manager.restore(auto)
-    probe.append(_timed_step(manager))
+    probe.append(_step(manager))
     assert [_letters(r.plan) for r in probe] == ["HHHHHH", "HDHDHD"]
     assert [r.replanned for r in probe] == [False, True]  # counted under auto, not from the run's first step
     assert manager.base_plan.source not in ("probe", "0.5") and len(manager.records) == 6
     assert len(manager.calibrator.history) == 2
-
-
-def test_auto_tries_the_plans_its_model_ranks_close_and_keeps_the_faster(monkeypatch: pytest.MonkeyPatch) -> None:
-    """After the probe and one update phase of its choice, ``auto`` tries the next candidate within 5% of it: the
-    two take turns (three update phases each, two when every pair agrees), and the candidate is kept if it measured
-    faster; then the next one at once; a slower one gives the plan back."""
-    from lightning_dos.planning.trials import TRIAL_SOURCE
-
-    manager = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("auto"))
-    predicted = {"DHDHDH": 1.00, "HDHDHD": 0.99, "DDHHDD": 1.03, "HHDDHH": 1.20}
-    measured = {"HHHHHH": 0.9, "HDHDHD": 0.40, "DHDHDH": 0.50, "DDHHDD": 0.45}  # the probe's mixed plan is HDHDHD
-    monkeypatch.setattr(manager, "_resolve", lambda spec: _plan("DHDHDH"))
-    monkeypatch.setattr(manager, "_ranked", lambda: [(_plan(x), s) for x, s in sorted(predicted.items(),
-                                                                                      key=lambda kv: kv[1])])
-    monkeypatch.setattr(manager, "_predict", lambda plan: predicted[_letters(plan)])
-    monkeypatch.setattr(manager.calibrator, "observe", lambda measurement: None)
-    monkeypatch.setattr(manager.calibrator, "should_replan", lambda patience: False)
-
-    def step() -> StepRecord:
-        record = StepRecord(step=len(manager.records), plan=manager.base_plan,
-                            timings=LaneTimings(total_s=measured[_letters(manager.base_plan)]), free_bytes=None,
-                            demoted=(), device_fraction=0.5, predicted_s=1.0)
-        manager.records.append(record)
-        manager._calibrate(record)
-        return record
-
-    records = [step() for _ in range(19)]
-    ran = [_letters(r.plan) for r in records]
-    # every pair of turns agrees (0.40 against 0.50: each a win; 0.45 against 0.40: none), so each trial ends after
-    # two turns of each side
-    assert ran == (["HHHHHH", "HDHDHD", "DHDHDH"] + ["HDHDHD", "DHDHDH"] * 2 + ["DDHHDD", "HDHDHD"] * 2
-                   + ["HDHDHD"] * 8)
-    # the probe's choice, then the first trial's win; the second trial (0.45 s against 0.40) lost: no change
-    assert [r.step for r in records if r.replanned] == [1, 6]
-    assert [r.plan.source == TRIAL_SOURCE for r in records] == [False] * 3 + [True, False] * 4 + [False] * 8
-    assert manager.metrics()["dos/trial"] == 0.0
-    # HHDDHH is predicted 20% slower: never tried; the winner is the plan in force, its gradients planned
-    assert [v.challenger_won for v in manager.trials.verdicts] == [True, False]
-    assert _letters(manager.base_plan) == "HDHDHD" and manager.base_plan.source == "auto"
-    assert manager.optimizer.device_grad_subgroups == {1, 3, 5}
-    # the plan sweep swaps auto's state out and back: the trials go with it, and a cold start begins afresh
-    state = manager.planning_state()
-    # the trials tell plans apart by their lanes and by where the device lane's gradients live
-    kept = {1: frozenset({1, 3, 5}), 2: frozenset()}
-    monkeypatch.setattr(manager, "_kept_grads", lambda plan: kept[plan.buffers])
-    one, two = _plan("HDHDHD", buffers=1), _plan("HDHDHD", buffers=2)
-    assert manager.trials.key(one) != manager.trials.key(two) and manager.trials.key(two) == manager.trials.key(
-        replace(two, source="trial"))
-    assert state.trials is manager.trials
+    # a cold start begins afresh: a new state machine, no plan in force yet for its trials
     manager.start_auto()
-    assert manager.trials is not state.trials and manager.trials.incumbent is None
+    assert manager.auto is not auto.auto and manager.auto.steps == 0 and manager.auto.trials.incumbent is None
 
 
-def test_plan_state_round_trips_through_json_and_continues_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+class _Scripted:
+    """A performance model whose choice and ranking the test sets: after the probe it chooses DDHHHH, and DDDHHH,
+    predicted 2% slower, is tried next (a :class:`~lightning_dos.planning.auto.PlanModel`)."""
+
+    predicted = {"DDHHHH": 1.00, "DDDHHH": 1.02}
+
+    def best_plan(self) -> Plan:
+        return _plan("DDHHHH")
+
+    def ranked(self) -> list[tuple[Plan, float]]:
+        return [(_plan(letters), s) for letters, s in self.predicted.items()]
+
+    def predict(self, plan: Plan) -> float:
+        return self.predicted[_letters(plan)]
+
+    def kept_grads(self, plan: Plan) -> frozenset[int]:
+        return frozenset(plan.device_subgroups())
+
+    def drifted(self, patience: int) -> bool:
+        return False
+
+
+def test_plan_state_round_trips_through_json_and_continues_auto() -> None:
     """A checkpoint's plan state (``state_dict``) puts a new manager where the old one stood: the plan in force, the
     calibration, auto's progress; a trial under way is dropped for the plan in force; another run's state is refused."""
-    import json
-
-    from lightning_dos.planning.calibration import StepMeasurement
-
     old = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("auto"))
-    for _ in range(manager_module.PROBE_STEPS):
+    scripted = AutoPlanner(old.sizes, 2, _Scripted)
+    old.restore(PlanningState(spec=old.spec, calibrator=old.calibrator, base_plan=scripted.probes[0], auto=scripted))
+    for _ in range(PROBE_STEPS + 1):
         _step(old)
-    old.calibrator.observe(StepMeasurement(host_params=6000, host_busy_s=1e-3, host_overlapped=False, device_params=0,
-                                           h2d_bytes=0, h2d_busy_s=0.0, d2h_bytes=0, d2h_busy_s=0.0, adam_busy_s=0.0,
-                                           predicted_s=1.0, measured_s=1.3))
-    old.set_plan(_plan("DDHHHH"))
-    old.trials.start(_plan("DDHHHH"))
-    old.trials._trials = 1
-    old.trials.challenger = _plan("DDDHHH")  # a trial under way when the checkpoint is saved
+    assert old.auto.trials.running and _letters(old.base_plan) == "DDDHHH"  # a trial under way when it is saved
     state = json.loads(json.dumps(old.state_dict()))  # what a checkpoint holds survives JSON
 
     new = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("auto"))
     assert new.base_plan.source == "probe"
     assert new.load_state_dict(state)
     assert new.base_plan.lanes == _plan("DDHHHH").lanes  # the plan in force, not the trial's candidate
-    assert not new.trials.running and new.trials._trials == 1
-    assert new._auto_steps == old._auto_steps == manager_module.PROBE_STEPS
+    assert not new.auto.trials.running and new.auto.state_dict() == old.auto.state_dict()
+    assert new.auto.steps == old.auto.steps == PROBE_STEPS + 1
     assert new.cost == old.cost and new.calibrator.history == old.calibrator.history
     assert new.calibrator.observations == old.calibrator.observations
     assert new.optimizer.device_grad_subgroups == frozenset({0, 1})  # the restored plan keeps its gradients
     # the next update phase is auto's next one, not a new probe
-    monkeypatch.setattr(new.calibrator, "observe", lambda measurement: None)
     _step(new)
-    assert new._auto_steps == manager_module.PROBE_STEPS + 1
+    assert new.auto.steps == PROBE_STEPS + 2 and new.records[-1].plan.lanes == _plan("DDHHHH").lanes
 
     for other in (OptimizerStateManager(FakeOptimizer(), plan=parse_plan("0.5")),  # another plan asked for
                   OptimizerStateManager(FakeOptimizer(), plan=parse_plan("auto"))):

@@ -369,9 +369,9 @@ class _LiveLanes(pl.Callback):
     def __init__(self) -> None:
         import gc
 
-        from lightning_dos.update.executor import _DeviceLane
+        from lightning_dos.update.device_lane import DeviceLane
 
-        self.gc, self.kind, self.counts = gc, _DeviceLane, []
+        self.gc, self.kind, self.counts = gc, DeviceLane, []
 
     def on_train_batch_end(self, *_: Any) -> None:
         self.counts.append(sum(isinstance(o, self.kind) for o in self.gc.get_objects()))
@@ -542,18 +542,18 @@ def test_an_issued_phase_frees_its_slots_and_kept_gradients_once_its_work_is_don
     next backward runs with them and its own kept gradients allocated at once (on a GPU host: gigabytes)."""
     import weakref
 
-    from lightning_dos.update.executor import _DeviceLane
+    from lightning_dos.update.device_lane import DeviceLane
 
     subgroups = _kept_gradient_subgroups([300, 120, 500, 80])
     kept = [weakref.ref(sg.grad) for sg in subgroups]
     slots: list[Any] = []
-    bind = _DeviceLane.bind
+    bind = DeviceLane.bind
 
-    def noting(lane: _DeviceLane, *args: Any) -> None:
+    def noting(lane: DeviceLane, *args: Any) -> None:
         bind(lane, *args)
         slots.extend(weakref.ref(slot) for slot in lane.slots)
 
-    monkeypatch.setattr(_DeviceLane, "bind", noting)
+    monkeypatch.setattr(DeviceLane, "bind", noting)
     executor = UpdateExecutor(torch.device("cpu"))
     lanes = [Lane.DEVICE] * len(subgroups)
     expected = [sg.master.clone() for sg in subgroups]
@@ -578,7 +578,7 @@ def test_a_kept_gradient_goes_as_soon_as_its_subgroups_adam_is_issued_not_at_the
     and the fourth still hold theirs. The update is then the same as without the hold."""
     import weakref
 
-    from lightning_dos.update import executor as executor_module
+    from lightning_dos.update import device_lane
     from lightning_dos.update.resident import ResidentState
 
     sizes = [300, 120, 500, 80, 200]
@@ -588,7 +588,7 @@ def test_a_kept_gradient_goes_as_soon_as_its_subgroups_adam_is_issued_not_at_the
     ref_executor.run([Lane.DEVICE] * len(sizes), [], 2, reference, 0.5, lambda i: None)
 
     reached, go = threading.Event(), threading.Event()
-    widen = executor_module.adam_widened
+    widen = device_lane.adam_widened
 
     def held(sg: Any, *args: Any) -> None:
         if sg.index == 2:
@@ -596,7 +596,7 @@ def test_a_kept_gradient_goes_as_soon_as_its_subgroups_adam_is_issued_not_at_the
             assert go.wait(10)
         widen(sg, *args)
 
-    monkeypatch.setattr(executor_module, "adam_widened", held)
+    monkeypatch.setattr(device_lane, "adam_widened", held)
     subgroups = _kept_gradient_subgroups(sizes)
     kept = [weakref.ref(sg.grad) for sg in subgroups]
     executor = UpdateExecutor(torch.device("cpu"))

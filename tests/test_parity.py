@@ -174,10 +174,10 @@ def test_subgroups_through_the_slots_in_pieces_train_bit_identically(
     """The device lane's pieces (384 MB of state on a real run; 128 parameters here, so every subgroup of the tiny
     model is several) through DeepSpeed, serial and overlapped: the same losses and masters, bit for bit, as whole
     subgroups per slot without overlap."""
-    import lightning_dos.update.executor as executor
+    import lightning_dos.update.device_lane as device_lane
 
     whole = train(plan, steps=4, precision=precision, clip=CLIP)
-    monkeypatch.setattr(executor, "PIECE", 128)
+    monkeypatch.setattr(device_lane, "PIECE", 128)
     pieces = train(plan, steps=4, precision=precision, clip=CLIP, strategy=make_strategy(plan, overlap=overlap))
     sizes = pieces.strategy.manager.subgroup_sizes
     assert max(sizes) > 2 * 128  # the largest subgroup went through in at least three pieces

@@ -33,9 +33,9 @@ from lightning_dos.bench.harness import run_sweep
 from lightning_dos.bench.results import summarize_auto, summarize_budget
 from lightning_dos.bench.strategies import RunSpec
 from lightning_dos.bench.worker import PROGRESS_FILE, PlanSweep
+from lightning_dos.planning.auto import PROBE_STEPS
 from lightning_dos.planning.plan import resolve_plan
-from lightning_dos.update.executor import LaneTimings
-from lightning_dos.update.manager import PROBE_STEPS
+from lightning_dos.update.timings import LaneTimings
 
 TINY = ["--model", "debug", "--n-layer", "2", "--n-embd", "64", "--vocab-size", "512", "--seq-len", "32",
         "--micro-batch", "2", "--steps", "4", "--warmup", "1", "--precision", "32-true", "--sub-group-size", "40000",

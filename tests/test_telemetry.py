@@ -8,9 +8,9 @@ import lightning.pytorch as pl
 from lightning.pytorch.loggers import Logger
 from parity import TinyLM, make_strategy, token_loader
 
+from lightning_dos.planning.auto import PROBE_STEPS
 from lightning_dos.telemetry.callbacks import DOSMetricsLogger
 from lightning_dos.telemetry.records import PLAN_TABLE_COLUMNS
-from lightning_dos.update.manager import PROBE_STEPS
 
 
 class RecordingLogger(Logger):

@@ -1,9 +1,11 @@
-"""Owns the pure planning layer of Deep Optimizer States: plans, the performance model, the planner, calibration.
+"""Owns the pure planning layer of Deep Optimizer States: plans, the performance model, the planner, calibration,
+and ``auto``'s state machine (its probe, choice, re-plans and trials).
 
 Nothing here imports torch, so plans and predictions can be computed, printed and tested on any machine;
 the strategy feeds it subgroup sizes and measurements and executes the plans it returns.
 """
 
+from .auto import AutoPlanner
 from .calibration import Calibrator, StepMeasurement, probe_plan, probe_plans
 from .perf_model import CostParams, Prediction, SubgroupEvent, device_memory_bytes, predict
 from .plan import (
@@ -31,6 +33,7 @@ from .planner import (
 
 __all__ = [
     "PLAN_HINT",
+    "AutoPlanner",
     "Calibrator",
     "CostParams",
     "Lane",

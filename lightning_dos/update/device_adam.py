@@ -1,6 +1,6 @@
 """Owns Adam on the device: torch's fused Adam(W) with a subgroup's current hyperparameters, whole or in chunks.
 
-Both the device lane (:mod:`lightning_dos.update.executor`) and the resident subgroups
+Both the device lane (:mod:`lightning_dos.update.device_lane`) and the resident subgroups
 (:mod:`lightning_dos.update.resident`) update with it. :func:`adam_widened` reads a gradient in another dtype (the 16
 bits it was kept in on the device) or on the host through a scratch buffer of ``CHUNK`` fp32 elements: each chunk is
 widened (exactly) into the scratch, multiplied by the step's unscale/clip factor and updated. Adam is elementwise and

@@ -6,6 +6,9 @@ is free when the update phase begins (``dispatch``, called from ``on_before_opti
 device-lane subgroups to the host if they would not fit, runs the executor, and keeps a record of every
 step (plan, timings, bytes) for telemetry. No DeepSpeed import: the optimizer is duck-typed.
 
+``plan="auto"``'s probe, choice, re-plans and trials are :class:`~lightning_dos.planning.auto.AutoPlanner`'s: the
+manager calibrates the cost model with every measured step, hands the step to it and carries out its decision.
+
 It also decides which subgroups stay resident on the device (``resident_gib``): a number, when it starts; ``"auto"``,
 at the first dispatch, from the device's memory and the training's measured peak
 (:mod:`lightning_dos.planning.residency`), giving residents back under memory pressure at later dispatches. The
@@ -26,15 +29,17 @@ from typing import Any
 
 import torch
 
-from lightning_dos.planning.calibration import Calibrator, StepMeasurement, probe_plans
+from lightning_dos.planning.auto import AUTO_MAX_BUFFERS, AutoPlanner, CalibratedModel
+from lightning_dos.planning.calibration import Calibrator, StepMeasurement
 from lightning_dos.planning.perf_model import CostParams, device_memory_bytes, predicted_makespan_s
 from lightning_dos.planning.plan import Lane, Plan, PlanSpec, parse_plan, resolve_plan
-from lightning_dos.planning.planner import best_plan, demote_to_fit, kept_grads, rank_plans, resident_subgroups
+from lightning_dos.planning.planner import demote_to_fit, resident_subgroups
 from lightning_dos.planning.residency import DeviceMemory, Residency, choose_residents, residents_to_release
-from lightning_dos.planning.trials import TRIAL_SOURCE, PlanTrials, TrialVerdict
-from lightning_dos.update.executor import LaneTimings, UpdateExecutor
+from lightning_dos.planning.trials import TRIAL_SOURCE
+from lightning_dos.update.executor import UpdateExecutor
 from lightning_dos.update.phase import Phase
 from lightning_dos.update.resident import RESIDENT_BYTES_PER_PARAM, ResidentState, resident_bytes
+from lightning_dos.update.timings import LaneTimings
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +47,6 @@ GIB = 1024**3
 #: Device memory kept free for the allocator's fragmentation and the next forward's first kernels.
 SAFETY_MARGIN_BYTES = 1 * GIB
 DEFAULT_BUFFERS = 2
-#: ``auto`` starts with two probe steps (``probe_plans``): the host lane alone, then half the subgroups on each lane.
-PROBE_STEPS = 2
-#: After the probe, ``auto`` re-plans only when this many consecutive update phases, all measured since the last
-#: re-plan, drifted from their predictions ...
-REPLAN_PATIENCE = 3
-#: ... and only adopts a plan predicted to be at least this much faster than the current one (no churn between
-#: plans the model cannot tell apart).
-REPLAN_MIN_GAIN = 0.05
-#: Deepest buffering ``auto`` considers when ``buffers`` is not set. Measured on a GPU host (docs/performance-model.md):
-#: more slots let prefetches run further ahead, and the extra DMA slows CPU Adam more than it helps the device lane.
-AUTO_MAX_BUFFERS = 2
 #: Format of :meth:`OptimizerStateManager.state_dict`; a checkpoint with another is planned afresh.
 PLAN_STATE_VERSION = 1
 
@@ -60,15 +54,12 @@ PLAN_STATE_VERSION = 1
 @dataclass
 class PlanningState:
     """Everything that decides the manager's next plans: the plan asked for, the calibration, the plan in force, and
-    ``auto``'s progress (its probe plans, its update phases so far, when it last weighed a re-plan, its trials)."""
+    ``auto``'s state machine (None for any other plan)."""
 
     spec: PlanSpec
     calibrator: Calibrator
     base_plan: Plan
-    probes: tuple[Plan, ...]
-    auto_steps: int
-    replan_checked: int
-    trials: PlanTrials
+    auto: AutoPlanner | None
 
 
 @dataclass
@@ -144,13 +135,9 @@ class OptimizerStateManager:
             self.resident = resident_subgroups(sizes, int(float(resident_gib) * GIB), RESIDENT_BYTES_PER_PARAM)
         self.subgroup_sizes = sizes
         self.sizes = [0 if i in self.resident else n for i, n in enumerate(sizes)]  # what the planner weighs
-        self._probes: tuple[Plan, ...] = ()
-        if self.spec.kind == "auto":  # measure the lanes first; the planner chooses after the probe steps
-            self._probes = probe_plans(self.sizes, buffers=self.buffers or DEFAULT_BUFFERS)
-            assert len(self._probes) == PROBE_STEPS
-            self.base_plan = self._probes[0]
-        else:
-            self.base_plan = self._resolve(self.spec)
+        #: ``auto``'s state machine (None for any other plan): the probe first, the planner chooses after it
+        self.auto: AutoPlanner | None = self._new_auto() if self.spec.kind == "auto" else None
+        self.base_plan = self.auto.probes[0] if self.auto is not None else self._resolve(self.spec)
         #: the plan resolved from an explicit ``plan`` (re-resolved when the residents change, unless replaced)
         self._spec_plan: Plan | None = None if self.spec.kind == "auto" else self.base_plan
         self.executor = UpdateExecutor(self.device)
@@ -163,9 +150,6 @@ class OptimizerStateManager:
         self._pending: tuple[Plan, int | None, tuple[int, ...], int, tuple[tuple[int, ...], tuple[int, ...]]] | None
         self._pending = None
         self._grads_plan: Plan = self.base_plan  # the plan the next backward places its gradients for
-        self._auto_steps = 0  # update phases run under auto since it started (its probe's included)
-        self._replan_checked = 0  # auto's update phases done when it last (re-)planned or weighed a re-plan
-        self.trials = self._new_trials()  # auto's measured comparisons of plans the model ranks close together
         self._in_flight: _InFlight | None = None  # the phase issued and not yet joined (overlap)
         if self.active:
             optimizer.update_phase = self._update_phase
@@ -187,17 +171,27 @@ class OptimizerStateManager:
             return None
         return max(0, self.memory_budget_bytes - resident_bytes(self.subgroup_sizes, self.resident))
 
+    @property
+    def plan_model(self) -> CalibratedModel:
+        """The performance model as calibrated now, over the subgroups the lanes share and within the lane budget:
+        what ``auto`` chooses with, and what decides which gradients stay on the device."""
+        budget = self.lane_budget_bytes
+        return CalibratedModel(
+            self.calibrator, tuple(self.sizes), budget, max_buffers=self.buffers or AUTO_MAX_BUFFERS,
+            may_keep=self._all_grads(), grads_budget_bytes=budget if self.device.type == "cuda" else None,
+        )
+
     def _all_grads(self) -> frozenset[int]:
         """For planning: every device-lane subgroup would keep its gradient on the device (if they may)."""
         return frozenset(range(len(self.sizes))) if self.device_gradients else frozenset()
 
     def _resolve(self, spec: PlanSpec) -> Plan:
-        if spec.kind == "auto":
-            return best_plan(
-                self.sizes, self.cost, self.lane_budget_bytes, max_buffers=self.buffers or AUTO_MAX_BUFFERS,
-                grads_on_device=self._all_grads(),
-            )
+        """A named plan for the subgroups the lanes share."""
         return resolve_plan(spec, self.sizes, buffers=self.buffers or DEFAULT_BUFFERS)
+
+    def _new_auto(self) -> AutoPlanner:
+        """``auto`` from its start: the probe made for the subgroups the lanes share now."""
+        return AutoPlanner(self.sizes, self.buffers or DEFAULT_BUFFERS, lambda: self.plan_model)
 
     def set_plan(self, plan: Plan) -> None:
         """Replace the plan used from the next step on (call it before the backward of that step)."""
@@ -216,28 +210,22 @@ class OptimizerStateManager:
         same process as the fixed plans it is compared with.
         """
         self.join()
-        probes = probe_plans(self.sizes, buffers=self.buffers or DEFAULT_BUFFERS)
+        auto = self._new_auto()
         self.restore(PlanningState(spec=parse_plan("auto"),
                                    calibrator=Calibrator(self._start_cost, overrides=self._cost_overrides),
-                                   base_plan=probes[0], probes=probes, auto_steps=0, replan_checked=0,
-                                   trials=self._new_trials()))
+                                   base_plan=auto.probes[0], auto=auto))
 
     def planning_state(self) -> PlanningState:
         """What decides the next plans, to be put back later with :meth:`restore` (the objects, not copies)."""
         self.join()
-        return PlanningState(spec=self.spec, calibrator=self.calibrator, base_plan=self.base_plan,
-                             probes=self._probes, auto_steps=self._auto_steps, replan_checked=self._replan_checked,
-                             trials=self.trials)
+        return PlanningState(spec=self.spec, calibrator=self.calibrator, base_plan=self.base_plan, auto=self.auto)
 
     def restore(self, state: PlanningState) -> None:
         """Plan from ``state`` from the next step on (call before that step's backward); the records are kept."""
         self.join()
         self.spec = state.spec
         self.calibrator = state.calibrator
-        self._probes = state.probes
-        self._auto_steps = state.auto_steps
-        self._replan_checked = state.replan_checked
-        self.trials = state.trials
+        self.auto = state.auto
         self._pending = None
         self.set_plan(state.base_plan)
 
@@ -246,10 +234,12 @@ class OptimizerStateManager:
         calibration learnt and how far ``auto`` has come (probe done, trials had), so a resumed run plans on from
         there instead of probing again. Records stay behind (they are telemetry, already logged)."""
         self.join()
+        # a named plan has no auto progress; its keys are written all the same, so there is one format
+        progress = (self.auto.state_dict() if self.auto is not None else
+                    {"auto_steps": 0, "replan_checked": 0, "trials": {"incumbent": None, "trials": 0,
+                                                                       "exhausted": False}})
         return {"version": PLAN_STATE_VERSION, "plan": self.spec.source, "sizes": list(self.subgroup_sizes),
-                "base_plan": self.base_plan.to_json(), "calibrator": self.calibrator.state_dict(),
-                "auto_steps": self._auto_steps, "replan_checked": self._replan_checked,
-                "trials": self.trials.state_dict()}
+                "base_plan": self.base_plan.to_json(), "calibrator": self.calibrator.state_dict(), **progress}
 
     def load_state_dict(self, state: dict[str, Any]) -> bool:
         """Plan on from :meth:`state_dict`'s output (call before the next backward). Returns False, changing nothing,
@@ -266,14 +256,14 @@ class OptimizerStateManager:
             return False
         calibrator = Calibrator(self._start_cost, overrides=self._cost_overrides)
         calibrator.load_state_dict(state["calibrator"])
-        trials = self._new_trials()
-        trials.load_state_dict(state["trials"])
         base_plan = Plan.from_json(state["base_plan"])
-        if trials.incumbent is not None:
-            base_plan = trials.incumbent  # a trial under way is dropped: the plan in force runs
-        self.restore(PlanningState(spec=self.spec, calibrator=calibrator, base_plan=base_plan, probes=self._probes,
-                                   auto_steps=int(state["auto_steps"]), replan_checked=int(state["replan_checked"]),
-                                   trials=trials))
+        auto = None
+        if self.auto is not None:
+            auto = self._new_auto()
+            auto.load_state_dict(state)
+            if auto.trials.incumbent is not None:
+                base_plan = auto.trials.incumbent  # a trial under way is dropped: the plan in force runs
+        self.restore(PlanningState(spec=self.spec, calibrator=calibrator, base_plan=base_plan, auto=auto))
         return True
 
     def _plan_gradients(self) -> None:
@@ -287,12 +277,6 @@ class OptimizerStateManager:
         self.optimizer.device_grad_subgroups = self._kept_grads(self.base_plan) | resident
         self._grads_plan = self.base_plan
 
-    def _new_trials(self) -> PlanTrials:
-        """``auto``'s trials; two plans are told apart by their lanes and by whether the device lane keeps its
-        gradients on the device (under a budget the same lanes may run either way, at different buffering depths).
-        Not by the host lane's order: the model alone decides it (it moves the step's tail, which the model times)."""
-        return PlanTrials(key=lambda plan: (plan.lanes, plan.order, bool(self._kept_grads(plan))))
-
     def _kept_grads(self, plan: Plan) -> frozenset[int]:
         """The subgroups of ``plan`` whose gradients stay on the device (the planner's rule, ``kept_grads``): those
         of the plan as dispatch will run it, demoted to fit the budget if its buffer slots do not fit.
@@ -300,8 +284,7 @@ class OptimizerStateManager:
         Up to ``b73d0c1`` a plan whose slots did not fit kept none (``grads_for`` gave None), so a named plan that
         ran demoted sent every gradient to the host while the planner weighed it with its gradients kept.
         """
-        budget = self.lane_budget_bytes if self.device.type == "cuda" else None
-        return kept_grads(plan, self.sizes, self.cost, budget, self._all_grads())
+        return self.plan_model.kept_grads(plan)
 
     def free_device_bytes(self) -> int | None:
         """Device memory free for the device lane now (None: the host stands in, no limit)."""
@@ -373,15 +356,8 @@ class OptimizerStateManager:
         self._attach_resident(state)
         self.resident = kept
         self.sizes = [0 if i in kept else n for i, n in enumerate(self.subgroup_sizes)]
-        if self.spec.kind == "auto" and self._auto_steps < PROBE_STEPS:
-            self._probes = probe_plans(self.sizes, buffers=self.buffers or DEFAULT_BUFFERS)
-            self.base_plan = self._probes[self._auto_steps]
-            self._plan_gradients()
-        elif self.spec.kind == "auto":
-            plan = self._resolve(self.spec)
-            self.set_plan(plan)
-            self._replan_checked = self._auto_steps
-            self.trials.start(plan)
+        if self.auto is not None:
+            self.set_plan(self.auto.resize(self.sizes))
         elif self.base_plan is self._spec_plan:  # a plan set from outside (set_plan) is left as it is
             self.set_plan(self._resolve(self.spec))
             self._spec_plan = self.base_plan
@@ -494,8 +470,8 @@ class OptimizerStateManager:
         self._calibrate(record)
 
     def _calibrate(self, record: StepRecord) -> None:
-        """Fold the measured step into the cost model; ``auto``: choose after the probe, re-plan on drift, and try
-        the plans the model ranks close to the plan in force (:mod:`~lightning_dos.planning.trials`)."""
+        """Fold the measured step into the cost model; ``auto``: hand it to the state machine (choose after the probe,
+        re-plan on drift, try the plans the model ranks close to the plan in force) and carry out its decision."""
         t = record.timings
         self.calibrator.observe(
             StepMeasurement(
@@ -514,70 +490,14 @@ class OptimizerStateManager:
                 lead_s=t.lead_s,
             )
         )
-        if self.spec.kind != "auto":
+        if self.auto is None:
             return
-        self._auto_steps += 1
-        done = self._auto_steps
-        if done < PROBE_STEPS:  # the next probe step (part of the start-up measurement, not a re-plan)
-            self.set_plan(self._probes[done])
-        elif done == PROBE_STEPS:
-            self._adopt(self._resolve(self.spec), record)
-        else:
-            verdict = self.trials.observe(record.plan, record.timings.total_s)
-            if verdict is not None:
-                self._end_trial(verdict, record)
-            if self.trials.running:  # the tried plan and the plan in force take turns; the drift check waits
-                turn = self.trials.next_plan()
-                if turn is not None and turn is not self.base_plan:
-                    self.set_plan(turn)
-                return
-            if done - self._replan_checked >= REPLAN_PATIENCE and self.calibrator.should_replan(REPLAN_PATIENCE):
-                self._replan_checked = done  # the next check needs REPLAN_PATIENCE fresh steps
-                candidate = self._resolve(self.spec)
-                if self._predict(candidate) < self._predict(self.base_plan) * (1 - REPLAN_MIN_GAIN):
-                    self._adopt(candidate, record)
-                    return
-            if self.trials.ready():
-                self._start_trial(record)
-
-    def _predict(self, plan: Plan) -> float:
-        """Predicted makespan of ``plan`` with the current costs, gradients kept as ``_plan_gradients`` would."""
-        return predicted_makespan_s(plan, self.sizes, self.cost, grads_on_device=self._kept_grads(plan))
-
-    def _adopt(self, plan: Plan, record: StepRecord) -> None:
-        """The planner's choice is in force from the next step; trials start over from it."""
-        self.set_plan(plan)
-        self._replan_checked = self._auto_steps
-        self.trials.start(plan)
-        record.replanned = True
-        log.info("deep_optimizer_states: re-planned at update %d: %s", record.step, plan)
-
-    def _ranked(self) -> list[tuple[Plan, float]]:
-        """``auto``'s candidates within the budget with their predicted makespans, best first."""
-        return [(plan, prediction.makespan_s) for plan, prediction in rank_plans(
-            self.sizes, self.cost, self.lane_budget_bytes, max_buffers=self.buffers or AUTO_MAX_BUFFERS,
-            grads_on_device=self._all_grads())]
-
-    def _start_trial(self, record: StepRecord) -> None:
-        """Run the next candidate the model ranks close to the plan in force, if one is left."""
-        in_force = self.trials.incumbent
-        assert in_force is not None
-        predicted = self._predict(in_force)
-        challenger = self.trials.next_challenger(self._ranked(), predicted)
-        if challenger is None:
-            return
-        self.set_plan(challenger)
-        log.info("deep_optimizer_states: trying for %d updates from update %d: %s (predicted %.1f ms, plan in "
-                 "force %.1f ms)", self.trials.steps, record.step + 1, challenger,
-                 self._predict(challenger) * 1e3, predicted * 1e3)
-
-    def _end_trial(self, verdict: TrialVerdict, record: StepRecord) -> None:
-        """After a trial the faster plan is in force: the challenger if it won, else the plan it was tried against."""
-        self.set_plan(verdict.kept)
-        record.replanned = verdict.challenger_won
-        log.info("deep_optimizer_states: trial ended at update %d: %.1f ms against %.1f ms (paired ratio %.3f), %s in "
-                 "force: %s", record.step, verdict.challenger_s * 1e3, verdict.incumbent_s * 1e3, verdict.ratio,
-                 "the tried plan" if verdict.challenger_won else "the previous plan", verdict.kept)
+        decision = self.auto.record(record.step, record.plan, t.total_s, in_force=self.base_plan)
+        if decision.plan is not None:
+            self.set_plan(decision.plan)
+        record.replanned = decision.replanned
+        for note in decision.notes:
+            log.info("deep_optimizer_states: %s", note)
 
     # ------------------------------------------------------------------ reporting
     def describe(self) -> str:

@@ -1,7 +1,7 @@
 """Owns one update phase in flight (``overlap=True``): the worker that runs it and the gates its readers wait at.
 
-The executor issues the phase from the training loop's thread and a worker thread runs it; meanwhile the next
-forward and backward run. Per subgroup ``i`` the phase keeps:
+The executor issues the phase from the training loop's thread and a worker thread (:class:`Worker`, one per executor,
+kept between phases) runs it; meanwhile the next forward and backward run. Per subgroup ``i`` the phase keeps:
 
 - ``issued[i]`` (a ``threading.Event``), set once the worker has issued the last write of the subgroup's 16-bit
   params, and ``written[i]``, the device event of that write (on a host standing in for the device, an event that
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 
@@ -119,6 +119,25 @@ class Phase:
         if self.error is not None and not self._raised:
             self._raised = True
             raise self.error
+
+
+class Worker:
+    """The one thread that runs issued update phases (started on first use, kept until :meth:`close`)."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+
+    def start(self, phase: Phase, work: Callable[[], None], finish: Callable[[], Any]) -> None:
+        """Run ``phase``'s ``work`` on the thread (see :meth:`Phase.start`)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dos-update")
+        phase.start(self._pool, work, finish)
+
+    def close(self) -> None:
+        """Stop the thread (after the phase it runs, if any)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
 
 def _nothing() -> None:

@@ -36,7 +36,7 @@ class Subgroup:
     exp_avg_sq: torch.Tensor  # fp32 second moment, host, likewise
     state: dict[str, Any]  # the optimizer's state dict entry; holds the integer 'step'
     # gradient: fp32 pinned host buffer, or on the device in its own dtype (grad_on_device); None in the device
-    # lane's own list once its last read is issued (the executor lets it go early, ``_DeviceLane.let_go``)
+    # lane's own list once its last read is issued (the executor lets it go early, ``DeviceLane.let_go``)
     grad: torch.Tensor | None
     param16: torch.Tensor  # flat partition of the model's params on the device, in their own dtype
     hyper: AdamHyper

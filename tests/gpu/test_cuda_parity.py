@@ -124,14 +124,14 @@ def test_pieces_on_real_streams_match_whole_subgroups(overlap: bool, monkeypatch
     """Subgroups through the slots in pieces of 128 parameters (each subgroup of the tiny model in about 16, through
     1 to 3 slots) on real streams, with a random plan every step: a piece's prefetch must wait for the flush that last
     used its slot, or it overwrites state still being flushed. 100 steps, against whole subgroups per slot."""
-    import lightning_dos.update.executor as executor
+    import lightning_dos.update.device_lane as device_lane
 
     def run() -> object:
         return train("host", steps=100, clip=CLIP, accelerator="cuda", strategy=make_strategy("host", overlap=overlap),
                      every_step=RandomPlanEveryStep(seed=9))
 
     whole = run()
-    monkeypatch.setattr(executor, "PIECE", 128)
+    monkeypatch.setattr(device_lane, "PIECE", 128)
     pieces = run()
     assert max(pieces.strategy.manager.subgroup_sizes) > 8 * 128
     rels = [abs(a - b) / abs(b) for a, b in zip(pieces.losses, whole.losses)]
