@@ -1,5 +1,6 @@
 """The package's layout: the engine never imports the lab, planning imports only the standard library, no module
-imports one that imports it back, and the package root holds few modules (docs/architecture.md).
+imports one that imports it back, the package root holds few modules, and the update phase reaches DeepSpeed's
+optimizer through the seam's calls only, writing none of its attributes (docs/architecture.md).
 
 The engine trains (``strategies``, ``update``, ``planning``, ``zero``, ``activations``); the lab measures and drives it
 (``telemetry``, ``models``, ``data``, ``bench``) and imports it, never the reverse, and of the lab ``telemetry``, which
@@ -150,3 +151,27 @@ def test_the_checks_see_what_they_check() -> None:
     assert "lightning_dos.bench.ranks" in GRAPH["lightning_dos.bench.worker"]  # from lightning_dos.bench import ranks
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def optimizer_attribute_writes(source: str) -> list[str]:
+    """``x.optimizer.name = ...`` / ``optimizer.name = ...`` (and augmented) assignments in ``source``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            if isinstance(target, ast.Attribute):
+                owner = target.value
+                name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+                if name == "optimizer":
+                    found.append(ast.unparse(target))
+    return found
+
+
+def test_the_update_phase_writes_no_attribute_of_deepspeeds_optimizer() -> None:
+    """The manager attaches itself by one call (``InterleavedZeroOptimizer.attach``) and the seam reads what it
+    needs from it; nothing in ``update/`` sets an attribute on the optimizer."""
+    writes = {p.name: optimizer_attribute_writes(p.read_text()) for p in (PACKAGE / "update").glob("*.py")}
+    assert not {k: v for k, v in writes.items() if v}, writes
+    assert optimizer_attribute_writes("self.optimizer.in_flight = None\noptimizer.x += 1\nself.y = 2") == [
+        "self.optimizer.in_flight", "optimizer.x"]

@@ -23,8 +23,14 @@ class FakeOptimizer:
     """What the manager reads from the seam: subgroup sizes, whether the interleaved update applies, and the
     subgroups of an update phase (their gradients in host memory)."""
 
-    device_grad_subgroups: frozenset[int] = frozenset()
-    update_phase: Any = None  # the manager attaches itself here
+    runner: Any = None  # the manager attaches itself here
+
+    def attach(self, runner: Any) -> None:
+        self.runner = runner
+
+    @property
+    def device_grad_subgroups(self) -> frozenset[int]:
+        return self.runner.device_grad_subgroups
 
     def __init__(self, sizes: tuple[int, ...] = (1000,) * 6) -> None:
         self.sizes = list(sizes)
@@ -52,7 +58,7 @@ class FakeOptimizer:
     def step(self) -> None:
         """The optimizer's step as the seam runs it: the manager's update phase, with a host lane that takes 1 ms
         per subgroup (its rate is then measured, whatever the machine)."""
-        self.update_phase(self, lambda i: time.sleep(1e-3), 1.0)
+        self.runner.run_update_phase(self, lambda i: time.sleep(1e-3), 1.0)
 
 
 def _plan(letters: str, buffers: int = 2, source: str = "auto") -> Plan:

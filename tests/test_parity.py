@@ -135,7 +135,7 @@ class _KeptGradDtypes(pl.Callback):
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: object, batch: object, idx: int) -> None:
         if self.to_host:
-            trainer.strategy.model.optimizer.device_grad_subgroups = frozenset()
+            trainer.strategy.manager.device_grad_subgroups = frozenset()
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: object, optimizer: object) -> None:
         self.dtypes.append({g.dtype for g in trainer.strategy.model.optimizer._device_grads().values()})

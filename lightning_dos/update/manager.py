@@ -88,7 +88,12 @@ class _InFlight:
 
 
 class OptimizerStateManager:
-    """Runs DOS update phases for one rank's ZeRO-3 optimizer."""
+    """Runs DOS update phases for one rank's ZeRO-3 optimizer (its ``UpdateRunner``, attached by one call)."""
+
+    #: subgroups whose gradients stay on the device through the next backward (the seam reads it)
+    device_grad_subgroups: frozenset[int] = frozenset()
+    #: the resident subgroups' device state, or None (the seam reads it)
+    resident_state: ResidentState | None = None
 
     def __init__(
         self,
@@ -152,10 +157,8 @@ class OptimizerStateManager:
         self._grads_plan: Plan = self.base_plan  # the plan the next backward places its gradients for
         self._in_flight: _InFlight | None = None  # the phase issued and not yet joined (overlap)
         if self.active:
-            optimizer.update_phase = self._update_phase
-            if self.overlap:
-                optimizer.enable_overlap(self.join)
             self._plan_gradients()
+            optimizer.attach(self)
 
     # ------------------------------------------------------------------ planning
     @property
@@ -274,7 +277,7 @@ class OptimizerStateManager:
         gradients go to the host as in vanilla.
         """
         resident = frozenset(self.resident) if self.device_gradients else frozenset()
-        self.optimizer.device_grad_subgroups = self._kept_grads(self.base_plan) | resident
+        self.device_grad_subgroups = self._kept_grads(self.base_plan) | resident
         self._grads_plan = self.base_plan
 
     def _kept_grads(self, plan: Plan) -> frozenset[int]:
@@ -337,7 +340,7 @@ class OptimizerStateManager:
     def _attach_resident(self, state: ResidentState | None) -> None:
         """The executor updates ``state``'s subgroups in neither lane, and the seam keeps their homes current."""
         self.executor.resident = state
-        self.optimizer.resident_state = state
+        self.resident_state = state
 
     def _set_resident(self, ids: tuple[int, ...]) -> None:
         """Keep exactly ``ids`` resident from this dispatch on (no phase in flight): new residents load their state
@@ -398,7 +401,14 @@ class OptimizerStateManager:
         return plan
 
     # ------------------------------------------------------------------ the update phase
-    def _update_phase(self, optimizer: Any, host_step: Any, inv_scale: torch.Tensor) -> None:
+    @property
+    def phase_in_flight(self) -> Phase | None:
+        """The update phase issued and not yet joined (``overlap``), or None: the seam gates its reads on it."""
+        return self._in_flight.phase if self._in_flight is not None else None
+
+    def run_update_phase(self, optimizer: Any, host_step: Any, inv_scale: torch.Tensor) -> None:
+        """The seam's step calls this once per optimizer step: run the update phase of the plan dispatched (with
+        ``overlap``: issue it to the worker and return)."""
         self.join()
         if self._pending is None:
             self.dispatch()
@@ -416,7 +426,6 @@ class OptimizerStateManager:
             phase = self.executor.issue(plan.lanes, order, plan.buffers, subgroups, inv_scale, host_step,
                                         host_order=host_order)
             self._in_flight = _InFlight(phase, plan, free, demoted, predicted)
-            optimizer.in_flight = phase
             return
         timings = self.executor.run(plan.lanes, order, plan.buffers, subgroups, inv_scale, host_step,
                                     host_order=host_order)
@@ -430,7 +439,6 @@ class OptimizerStateManager:
         issued, self._in_flight = self._in_flight, None
         if issued is None:
             return
-        self.optimizer.in_flight = None
         try:
             timings = issued.phase.join()
         except BaseException:

@@ -7,10 +7,11 @@
   first update phase as vanilla's CPU Adam creates its own (pageable, there), so both lanes read and write one
   copy and DeepSpeed's checkpoint code saves all of it;
 - its ``step`` is vanilla's preamble (overflow check, global grad norm, loss scale) followed by one call
-  to the attached update phase instead of the sequential per-subgroup loop; in the preamble the subgroups' norms
+  to the update phase of the runner given to ``attach`` (the manager; ``UpdateRunner`` says what the seam reads of it)
+  instead of the sequential per-subgroup loop; in the preamble the subgroups' norms
   are reduced together, and persistent parameters that are their own partition (one rank) are not released;
 - ``subgroups()`` exposes each subgroup as a plain :class:`~lightning_dos.update.subgroup.Subgroup`;
-- with ``enable_overlap`` (``overlap=True``) its ``step`` returns once the update phase is issued to a worker
+- with a runner that overlaps (``overlap=True``) its ``step`` returns once the update phase is issued to a worker
   thread (:mod:`lightning_dos.update.phase`), and it gates every reader of what the phase writes: ZeRO-3's parameter
   coordinator waits, per module, for the subgroups holding the module's params before it fetches them (forward,
   backward, recompute, prefetches), the backward's copies into the host gradients wait until the update is done
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from deepspeed import comm as dist
@@ -45,9 +46,30 @@ from lightning_dos.update.subgroup import AdamHyper, Subgroup
 
 _VanillaStage3 = _stage3.DeepSpeedZeroOptimizer_Stage3
 
-#: Called with (optimizer, host_step, inv_scale) to run one update phase of every subgroup (or, with overlap, to
-#: issue it: the caller then sets ``in_flight``).
-UpdatePhase = Callable[["InterleavedZeroOptimizer", Callable[[int], None], torch.Tensor], None]
+
+
+class UpdateRunner(Protocol):
+    """What the seam asks of the owner of the update phase (the optimizer-state manager), attached by one call,
+    ``InterleavedZeroOptimizer.attach``; the seam reads these, and never writes them."""
+
+    #: the update phase may run beside the next forward (the seam then gates the forward's reads)
+    overlap: bool
+    #: subgroups whose gradients stay on the device through the next backward
+    device_grad_subgroups: frozenset[int]
+    #: the device copies of the resident subgroups' state (a ``ResidentState``), or None
+    resident_state: Any
+
+    @property
+    def phase_in_flight(self) -> Phase | None:
+        """The update phase issued and not yet joined (overlap), or None."""
+
+    def run_update_phase(self, optimizer: InterleavedZeroOptimizer, host_step: Callable[[int], None],
+                         inv_scale: torch.Tensor) -> None:
+        """Run one update phase of every subgroup (with overlap: issue it; ``phase_in_flight`` then holds it)."""
+
+    def join(self) -> None:
+        """Wait for the phase in flight, if any, and record it."""
+
 #: The coordinator's name-mangled gather of a module's params (prefetches go through it too).
 _GATHER = "_PartitionedParameterCoordinator__all_gather_params"
 _ALLGATHER_STREAM = "_PartitionedParameterCoordinator__allgather_stream"
@@ -73,15 +95,8 @@ _FUSED_NORM = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (
 class InterleavedZeroOptimizer(_VanillaStage3):
     """ZeRO-3 optimizer whose update phase is delegated to an attached runner (see module docstring)."""
 
-    update_phase: UpdatePhase | None = None
-    #: subgroups whose gradients stay on the device through the next backward (set by the manager)
-    device_grad_subgroups: frozenset[int] = frozenset()
-    #: the update phase in flight (``overlap=True``; set by the manager when it issues one, cleared when it joins)
-    in_flight: Phase | None = None
-    #: joins the phase in flight (the manager's, which also records it); set by ``enable_overlap``
-    join_phase: Callable[[], None] | None = None
-    #: the device copies of the resident subgroups' state (``resident_gib``; a ``ResidentState``, set by the manager)
-    resident_state: Any = None
+    #: the owner of the update phase (``attach``); without one, the step is DeepSpeed's own
+    runner: UpdateRunner | None = None
     #: persistent parameters partitioned over several ranks stay whole through the step and are refreshed by one
     #: gather per subgroup (``_refresh_whole_params``) instead of DeepSpeed's release and per-parameter gathers
     flat_persistent_gather: bool = True
@@ -99,6 +114,29 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         self._dos_host_adam: Any = None
         self._dos_first_reads: dict[int, None] = {}  # subgroups in the order the first forward reads them (overlap)
         self._dos_first_reads_done = False
+
+    # ------------------------------------------------------------------ the runner
+    def attach(self, runner: UpdateRunner) -> None:
+        """Hand every update phase to ``runner`` (and, with its ``overlap``, gate the forward's reads of what a phase
+        in flight writes). Call once, before the first step."""
+        self.runner = runner
+        if runner.overlap:
+            self._enable_overlap()
+
+    @property
+    def device_grad_subgroups(self) -> frozenset[int]:
+        """Subgroups whose gradients stay on the device through the next backward (the runner's choice)."""
+        return self.runner.device_grad_subgroups if self.runner is not None else frozenset()
+
+    @property
+    def in_flight(self) -> Phase | None:
+        """The update phase in flight (overlap), or None."""
+        return self.runner.phase_in_flight if self.runner is not None else None
+
+    @property
+    def resident_state(self) -> Any:
+        """The resident subgroups' device state (the runner's), or None."""
+        return self.runner.resident_state if self.runner is not None else None
 
     # ------------------------------------------------------------------ pinned, single-home state
     def _create_fp32_partitions(self) -> None:
@@ -499,7 +537,7 @@ class InterleavedZeroOptimizer(_VanillaStage3):
 
     # ------------------------------------------------------------------ the step
     def step(self, closure: Any = None) -> None:
-        if self.update_phase is None or not self._dos_supported():
+        if self.runner is None or not self._dos_supported():
             return super().step(closure)
         try:
             self._interleaved_step()
@@ -527,8 +565,8 @@ class InterleavedZeroOptimizer(_VanillaStage3):
 
         inv_scale = self._inverse_combined_scale(scaled_global_grad_norm)
         self._ensure_state_homes()
-        host_step = self._host_lane_step(float(inv_scale), bring_grads=self.join_phase is None)
-        self.update_phase(self, host_step, inv_scale)
+        host_step = self._host_lane_step(float(inv_scale), bring_grads=not self.runner.overlap)
+        self.runner.run_update_phase(self, host_step, inv_scale)
         for sub_group_id in range(len(self.fp16_groups)):
             self._unflatten_partitioned_parameters(sub_group_id)  # views only: nothing is read
         phase = self.in_flight
@@ -576,10 +614,9 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         return self._dos_host_adam
 
     # ------------------------------------------------------------------ overlap: gates and joins
-    def enable_overlap(self, join: Callable[[], None]) -> None:
+    def _enable_overlap(self) -> None:
         """Let ``step`` return with its update phase in flight: gate every reader of what it writes (see the module
-        docstring). ``join`` joins the phase in flight (the manager's); call before the first step."""
-        self.join_phase = join
+        docstring)."""
         self._host_adam()
         self._dos_subgroup_of = {p.ds_id: i for i, group in enumerate(self.fp16_groups) for p in group}
         coordinator = self._get_param_coordinator()
@@ -616,8 +653,8 @@ class InterleavedZeroOptimizer(_VanillaStage3):
 
     def wait_for_update(self) -> None:
         """Join the update phase in flight, if any (its writes are then complete, its timings recorded)."""
-        if self.in_flight is not None and self.join_phase is not None:
-            self.join_phase()
+        if self.in_flight is not None:
+            self.runner.join()
 
     def _subgroups_of(self, params: Any) -> list[int]:
         """The subgroups holding ``params`` (frozen params are in none: nothing updates them)."""
