@@ -7,6 +7,8 @@ every step: a device-lane subgroup that missed either would drift from the contr
 
 from __future__ import annotations
 
+import warnings
+
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -186,3 +188,13 @@ def test_subgroups_through_the_slots_in_pieces_train_bit_identically(
     slots = [r.timings.device_buffer_bytes for r in pieces.strategy.manager.records if r.timings.device_params]
     assert slots and max(slots) < min(r.timings.device_buffer_bytes for r in whole.strategy.manager.records
                                       if r.timings.device_params)
+
+
+@pytest.mark.parametrize("plan", ["host", "device"])
+def test_the_users_lr_scheduler_sees_the_optimizer_step(plan: str) -> None:
+    """The update phase steps no client optimizer, but the user's LR scheduler (stepped every iteration) must not warn
+    that it was stepped before the optimizer, as it does not under vanilla ZeRO-3 offload."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(plan, steps=2)
+    assert not [w for w in caught if "before `optimizer.step()`" in str(w.message)]

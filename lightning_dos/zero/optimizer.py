@@ -567,6 +567,9 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         self._ensure_state_homes()
         host_step = self._host_lane_step(float(inv_scale), bring_grads=not self.runner.overlap)
         self.runner.run_update_phase(self, host_step, inv_scale)
+        # a user's LR scheduler wraps the client optimizer's step to note that it ran (torch warns at the scheduler's
+        # first step otherwise); the update phase steps no client optimizer, so note it as that wrapper would
+        self.optimizer._opt_called = True
         for sub_group_id in range(len(self.fp16_groups)):
             self._unflatten_partitioned_parameters(sub_group_id)  # views only: nothing is read
         phase = self.in_flight
