@@ -4,7 +4,8 @@ The end-to-end test runs a tiny model under vanilla ZeRO-3 offload and DOS (auto
 of the wrong length that must fail in its worker) and checks results.json (the end-to-end headline, the
 synchronised phases, the iteration timeline), the report and both figures. The other tests cover the timer (no
 synchronisation in end-to-end iterations) and the parent alone: argument resolution, statistics, aggregation
-(exact end-to-end figures from hand-made end times), comparisons and claims, the timeline figure, failure
+(exact end-to-end figures from hand-made end times), comparisons (and the project's targets, scripts/targets.py,
+on them), the timeline figure, failure
 classification (timeouts with a real child process) and a harness run whose launcher fails one configuration.
 """
 
@@ -20,10 +21,10 @@ from typing import Any
 
 import matplotlib.image
 import pytest
+from script_loader import load_script
 
 from lightning_dos.bench import chart, main
 from lightning_dos.bench.arguments import parse_args
-from lightning_dos.bench.claims import E2E_CLAIM, check_claims
 from lightning_dos.bench.config import BenchConfig
 from lightning_dos.bench.harness import devices_skip_reason, no_offload_skip_reason, reusable_result, run_bench
 from lightning_dos.bench.launcher import classify_exit, launch, rank_failure
@@ -40,6 +41,8 @@ from lightning_dos.bench.strategies import (
     single_device_reason,
 )
 
+TARGETS = load_script("targets")  # the project's own targets, outside the package
+E2E_CLAIM, check_claims = TARGETS.E2E_CLAIM, TARGETS.check_claims
 TINY = ["--model", "debug", "--n-layer", "2", "--n-embd", "64", "--vocab-size", "512", "--seq-len", "32",
         "--micro-batch", "2", "--steps", "4", "--warmup", "1", "--precision", "32-true", "--sub-group-size", "40000",
         "--lr", "0.01"]
@@ -137,14 +140,16 @@ def test_bench_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert base["speedup_vs_zero3_offload"]["iteration"] == pytest.approx(1.0)
     assert base["speedup_vs_zero3_offload"]["e2e_iteration"] == pytest.approx(1.0)
     assert base["iteration_timeline"]["update"] is None and base["iteration_timeline"]["iteration"] == 4
-    assert next(c for c in doc["claims"] if c["claim"] == E2E_CLAIM)["value"] > 0
+    assert "claims" not in doc  # a report states what was measured; the project's targets are not in it
+    assert next(c for c in check_claims(doc["results"]) if c["claim"] == E2E_CLAIM)["value"] > 0
 
     report = (out / "report.md").read_text()
     for text in ("## Hardware", "## Versions", "## Configuration", "end to end (what a user sees): iteration 2 ",
                  "phase by phase (synchronised): iterations 3-4", "## Speedup vs zero3_offload", "## Loss agreement",
-                 "dos(auto)", "failed", "chart.png", "## Host threads", E2E_CLAIM,
+                 "dos(auto)", "failed", "chart.png", "## Host threads", "| peak GPU memory |",
                  "](iteration_timeline.png)"):
         assert text in report, text
+    assert "claim" not in report.lower() and " met" not in report
     # what a user sees comes first, then the synchronised phases
     assert report.index("## What a user sees: end-to-end time per iteration") < report.index(
         "## Phase by phase (synchronised)") < report.index("## Speedup vs zero3_offload")
@@ -249,18 +254,18 @@ def test_bench_data_parallel_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert auto["speedup_e2e"]["ratio"] == pytest.approx(auto["speedup_e2e"]["at_n"] / auto["speedup_e2e"]["reference"])
     assert auto["e2e_tokens_per_s"]["ratio"] == pytest.approx(
         dp_dos["e2e_tokens_per_s"] / by_label["dos(auto)"]["e2e_tokens_per_s"])
-    claims = {c["claim"]: c for c in doc["claims"]}
+    claims = {c["claim"]: c for c in check_claims(doc["results"])}
     kept = claims["DOS/zero3_offload ratio at DP=2 vs DP=1"]
     assert kept["status"] in ("met", "missed") and kept["value"] == pytest.approx(auto["speedup_e2e"]["ratio"])
     assert claims["dos(auto) vs static_split 0.5 at DP=2 at lower peak GPU memory"]["status"] == "not measured"
 
     report = (out / "report.md").read_text()
     for text in ("## Data parallel", "| devices |", "| dos(auto)@dp2 | ok |", "](rank_timelines.png)",
-                 "DOS/zero3_offload ratio at DP=2 vs DP=1", "single-GPU only",
+                 "single-GPU only",
                  by_label["fsdp_offload@dp2"]["reason"][:60], "except that fsdp_offload builds the model on the host"):
         assert text in report, text
     assert report.index("## Speedup vs zero3_offload") < report.index("## Data parallel") < report.index(
-        "## Claims checked in this run")
+        "## DOS update phase")
     png = out / "rank_timelines.png"
     assert png.read_bytes()[:8] == PNG_SIGNATURE
     image = matplotlib.image.imread(png)  # two panels, one per rank, each with the update phase's lane rows

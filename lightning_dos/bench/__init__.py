@@ -15,7 +15,7 @@
 Modules, each serving every mode: ``arguments`` (command line, recipes), ``config`` (settings), ``strategies``
 (the strategy kinds compared: one entry per kind), ``workload`` (model and data), ``harness`` (the invocation),
 ``launcher`` (one worker process), ``worker`` (inside it, with ``timing``; ``ranks`` for its data-parallel ranks),
-``stats``, ``results`` (figures, documents), ``claims`` (what each mode checks), ``report``, ``chart``; the ROK
+``stats``, ``results`` (figures and ratios, documents), ``report``, ``chart``; the ROK
 curve's own modules are in the ``rok`` package. Peak memory and the host's hardware and versions are measured by
 :mod:`lightning_dos.telemetry.peak_memory` and :mod:`lightning_dos.telemetry.environment`, which training runs use
 too. docs/bench.md is the user's guide.
@@ -114,8 +114,10 @@ def _sweep(invocation: Invocation) -> int:
     processes = [b["fixed"]["status"] for b in doc["budgets"]]  # one process per budget: fixed plans and auto
     completed = sum(status == "ok" for status in processes)
     print(f"{completed}/{len(processes)} processes completed; results in {out_dir}: sweep.json, sweep.md, sweep.png")
-    for target in doc["targets"]:
-        print(f"  {target['target']}: {target['status']}")
+    for budget in doc["budgets"]:
+        ratio = budget.get("auto_vs_best")
+        print(f"  {budget['budget']['label']}: auto / best swept plan "
+              + ("not measured" if ratio is None else f"{ratio:.3f}x"))
     if doc.get("interrupted"):
         return 130
     return 0 if completed else 1
@@ -141,8 +143,6 @@ def _rok(invocation: Invocation) -> int:
     for search in (doc.get("budget") or {}).get("searches", []):
         print(f"  {search['placement']}: largest micro-batch within {rok.budget_gib:g} GiB: "
               f"{search['largest_micro_batch']} ({search['status']})")
-    for claim in doc["claims"]:
-        print(f"  {claim['claim']}: {claim['status']}")
     if doc.get("interrupted"):
         return 130
     return 0 if completed else 1

@@ -6,8 +6,8 @@ classification, a log each) one at a time under a progress bar with a one-line s
 SIGTERM stops the process running; the ones after it are reported as not run, and the outputs cover what ran.
 
 * **Strategy comparison** (:func:`run_bench`): every configuration of every strategy kind, each repeat in its own
-  process, round-robin; the repeats are aggregated and compared against vanilla ``zero3_offload``, the claims
-  checked, and results.json, report.md (and its dated copy), chart.png and iteration_timeline.png written.
+  process, round-robin; the repeats are aggregated and compared against vanilla ``zero3_offload`` (ratios), and
+  results.json, report.md (and its dated copy), chart.png and iteration_timeline.png written.
   ``no_offload`` is not run when the model states clearly cannot fit on the GPU; ``--resume`` reuses the
   configurations an earlier invocation finished. With ``--devices``, every configuration runs at each device count
   (data parallel, one rank per device), compared with vanilla at the same count; a single-device kind, or a count
@@ -33,7 +33,6 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from lightning_dos.bench import chart, report
-from lightning_dos.bench.claims import check_claims
 from lightning_dos.bench.config import BenchConfig, Budget, SweepConfig, resolve_budget
 from lightning_dos.bench.launcher import launch
 from lightning_dos.bench.results import (
@@ -263,7 +262,6 @@ def run_bench(config: BenchConfig, out_dir: Path, launcher: Launcher = launch, p
     doc["reused"] = sorted({r["label"] for runs_ in raw.values() for r in runs_ if r.get("reused")})
     if (section := scaling(results)) is not None:  # more than one device count ran
         doc["scaling"] = section
-    doc["claims"] = check_claims(results)
     write_bench_outputs(doc, base, out_dir)
     return doc
 

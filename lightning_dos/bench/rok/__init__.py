@@ -10,7 +10,7 @@ then searched for, doubling and bisecting (:mod:`~lightning_dos.bench.rok.search
 Modules, one job each: ``placements`` (the four placements), ``config`` (the mode's settings and their checks),
 ``meter`` (inside a worker: activation memory per iteration), ``worker`` (a worker's body), ``disk`` (the NVMe
 directory's write and read bandwidth), ``search`` (the micro-batch search), ``harness`` (the invocation),
-``results`` (figures, claims, rok.json), ``report`` (rok.md) and ``chart`` (rok.png). Worker launching, the progress
+``results`` (figures, rok.json), ``report`` (rok.md) and ``chart`` (rok.png). Worker launching, the progress
 bar, the hardware and version description and JSON writing are the bench's own (:mod:`lightning_dos.bench`).
 docs/bench.md ("ROK curve") is the user's guide.
 """

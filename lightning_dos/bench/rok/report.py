@@ -121,14 +121,6 @@ def _budget_lines(budget: dict[str, Any] | None) -> list[str]:
                     "their probe's (end to end where timed so).", ""]
 
 
-def _claim_lines(claims: Sequence[dict[str, Any]]) -> list[str]:
-    lines = ["## Claims", "", "From the placements of this invocation; \"not measured\" when one of them did not "
-             "complete.", ""]
-    lines += _table(("claim", "threshold", "measured", "status", "from"),
-                    [(c["claim"], c["threshold"], _sig(c["value"]), c["status"], c["detail"]) for c in claims])
-    return lines + [""]
-
-
 def render(doc: dict[str, Any], chart: str | None = "rok.png") -> str:
     """rok.md of a rok.json document."""
     cfg, rok, model, m = doc["config"], doc["rok"], doc["model"], doc["measurement"]
@@ -180,7 +172,6 @@ def render(doc: dict[str, Any], chart: str | None = "rok.png") -> str:
     lines += [""]
     lines += _disk_lines(doc.get("disk"))
     lines += _budget_lines(doc.get("budget"))
-    lines += _claim_lines(doc["claims"])
     lines += ["## Placements", ""]
     lines += [f"- **{name}**: {p.summary}." for name, p in PLACEMENTS.items() if name in rok["placements"]]
     lines += ["", "Full resolved configuration:", "", "```json"]

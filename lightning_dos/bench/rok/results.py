@@ -1,4 +1,4 @@
-"""Owns turning ROK workers' raw measurements into figures, the claims and the rok.json document (pure Python).
+"""Owns turning ROK workers' raw measurements into figures and the rok.json document (pure Python).
 
 A placement's summary: its headline iteration time (the median end-to-end iteration, unsynchronised, as the bench's
 headline: :func:`~lightning_dos.bench.results.e2e_samples`; the synchronised median when no iteration was timed end
@@ -15,7 +15,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_dos.bench.claims import rok_claims
 from lightning_dos.bench.config import PHASES, BenchConfig
 from lightning_dos.bench.results import SCHEMA_VERSION, e2e_samples
 from lightning_dos.bench.rok.config import RokConfig
@@ -171,7 +170,7 @@ def probe_of(result: dict[str, Any], config: BenchConfig, budget_bytes: float, s
 def rok_document(hardware: dict[str, Any], versions: dict[str, Any], rok: RokConfig, model: dict[str, Any],
                  placements: list[dict[str, Any]], date: str, timing_note: str, disk: dict[str, Any] | None,
                  budget: dict[str, Any] | None, interrupted: bool) -> dict[str, Any]:
-    """The rok.json document: the settings, the host, every placement's figures, the search and the claims."""
+    """The rok.json document: the settings, the host, every placement's figures and the search."""
     config = rok.bench
     measures = sorted({p["measure"] for p in placements if p.get("measure")})
     return {
@@ -197,5 +196,4 @@ def rok_document(hardware: dict[str, Any], versions: dict[str, Any], rok: RokCon
         "disk": disk,
         "placements": placements,
         "budget": budget,
-        "claims": rok_claims(placements, budget),
     }
