@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-#: What a DOS row's label says when its update overlapped the next forward: ``dos(auto,overlap)``.
+#: What a DOS row's label says when it asked for its update overlapped with the next forward: ``dos(auto,overlap)``.
 OVERLAP_SUFFIX = ",overlap"
 
 
@@ -236,8 +236,13 @@ def _e2e_best(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def _without_overlap(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The DOS rows that ran without ``overlap``: their synchronised phases hold the whole update in the step."""
-    return [r for r in rows if OVERLAP_SUFFIX not in r["label"]]
+    """The DOS rows that ran without ``overlap`` (their ``dos`` summary says so; older reports: their label): their
+    synchronised phases hold the whole update in the step."""
+    def overlapped(row: dict[str, Any]) -> bool:
+        flag = (row.get("dos") or {}).get("overlapped")
+        return OVERLAP_SUFFIX in row["label"] if flag is None else bool(flag)
+
+    return [r for r in rows if not overlapped(r)]
 
 
 def peer_claims(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -27,12 +27,12 @@ from script_loader import load_script
 from lightning_dos.bench import main
 from lightning_dos.bench.arguments import parse_args
 from lightning_dos.bench.config import BenchConfig
+from lightning_dos.bench.kinds import RunSpec
 from lightning_dos.bench.rok.config import RokConfig
 from lightning_dos.bench.rok.disk import measure_disk
 from lightning_dos.bench.rok.harness import run_rok
 from lightning_dos.bench.rok.meter import ActivationMemoryMeter
 from lightning_dos.bench.rok.search import Probe, search_micro_batch
-from lightning_dos.bench.strategies import RunSpec
 
 TARGETS = load_script("targets")  # the project's own targets, outside the package
 ROK_BUDGET, ROK_HOST_VS_KEEP, ROK_HOST_VS_RECOMPUTE = TARGETS.ROK_BUDGET, TARGETS.ROK_HOST_VS_KEEP, \

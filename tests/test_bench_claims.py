@@ -15,8 +15,9 @@ from statistics import median
 import pytest
 from script_loader import load_script
 
-from lightning_dos.bench.config import BenchConfig, SweepConfig, resolve_budget, sweep_schedule
-from lightning_dos.bench.results import summarize_budget
+from lightning_dos.bench.config import BenchConfig
+from lightning_dos.bench.sweep.config import SweepConfig, resolve_budget, sweep_schedule
+from lightning_dos.bench.sweep.results import summarize_budget
 from lightning_dos.planning.plan import Lane, Plan
 from lightning_dos.planning.trials import PlanTrials
 

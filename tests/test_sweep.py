@@ -22,18 +22,19 @@ from script_loader import load_script
 
 from lightning_dos.bench import main
 from lightning_dos.bench.arguments import parse_args
-from lightning_dos.bench.config import (
+from lightning_dos.bench.config import BenchConfig
+from lightning_dos.bench.kinds import RunSpec
+from lightning_dos.bench.sweep.config import (
     AUTO_MIN_EXCLUDED,
     DEFAULT_SWEEP_PLANS,
-    BenchConfig,
+    PROGRESS_FILE,
     SweepConfig,
     resolve_budget,
     sweep_schedule,
 )
-from lightning_dos.bench.harness import run_sweep
-from lightning_dos.bench.results import summarize_auto, summarize_budget
-from lightning_dos.bench.strategies import RunSpec
-from lightning_dos.bench.worker import PROGRESS_FILE, PlanSweep
+from lightning_dos.bench.sweep.harness import run_sweep
+from lightning_dos.bench.sweep.results import summarize_auto, summarize_budget
+from lightning_dos.bench.sweep.worker import PlanSweep
 from lightning_dos.planning.plan import resolve_plan
 from lightning_dos.update.executor import LaneTimings
 from lightning_dos.update.manager import PROBE_STEPS
@@ -291,7 +292,7 @@ def test_sweep_defaults_and_its_own_options() -> None:
     assert sweep.plans == ["0.0", "0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8", "0.9", "1.0", "stride:2",
                            "stride:3", "stride:4", "stride:5", "stride:6"] == list(DEFAULT_SWEEP_PLANS)
     assert sweep.steps_per_plan == 3 and sweep.budgets == ["unlimited", "quarter"]
-    assert sweep.fixed_steps == 48 and sweep.auto_excluded == 3 and sweep.bench.model == "gpt-2.7b"
+    assert sweep.fixed_steps == 48 and sweep.auto_excluded == 3 and sweep.bench.model is None  # the recipe's
     assert sweep.auto_steps == 10 and sweep.process_steps == 58
     assert sweep.bench.strategies == ["deep_optimizer_states"] and sweep.bench.plans == ["auto"]
     budget = resolve_budget("quarter", 1_000)
@@ -548,7 +549,7 @@ def test_a_timed_out_sweep_keeps_the_plans_it_finished(tmp_path: Path) -> None:
 
 
 def test_the_report_names_autos_host_order_when_it_is_not_id_order() -> None:
-    from lightning_dos.bench.report import _host_order_text
+    from lightning_dos.bench.sweep.report import _host_order_text
 
     assert _host_order_text({"lanes": "HDHH", "host_order": [3, 0, 2]}) == ", host lane in order 3 0 2"
     assert _host_order_text({"lanes": "HDHH", "host_order": [0, 2, 3]}) == ""

@@ -1,11 +1,11 @@
-"""Owns the ``lightning-dos bench`` command line: flags, a training recipe, an optional JSON config file, their merge.
+"""Owns the ``lightning-dos bench`` command line: flags, an optional JSON config file, their merge.
 
-Precedence, lowest first: :class:`~lightning_dos.bench.config.BenchConfig` defaults (a GPU host running
-gpt-2.7b), then ``--recipe FILE`` (a training recipe's model, data and precision: :func:`recipe_settings`), then
-``--config FILE`` (JSON with the same keys), then the flags given. Flags that are not given leave the lower layers
-alone, so a recipe or config file can be tweaked from the command line. ``--sweep`` turns the invocation into a plan
-sweep (:class:`~lightning_dos.bench.config.SweepConfig`): the same model and data settings, with its own plan list,
-iterations per plan and memory budgets instead of the strategy comparison's options. ``--activations`` turns it into
+Precedence, lowest first: :class:`~lightning_dos.bench.config.BenchConfig` defaults, then ``--config FILE`` (JSON with
+the same keys), then the flags given. The workload flags (``--model``, ``--seq-len``, ...) override the recipe every
+configuration starts from (``--recipe``, or the bench's own: :mod:`~lightning_dos.bench.compose`); those not given
+leave it alone. ``--sweep`` turns the invocation into a plan sweep
+(:class:`~lightning_dos.bench.sweep.config.SweepConfig`): the same workload, with its own plan list, iterations per plan
+and memory budgets instead of the strategy comparison's options. ``--activations`` turns it into
 a ROK curve (:class:`~lightning_dos.bench.rok.config.RokConfig`): the same settings under one strategy, with the
 placements, the NVMe directory, the activation offload's knobs and the micro-batch search's budget.
 """
@@ -18,17 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_dos.bench.config import DEFAULT_BUDGETS, DEFAULT_SWEEP_PLANS, BenchConfig, SweepConfig
+from lightning_dos.bench.config import BenchConfig
+from lightning_dos.bench.kinds import STRATEGIES, dos_plans, plan_argument
 from lightning_dos.bench.rok.config import DEFAULT_DISK_PROBE_MIB, DEFAULT_MAX_MICRO_BATCH, DEFAULT_STRATEGY, RokConfig
 from lightning_dos.bench.rok.placements import PLACEMENTS
-from lightning_dos.bench.strategies import STRATEGIES, dos_plans, plan_argument
+from lightning_dos.bench.sweep.config import DEFAULT_BUDGETS, DEFAULT_SWEEP_PLANS, SweepConfig
 
 PROG = "lightning-dos bench"
 EPILOG = """examples:
   lightning-dos bench                                   # gpt-2.7b, seq 2048, micro-batch 4, bf16-mixed, all strategies
   lightning-dos bench --plans host device 0.5 stride:3  # DOS auto plus four fixed plans
   lightning-dos bench --model gpt-1b --strategies zero3_offload deep_optimizer_states --repeats 3
-  lightning-dos bench --recipe recipes/gpt-2.7b.yaml    # model, data, batch and precision of a training recipe
+  lightning-dos bench --recipe recipes/gpt-2.7b.yaml    # every configuration starts from a training recipe
   lightning-dos bench --devices 1 2                     # every configuration on one GPU, then data parallel on two
   lightning-dos bench --dry-run                         # print the resolved config and configurations only
   lightning-dos bench --out runs/bench/x --resume       # continue a bench stopped by Ctrl-C or a time limit
@@ -85,6 +86,11 @@ def _on_off(text: str) -> bool:
     return value == "on"
 
 
+def _auto_on_off(text: str) -> bool | str:
+    """``auto``, or ``on`` / ``off`` as a bool."""
+    return "auto" if text.strip().lower() == "auto" else _on_off(text)
+
+
 def _gib_or_auto(text: str) -> float | str:
     """``auto`` or a size in GiB."""
     return "auto" if text.strip().lower() == "auto" else float(text)
@@ -109,29 +115,34 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         argument_default=argparse.SUPPRESS,
     )
-    p.add_argument("--recipe", metavar="FILE", help="training recipe (YAML, as for lightning-dos fit) to take the "
-                   "model, data, batch, precision and seed from; --config and flags override it")
+    p.add_argument("--recipe", metavar="FILE", help="training recipe (YAML, as for lightning-dos fit) every "
+                   "configuration starts from, before its strategy fragment; the workload flags override it "
+                   "(default: gpt-2.7b, seq 2048, micro-batch 4, bf16-mixed, random tokens)")
     p.add_argument("--config", dest="config_file", metavar="FILE", help="JSON file of bench settings (keys as in "
                    "results.json's config); flags override it")
     model = p.add_argument_group("model")
     model.add_argument("--model", metavar="PRESET",
-                       help="model preset: debug, gpt-10m, gpt-1b, gpt-2.7b (default), gpt-4b")
+                       help="model preset: debug, gpt-10m, gpt-1b, gpt-2.7b, gpt-4b, ... (default: the recipe's)")
     model.add_argument("--n-layer", dest="n_layer", type=int, metavar="N",
                        help="transformer blocks (overrides the preset)")
     model.add_argument("--n-embd", dest="n_embd", type=int, metavar="N", help="hidden size (overrides the preset)")
     model.add_argument("--n-head", dest="n_head", type=int, metavar="N",
                        help="attention heads (overrides the preset)")
     model.add_argument("--vocab-size", dest="vocab_size", type=int, metavar="N",
-                       help="vocabulary size (overrides the preset)")
+                       help="vocabulary of the data, which the model's follows (synthetic vocab_size, text "
+                       "bpe_vocab_size)")
     model.add_argument("--activation-checkpointing", dest="activation_checkpointing",
-                       action=argparse.BooleanOptionalAction, help="recompute activations in backward (default on)")
+                       action=argparse.BooleanOptionalAction,
+                       help="recompute activations in backward (model.activation_checkpointing)")
     train = p.add_argument_group("training")
-    train.add_argument("--seq-len", dest="seq_len", type=int, metavar="N", help="tokens per sequence (default 2048)")
+    train.add_argument("--seq-len", dest="seq_len", type=int, metavar="N", help="tokens per sequence (data.seq_len)")
     train.add_argument("--micro-batch", dest="micro_batch", type=int, metavar="N",
-                       help="sequences per iteration (default 4)")
-    train.add_argument("--precision", metavar="P", help="Lightning precision (default bf16-mixed; 32-true on a CPU)")
+                       help="sequences per iteration per device (data.batch_size)")
+    train.add_argument("--precision", metavar="P", help="Lightning precision, e.g. 32-true on a CPU "
+                       "(trainer.precision)")
     train.add_argument("--sub-group-size", dest="sub_group_size", type=_count, metavar="N",
-                       help="parameters per optimizer-state subgroup, every strategy (default 1e8)")
+                       help="parameters per optimizer-state subgroup, for every strategy fragment that has subgroups "
+                       "(default: each fragment's)")
     train.add_argument("--steps", type=int, metavar="N", help="iterations per run, warm-up included (default 10)")
     train.add_argument("--warmup", type=int, metavar="N",
                        help="leading iterations left out of the statistics (default 3)")
@@ -141,10 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "(default: half the measured iterations, rounded down)")
     train.add_argument("--repeats", type=int, metavar="N",
                        help="fresh-process runs of each configuration (default 1)")
-    train.add_argument("--seed", type=int, metavar="N", help="model and data seed (default 1234)")
+    train.add_argument("--seed", type=int, metavar="N", help="model and data seed (seed_everything)")
     train.add_argument("--lr", dest="learning_rate", type=float, metavar="LR",
-                       help="AdamW learning rate (default 3e-4)")
-    train.add_argument("--accelerator", metavar="A", help="auto (default), gpu or cpu")
+                       help="peak AdamW learning rate (model.learning_rate)")
+    train.add_argument("--accelerator", metavar="A", help="auto, gpu or cpu (trainer.accelerator)")
     which = p.add_argument_group("configurations")
     which.add_argument("--strategies", nargs="+", choices=STRATEGIES, metavar="KIND",
                        help=f"strategy kinds to run, any of: {', '.join(STRATEGIES)} (default all)")
@@ -154,9 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="DOS fixed plans run besides auto: host, device, a fraction, stride:K, or one lane per "
                        "subgroup joined by commas (host,device,...); with --activations, the one plan every placement "
                        "runs under (default auto)")
-    which.add_argument("--overlap", nargs="+", type=_on_off, metavar="off|on",
-                       help="DOS with the update phase overlapped with the next forward (on), without (off) or both "
-                       "(off on): one row each (default off)")
+    which.add_argument("--overlap", nargs="+", type=_auto_on_off, metavar="auto|on|off",
+                       help="DOS with the update phase overlapped with the next forward (on, rows dos(PLAN,overlap)), "
+                       "serial (off, rows dos(PLAN,serial)) or as the strategy decides (auto: overlapped on CUDA "
+                       "devices): one row each, e.g. off on (default auto)")
     which.add_argument("--leaf-blocks", dest="leaf_blocks", nargs="+", type=_on_off, metavar="on|off",
                        help="DOS with ZeRO-3 hooking each transformer block once (on, the strategy's default on one "
                        "device), every layer (off, rows dos(PLAN,layer-hooks)), or both (on off): one row each "
@@ -166,9 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "(the strategy's resident_gib): one row each, e.g. auto 0 3.5 (default auto, the strategy's "
                        "default: as much as fits beside the measured peak; 0: none)")
     which.add_argument("--memory-budget-gib", dest="memory_budget_gib", type=float, metavar="GIB",
-                       help="DOS device-lane memory budget in GiB (default: what is free)")
+                       help="most GPU memory the DOS optimizer state may take, GiB (default: what is free)")
     which.add_argument("--pin-memory", dest="pin_memory", action=argparse.BooleanOptionalAction,
-                       help="page-locked host memory for offloaded state (default on)")
+                       help="page-locked host memory for offloaded state (default: each fragment's, on)")
     which.add_argument("--force-no-offload", dest="force_no_offload", action="store_true",
                        help="run no_offload even when the model states clearly exceed the GPU memory")
     which.add_argument("--devices", nargs="+", type=int, metavar="N",
@@ -177,9 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     data = p.add_argument_group("data")
     source = data.add_mutually_exclusive_group()
     source.add_argument("--synthetic", dest="data", action="store_const", const="synthetic",
-                        help="deterministic random tokens (default)")
+                        help="deterministic random tokens (SyntheticDataModule; default: the recipe's data)")
     source.add_argument("--text", dest="data", action="store_const", const="text",
-                        help="a real tokenised corpus (the Python standard library unless --data-path)")
+                        help="a real tokenised corpus (TextDataModule: the Python standard library unless "
+                        "--data-path)")
     data.add_argument("--data-path", dest="data_paths", nargs="+", metavar="PATH",
                       help="text files, directories or globs for --text")
     data.add_argument("--tokenizer", metavar="FILE",
@@ -225,82 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dry-run", dest="dry_run", action="store_true",
                      help="print the resolved configuration and the configurations, run nothing")
     run.add_argument("--resume", action="store_true",
-                     help="continue an interrupted bench in --out: configurations that finished there with the same "
-                     "measurement settings are reused, the others run (with --activations: placement runs and "
-                     "search probes, e.g. to search a budget after the curve was measured)")
+                     help="continue an interrupted bench in --out: the runs that finished there running exactly the "
+                     "same are reused, the others run (configurations; with --sweep a budget's process; with "
+                     "--activations placement runs and search probes, e.g. to search a budget after the curve)")
     return p
-
-
-#: recipe ``model`` key -> bench setting
-MODEL_KEYS = {"name": "model", "n_layer": "n_layer", "n_embd": "n_embd", "n_head": "n_head",
-              "vocab_size": "vocab_size", "activation_checkpointing": "activation_checkpointing",
-              "learning_rate": "learning_rate"}
-#: recipe ``data`` key -> bench setting
-DATA_KEYS = {"seq_len": "seq_len", "batch_size": "micro_batch", "vocab_size": "vocab_size", "paths": "data_paths",
-             "tokenizer": "tokenizer", "bpe_vocab_size": "bpe_vocab_size", "max_bytes": "max_bytes"}
-STRATEGY_KEYS = ("pin_memory", "memory_budget_gib")
-
-
-def _init_args(section: Any) -> tuple[str | None, dict[str, Any]]:
-    """``(class_path, arguments)`` of a recipe section in either form."""
-    if not isinstance(section, dict):
-        return None, {}
-    if "class_path" in section:
-        return str(section["class_path"]), dict(section.get("init_args") or {})
-    return None, dict(section)
-
-
-def recipe_settings(path: str | Path) -> dict[str, Any]:
-    """The bench settings a recipe file (the YAML that ``lightning-dos fit --config`` takes) defines, as keys of
-    :class:`~lightning_dos.bench.config.BenchConfig`.
-
-    Only what defines the workload is taken: the model preset and shape, activation checkpointing and learning rate;
-    the data source, sequence length, micro-batch and vocabulary; the precision; the strategy's integer
-    ``sub_group_size``, ``pin_memory`` and ``memory_budget_gib``; the seed. Steps, logging, checkpointing and the
-    recipe's own strategy choice are not: the bench decides those. Both ``{class_path, init_args}`` sections and
-    plain ones are read.
-    """
-    import yaml
-
-    with open(path, encoding="utf-8") as fh:
-        try:
-            recipe = yaml.safe_load(fh) or {}
-        except yaml.YAMLError as err:
-            raise ValueError(f"--recipe {path}: not valid YAML: {err}") from err
-    if not isinstance(recipe, dict):
-        raise ValueError(f"--recipe {path}: expected a YAML mapping with model/data/trainer sections")
-    settings: dict[str, Any] = {}
-    data_class, data_args = _init_args(recipe.get("data"))
-    if data_class is not None:
-        settings["data"] = "text" if data_class.endswith("TextDataModule") else "synthetic"
-    for key, setting in DATA_KEYS.items():
-        if data_args.get(key) is not None:
-            settings[setting] = data_args[key]
-    _, model_args = _init_args(recipe.get("model"))
-    for key, setting in MODEL_KEYS.items():
-        if model_args.get(key) is not None:
-            settings[setting] = model_args[key]
-    trainer = recipe.get("trainer") or {}
-    if isinstance(trainer, dict):
-        if trainer.get("precision") is not None:
-            settings["precision"] = str(trainer["precision"])
-        _, strategy_args = _init_args(trainer.get("strategy"))
-        sub = strategy_args.get("sub_group_size")
-        if isinstance(sub, (int, float)) and not isinstance(sub, bool):
-            settings["sub_group_size"] = int(sub)
-        for key in STRATEGY_KEYS:
-            if key in strategy_args:
-                settings[key] = strategy_args[key]
-    seed = recipe.get("seed_everything")
-    if isinstance(seed, int) and not isinstance(seed, bool):
-        settings["seed"] = seed
-    if isinstance(settings.get("data_paths"), str):
-        settings["data_paths"] = [settings["data_paths"]]
-    for key in ("learning_rate",):
-        if key in settings:
-            settings[key] = float(settings[key])
-    settings["recipe"] = str(path)
-    return settings
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
@@ -374,17 +315,15 @@ def parse_args(argv: list[str] | None) -> Invocation:
     resume = bool(given.pop("resume", False))
     if resume and not given.get("out"):
         parser.error("--resume: set --out to the directory of the bench to continue")
-    if resume and given.get("sweep"):
-        parser.error("--resume: a plan sweep cannot be resumed; run it again, or drop --sweep")
     settings: dict[str, Any] = {}
     config_file = given.pop("config_file", None)
+    if given.get("recipe") is not None and not Path(given["recipe"]).is_file():
+        parser.error(f"--recipe {given['recipe']}: no such file")
     sweep: SweepConfig | None = None
     rok: RokConfig | None = None
     try:
         rok_given = rok_settings(given)
         sweep_given = sweep_settings(given)
-        if given.get("recipe") is not None:
-            settings.update(recipe_settings(given["recipe"]))
         if config_file is not None:
             settings.update(load_config_file(config_file))
         settings.update(given)

@@ -1,8 +1,8 @@
-"""Owns the markdown reports of both modes: report.md of a strategy comparison, sweep.md of a plan sweep.
+"""Owns report.md, a strategy comparison's markdown report, and what every mode's report shares.
 
-Both format their JSON document (:mod:`~lightning_dos.bench.results`) and compute nothing new, so the report and
-the JSON always agree; they share the header, the hardware and versions tables and the number formats. Also owns
-the comparison report's file names: ``report.md`` plus ``<model>_<hardware>_<date>.md``.
+It formats results.json (:mod:`~lightning_dos.bench.results`) and computes nothing new, so the report and the JSON
+always agree. The hardware and versions sections and the number formats are shared with sweep.md and rok.md. Also
+owns the report's file names: ``report.md`` plus ``<model>_<hardware>_<date>.md``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lightning_dos.bench.config import HOST_KEYS
-from lightning_dos.bench.strategies import BASELINE, KINDS
+from lightning_dos.bench.kinds import BASELINE, KINDS
 from lightning_dos.planning.planner import RESIDENT_BYTES_PER_PARAM
 
 MISSING = "–"
@@ -114,24 +114,37 @@ def _environment_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _model_text(model: dict[str, Any]) -> str:
+    """The model's shape, parameters and FLOPs per token (a module other than the GPT: its class)."""
+    if not model.get("params"):
+        return str(model.get("preset"))
+    return (f"{model['preset']} ({model['style']}): {model['n_layer']} layers, n_embd {model['n_embd']}, "
+            f"{model['n_head']} heads ({model['n_kv_head']} kv), MLP {model['intermediate_size']}, "
+            f"vocab {model['vocab_size']}; {_scaled(model['params'], '')} parameters ({model['params']:,}), "
+            f"{_scaled(model['flops_per_token'], 'FLOP')} per token (model FLOPs, recomputation not counted)")
+
+
 def _config_lines(doc: dict[str, Any]) -> list[str]:
-    cfg, model = doc["config"], doc["model"]
-    shape = (f"{model['preset']} ({model['style']}): {model['n_layer']} layers, n_embd {model['n_embd']}, "
-             f"{model['n_head']} heads ({model['n_kv_head']} kv), MLP {model['intermediate_size']}, "
-             f"vocab {model['vocab_size']}; {_scaled(model['params'], '')} parameters ({model['params']:,}), "
-             f"{_scaled(model['flops_per_token'], 'FLOP')} per token (model FLOPs, recomputation not counted)")
-    lines = [f"- Model: {shape}",
+    cfg = doc["config"]
+    on_off = {True: "on", False: "off", None: "the recipe's"}
+    recipe = f"`{cfg['recipe']}`" if cfg.get("recipe") else "the bench's own (`recipe.yaml` beside each run)"
+    lines = [f"- Recipe: {recipe}"
+             ", then each configuration's strategy fragment and the flags given, as `lightning-dos fit` composes "
+             "them (each run's command is the first line of its `worker.log`)",
+             f"- Model: {_model_text(doc['model'])}",
              f"- Batch: micro-batch {cfg['micro_batch']} x seq {cfg['seq_len']} = "
              f"{cfg['micro_batch'] * cfg['seq_len']:,} tokens per iteration per device"
              + ("" if (cfg.get("devices") or [1]) == [1] else
                 f"; on {_devices_text(cfg['devices'])} devices, data parallel: a row at N devices trains N times "
                 "that per iteration, one micro-batch per rank"),
-             f"- Precision {cfg['precision']}, activation checkpointing "
-             f"{'on' if cfg['activation_checkpointing'] else 'off'}, sub_group_size {cfg['sub_group_size']:,} "
-             f"for every strategy, pinned host memory {'on' if cfg['pin_memory'] else 'off'}",
+             f"- Precision {cfg['precision']}, activation checkpointing {on_off[cfg.get('activation_checkpointing')]}",
              f"- Data: {cfg['data']}, seed {cfg['seed']} (same model init, data and order for every configuration"
-             f"{_host_init_text(cfg)}); AdamW lr {cfg['learning_rate']:g}",
-             "", "Full resolved configuration (as in results.json):", "", "```json"]
+             f"{_host_init_text(cfg)}); AdamW lr {cfg['learning_rate']}", ""]
+    rows = [(r["label"], f"`{r['strategy_config']}`" if r.get("strategy_config") else MISSING,
+             ", ".join(f"{k}={v}" for k, v in (r.get("strategy_args") or {}).items()) or "none")
+            for r in doc["results"]]
+    lines += _table(("configuration", "strategy fragment", "set over it"), rows)
+    lines += ["", "Full configuration (as in results.json):", "", "```json"]
     lines += json.dumps(cfg, indent=2).splitlines()
     lines.append("```")
     return lines
@@ -419,141 +432,4 @@ def render(doc: dict[str, Any], base: dict[str, Any] | None, chart: str | None =
     lines += _failure_lines(results)
     lines += ["Raw per-iteration samples, spreads and per-repeat details are in `results.json`; each worker's log is "
               "under `runs/`.", ""]
-    return "\n".join(lines)
-
-
-# ------------------------------------------------------------------ plan sweep
-
-def _pct(value: float | None, signed: bool = False) -> str:
-    if value is None:
-        return MISSING
-    return f"{value:+.1%}" if signed else f"{value:.1%}"
-
-
-def _ratio_rows(budgets: Sequence[dict[str, Any]]) -> list[tuple[str, ...]]:
-    """Per budget: the process, the best swept plan, auto, auto against both, and the prediction error."""
-    rows = []
-    for b in budgets:
-        best, stride, a = b.get("best") or {}, b.get("fastest_stride") or {}, b["auto"]
-        rows.append((b["budget"]["label"], b["fixed"]["status"],
-                     f"{best['plan']}: {_num(best['update_ms'])}" if best else MISSING, _num(a["update_ms"]),
-                     _ratio(b.get("auto_vs_best")), f"{stride['plan']}: {_num(stride['update_ms'])}" if stride
-                     else MISSING, _ratio(b.get("auto_vs_fastest_stride")), _pct(b["prediction_error_median"])))
-    return rows
-
-
-RATIO_HEADER = ("budget", "process", "best swept plan (ms)", "auto (ms)", "auto / best", "fastest stride:K (ms)",
-                "auto / fastest stride", "median prediction error")
-
-
-def _lanes(value: str | None, width: int = 40) -> str:
-    if not value:
-        return MISSING
-    return f"`{value}`" if len(value) <= width else f"`{value[:width]}...`"
-
-
-def _plan_row(name: str, entry: dict[str, Any], lanes: str | None) -> tuple[str, ...]:
-    """One row of a budget's table: a swept plan's or auto's figures."""
-    spread = entry.get("update_ms_spread")
-    update = _num(entry["update_ms"])
-    if spread and spread["n"] > 1:
-        update += f" ({_num(spread['min'])}-{_num(spread['max'])})"
-    return (name, entry["status"], _lanes(lanes), _num(entry["device_fraction"], 3), update,
-            _num(entry["predicted_ms"]), _pct(entry["median_rel_error"]),
-            MISSING if entry["demoted_max"] is None else str(entry["demoted_max"]), str(entry["measured_steps"]),
-            _num(entry["iteration_ms"]))
-
-
-def _plan_rows(budget: dict[str, Any]) -> list[tuple[str, ...]]:
-    best = (budget.get("best") or {}).get("plan")
-    rows = [_plan_row(f"**{p['plan']}** (best)" if p["plan"] == best else p["plan"], p,
-                      p["lanes_run"][-1] if p["lanes_run"] else p["lanes"]) for p in budget["plans"]]
-    a = budget["auto"]
-    rows.append(_plan_row("auto", a, a.get("final_lanes") or (a.get("chosen") or {}).get("lanes")))
-    return rows
-
-
-def _budget_lines(budget: dict[str, Any]) -> list[str]:
-    b, fixed, a = budget["budget"], budget["fixed"], budget["auto"]
-    limit = "no limit beyond the free device memory" if b["gib"] is None else f"memory_budget_gib = {b['gib']:.3f}"
-    lines = [f"## Budget: {b['label']}", "", f"- DOS device-lane budget: {limit}."]
-    lines.append(f"- One process, fixed plans and auto interleaved: {fixed['status']}"
-                 + (f": {fixed['reason']}" if fixed.get("reason") else "")
-                 + (f" (during plan {fixed['failed_plan']})" if fixed.get("failed_plan") else "")
-                 + f"; {fixed['plans_completed']}/{len(budget['plans'])} plans completed"
-                 + (f"; peak GPU {fixed['peak_gpu_gib']:.2f} GiB" if fixed.get("peak_gpu_gib") is not None else "")
-                 + ".")
-    chosen = a.get("chosen")
-    chosen_text = (f"chose {_lanes(chosen['lanes'], 64)} with {chosen['buffers']} buffer(s), device fraction "
-                   f"{chosen['device_fraction']:.3f}{_host_order_text(chosen)}, after the probe at update "
-                   f"{a['probe_step']}") if chosen else "no plan chosen (no update phase after the probe)"
-    lines.append(f"- auto, started cold, with its own calibration: {a['status']}"
-                 + (f": {a['reason']}" if a.get("reason") else "")
-                 + f"; {chosen_text}; {a['excluded_steps']} leading update phases left out, "
-                 f"{a['replans_measured']} re-plans and {a.get('trial_phases', 0)} update phases of plans on "
-                 "trial among the measured ones; plan at the end: "
-                 f"{a.get('final_plan') or MISSING}.")
-    best = budget.get("best")
-    if best:
-        lines.append(f"- Best swept plan: {best['plan']}, {best['update_ms']:.1f} ms. Median prediction error over "
-                     f"the swept plans' {budget['prediction_steps']} measured update phases: "
-                     f"{_pct(budget['prediction_error_median'])}.")
-    lines += ["", "Update = the update phase's makespan (median; min-max of the measured update phases); predicted = "
-              "the manager's prediction for the same update phases (median); error = median of |predicted - "
-              "measured| / measured; lanes and device fraction as run, after any demotion to fit memory.", ""]
-    lines += _table(("plan", "status", "lanes (as run)", "device fraction", "update ms", "predicted ms", "error",
-                     "demoted (max)", "measured", "iteration ms"), _plan_rows(budget))
-    return lines + [""]
-
-
-def _host_order_text(chosen: dict[str, Any]) -> str:
-    """``, host lane in order 17 0 2 ...`` when the plan's host lane does not run in id order (records before the
-    host order was recorded have none)."""
-    order = chosen.get("host_order")
-    lanes = chosen.get("lanes") or ""
-    if not order or order == [i for i, c in enumerate(lanes) if c == "H"]:
-        return ""
-    return ", host lane in order " + " ".join(str(g) for g in order)
-
-
-def render_sweep(doc: dict[str, Any], chart: str | None = "sweep.png") -> str:
-    """sweep.md of a sweep.json document."""
-    hw, cfg, model, sweep = doc["hardware"], doc["config"], doc["model"], doc["sweep"]
-    device = hw.get("gpu_name") or "CPU"
-    lines = [f"# lightning-dos plan sweep: {cfg['model']} on {device}", "", f"Date: {doc['date']}", ""]
-    if doc.get("interrupted"):
-        lines += ["**The sweep was interrupted**: processes after the interruption were not run.", ""]
-    planned = doc.get("budgets_planned") or []
-    if len(planned) > len(doc["budgets"]):
-        rest = ", ".join(b["label"] for b in planned[len(doc["budgets"]):])
-        lines += [f"**Partial**: written after {len(doc['budgets'])} of {len(planned)} budgets; not run yet: {rest}.",
-                  ""]
-    lines += _environment_lines(doc)
-    budgets = ", ".join(b["budget"]["label"] for b in doc["budgets"])
-    m = doc["measurement"]
-    lines += ["", "## Configuration", "",
-              f"- Model: {model['preset']}, {model['params']:,} parameters ({model['n_layer']} layers, n_embd "
-              f"{model['n_embd']}); micro-batch {cfg['micro_batch']} x seq {cfg['seq_len']}, {cfg['precision']}, "
-              f"activation checkpointing {'on' if cfg['activation_checkpointing'] else 'off'}, sub_group_size "
-              f"{cfg['sub_group_size']:,}, data {cfg['data']}, seed {cfg['seed']}",
-              f"- Budgets: {budgets}",
-              f"- Fixed plans, in this order: {', '.join(sweep['plans'])}",
-              f"- Fixed plans: {m['fixed_plans']}.",
-              f"- auto: {m['auto']}.",
-              f"- Update: {m['update_ms']}; predicted: {m['predicted_ms']}; error: {m['prediction_error']}.",
-              f"- {m['timing']}",
-              "", "Full resolved configuration:", "", "```json"]
-    lines += json.dumps({"bench": cfg, "sweep": sweep}, indent=2).splitlines()
-    lines += ["```", "", "## auto against the swept plans", "",
-              "Per budget, medians of the update phase: auto's over the best swept plan's and over the fastest "
-              "stride:K's (< 1: auto is faster), and the median relative error of the predictions for the swept "
-              "plans' update phases.", ""]
-    lines += _table(RATIO_HEADER, _ratio_rows(doc["budgets"]))
-    if chart:
-        lines += ["", f"![update time against device fraction, per budget]({chart})"]
-    lines.append("")
-    for budget in doc["budgets"]:
-        lines += _budget_lines(budget)
-    lines += ["Per-iteration records (plan, lanes, update, prediction, busy times, bytes, demotions) are in each "
-              "process's `result.json` under `runs/`, with its log.", ""]
     return "\n".join(lines)

@@ -15,8 +15,8 @@ from typing import Any
 
 from lightning_dos.activations.options import DEFAULT_KEEP_LAST_LAYERS, DEFAULT_MIN_TENSOR_BYTES
 from lightning_dos.bench.config import BenchConfig
+from lightning_dos.bench.kinds import RunSpec, plan_argument
 from lightning_dos.bench.rok.placements import PLACEMENTS, placement
-from lightning_dos.bench.strategies import RunSpec
 
 __all__ = ["DEFAULT_STRATEGY", "PROBE_MEASURED_STEPS", "ROK_STRATEGIES", "RokConfig"]
 
@@ -69,7 +69,8 @@ class RokConfig:
     def spec(self, name: str, micro_batch: int | None = None) -> RunSpec:
         """The worker run of placement ``name``: its own run, or a search probe at ``micro_batch``."""
         label = name if micro_batch is None else f"{name}@mb{micro_batch}"
-        return RunSpec(label=label, strategy=self.strategy, plan=self.plan)
+        dos = self.strategy == "deep_optimizer_states" and str(self.plan).lower() != "auto"
+        return RunSpec(label, self.strategy, self.plan, args={"plan": plan_argument(str(self.plan))} if dos else {})
 
     def run_config(self, name: str, micro_batch: int | None = None) -> BenchConfig:
         """The bench settings of placement ``name``'s run, or of a search probe at ``micro_batch`` (the warm-up
@@ -149,7 +150,6 @@ class RokConfig:
 
     def _plan_problems(self) -> list[str]:
         """One DOS plan (any the strategy takes), or none but ``auto`` for ``zero3_offload``."""
-        from lightning_dos.bench.strategies import plan_argument
         from lightning_dos.planning.plan import parse_plan
 
         plans = [str(plan) for plan in self.bench.plans]

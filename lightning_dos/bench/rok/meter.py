@@ -1,4 +1,13 @@
-"""Owns the activation memory of every training iteration inside a worker: a Lightning callback.
+"""Owns a ROK worker's run: one placement's (or a search probe's) training, and the activation memory of every
+iteration, measured by a Lightning callback.
+
+The worker's config has an ``activations`` entry (:meth:`~lightning_dos.bench.rok.config.RokConfig.worker_settings`):
+the placement, whether the activation offload's hooks run and with which offload placement (``keep`` measures only),
+the NVMe directory and the offload's knobs; the bench settings carry the placement's activation checkpointing and
+micro-batch. :func:`execute_placement` trains it as every bench run is trained
+(:func:`~lightning_dos.bench.measure.fit_and_measure`) with the
+:class:`~lightning_dos.activations.ActivationOffloadCallback` where the hooks run and an
+:class:`ActivationMemoryMeter` after it.
 
 Two measures, each per iteration:
 
@@ -25,7 +34,13 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-__all__ = ["ActivationMemoryMeter"]
+from lightning_dos.bench.config import BenchConfig
+from lightning_dos.bench.kinds import RunSpec
+from lightning_dos.bench.measure import dos_records, fit_and_measure
+
+__all__ = ["ActivationMemoryMeter", "execute_placement"]
+
+GIB = 1024**3
 
 
 class ActivationMemoryMeter(pl.Callback):
@@ -93,3 +108,26 @@ class ActivationMemoryMeter(pl.Callback):
         """Everything recorded, per iteration, for the worker's result."""
         return {"device_bytes": list(self.device_bytes), "accounting_bytes": list(self.accounting_bytes),
                 "counters": list(self.counters)}
+
+
+def execute_placement(payload: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
+    """Train the placement of ``payload`` and return the bench's measurements plus the activation memory and the
+    ``act/*`` counters of every iteration (and, under DOS, the manager's update records)."""
+    from lightning_dos.activations import ActivationOffloadCallback
+
+    config = BenchConfig.from_dict(payload["bench"])
+    settings = payload["activations"]
+    offload = None
+    if settings["hooks"]:
+        offload = ActivationOffloadCallback(settings["offload"], nvme_path=settings.get("nvme_path"),
+                                            min_tensor_bytes=settings["min_tensor_bytes"],
+                                            keep_last_layers=settings["keep_last_layers"], log_metrics=False)
+    meter = ActivationMemoryMeter(offload)
+    trainer, result = fit_and_measure(payload, spec, callbacks=[offload, meter] if offload is not None else [meter])
+    peaks = meter.process_peaks()
+    if peaks is not None:  # the meter resets the allocator's peak every iteration: the process's is its own
+        result["peak_gpu_gib"] = max(peaks["allocated"] / GIB, result.get("peak_gpu_gib") or 0.0)
+        result["peak_gpu_reserved_gib"] = max(peaks["reserved"] / GIB, result.get("peak_gpu_reserved_gib") or 0.0)
+    result["dos"] = dos_records(trainer.strategy)  # the plan of every update phase (None for zero3_offload)
+    result["activations"] = {**settings, "micro_batch": config.micro_batch, **meter.raw()}
+    return result

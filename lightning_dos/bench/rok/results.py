@@ -169,9 +169,11 @@ def probe_of(result: dict[str, Any], config: BenchConfig, budget_bytes: float, s
 
 def rok_document(hardware: dict[str, Any], versions: dict[str, Any], rok: RokConfig, model: dict[str, Any],
                  placements: list[dict[str, Any]], date: str, timing_note: str, disk: dict[str, Any] | None,
-                 budget: dict[str, Any] | None, interrupted: bool) -> dict[str, Any]:
-    """The rok.json document: the settings, the host, every placement's figures and the search."""
-    config = rok.bench
+                 budget: dict[str, Any] | None, interrupted: bool, resolved: BenchConfig | None = None
+                 ) -> dict[str, Any]:
+    """The rok.json document: the settings (``config``: ``resolved``, the workload resolved), the host, every
+    placement's figures and the search."""
+    config = resolved or rok.bench
     measures = sorted({p["measure"] for p in placements if p.get("measure")})
     return {
         "schema_version": SCHEMA_VERSION,
