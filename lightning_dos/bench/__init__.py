@@ -1,24 +1,16 @@
 """Owns ``lightning-dos bench``: measure optimizer-offload strategies on this host, in one of three modes.
 
-* **Strategy comparison** (the default): the same recipe, data, seed and batch under every strategy kind (vanilla
-  ZeRO-3 optimizer offload, DeepSpeed's static split, Deep Optimizer States with ``auto`` and any fixed plans, no
-  offload, the peers), each configuration in its own worker process, once per device count of ``--devices``.
-  Outputs: ``results.json``, ``report.md`` (plus a copy named after model, hardware and date) and ``chart.png``.
-* **Plan sweep** (``--sweep``, :mod:`lightning_dos.bench.sweep`): per memory budget, one DOS process runs every fixed
-  plan and ``auto`` interleaved, to check the performance model. Outputs: ``sweep.json``, ``sweep.md``, ``sweep.png``.
-* **ROK curve** (``--activations``, :mod:`lightning_dos.bench.rok`): iteration time against peak activation memory
-  per activation placement under one strategy, and with ``--activation-budget-gib`` the largest micro-batch each
-  placement fits in that budget. Outputs: ``rok.json``, ``rok.md`` and ``rok.png``.
+* **Strategy comparison** (the default, :mod:`~lightning_dos.bench.harness`): one recipe under every strategy kind,
+  each configuration in its own worker process, once per device count: results.json, report.md, chart.png.
+* **Plan sweep** (``--sweep``, :mod:`lightning_dos.bench.sweep`): per memory budget, every fixed DOS plan and ``auto``
+  interleaved in one process: sweep.json, sweep.md, sweep.png.
+* **ROK curve** (``--activations``, :mod:`lightning_dos.bench.rok`): time against peak activation memory per
+  activation placement, and the largest micro-batch each fits in a budget: rok.json, rok.md, rok.png.
 
-Every run of every mode is what ``lightning-dos fit`` runs: a recipe, a strategy fragment of ``configs/strategy/`` and
-the flags given, built by the same LightningCLI (:mod:`~lightning_dos.bench.compose`), with the bench's timing
-callbacks added. Modules: ``arguments`` (command line), ``config`` (settings), ``kinds`` (the strategy kinds
-compared), ``compose``, ``pipeline`` (the worker processes of any mode, ``--resume``), ``launcher`` (one worker
-process), ``worker`` and ``measure`` (inside it, with ``timing``; ``ranks`` for its data-parallel ranks), ``stats``,
-``harness``, ``results``, ``report`` and ``chart`` (the comparison's), and the ``sweep`` and ``rok`` packages. Peak
-memory and the host's hardware and versions are measured by :mod:`lightning_dos.telemetry`, which training runs use
-too. The project's own targets for these figures are not here: ``scripts/targets.py``. docs/bench.md is the user's
-guide.
+Every run is what ``lightning-dos fit`` runs: a recipe, a strategy fragment of ``configs/strategy/`` and the flags
+given, built by the same LightningCLI (:mod:`~lightning_dos.bench.compose`), on one pipeline for the three modes
+(:mod:`~lightning_dos.bench.pipeline`). The project's own targets are not here: ``scripts/targets.py``. docs/bench.md is
+the user's guide.
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
-"""Owns the charts of both modes: chart.png of a strategy comparison, sweep.png of a plan sweep.
+"""Owns the charts: chart.png, iteration_timeline.png and rank_timelines.png of a comparison, sweep.png of a sweep.
 
-**chart.png**: left, the median fwd, bwd and step times stacked per configuration, with the median iteration time
-marked (medians do not add up exactly, and the gap between backward and the optimizer step is in none of the
-three) and the median end-to-end iteration (unsynchronised, what a user sees) beside it; right, peak GPU memory
-(allocated, with reserved behind it), or peak host memory without a GPU. Configurations that did not complete are
-shown by their status.
-
-**iteration_timeline.png**: one panel per configuration that completed, on one shared time axis (ms since the
-iteration began): the forward, backward and step spans of its last synchronised iteration and, for DOS, the update
-phase's two lanes (host: CPU Adam, upload; device: prefetch, Adam, flush; one bar per subgroup) placed where the
-update phase began.
-
-**rank_timelines.png** (data parallel): every rank's last synchronised iteration of DOS ``auto`` at the largest device
-count, one panel per rank, one above the other on one time axis: the ranks share the host's clock, so each is placed
-where it began relative to the earliest rank; their update phases' lanes show how the ranks' update phases line up.
-
-**sweep.png**: one panel per budget: the fraction plans' measured median update time against the device fraction
-they ran with (a line) and the manager's predictions for them (dashed), the stride plans as separate markers, and
-``auto`` as a horizontal line.
-
-Both draw their JSON document and compute nothing new; matplotlib's Agg backend, so they render without a display.
+chart.png stacks the median fwd, bwd and step per configuration (the median synchronised and end-to-end iterations
+marked) beside the peak GPU memory (host memory without a GPU); iteration_timeline.png puts every configuration's last
+synchronised iteration, with DOS's update lanes, on one time axis; rank_timelines.png does so for every rank of DOS
+``auto`` at the largest device count; sweep.png plots each budget's median update against the device fraction, the
+predictions dashed, ``auto`` as a line. They draw their JSON and compute nothing; matplotlib's Agg backend.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Owns turning a bench configuration into the ``lightning-dos fit`` it runs: a recipe, a strategy fragment, overrides.
 
-A worker builds its Trainer, model and data module with :class:`~lightning_dos.cli.DOSLightningCLI`, the class behind
-``lightning-dos fit``, from the arguments a user would give it (:func:`fit_args`)::
-
-    lightning-dos fit --config RECIPE --config configs/strategy/FRAGMENT.yaml --model.n_layer 4 ...
-
-RECIPE is ``--recipe``, or without one the bench's flags made into one (:data:`BENCH_RECIPE`, written beside each run as
-``recipe.yaml``); FRAGMENT is the row's (:mod:`~lightning_dos.bench.kinds`); then the workload flags given
-(:data:`WORKLOAD`), the row's strategy arguments, and the bench's own trainer settings: ``--steps`` iterations on the
-row's devices, no logger, checkpoint or validation. The worker adds its timing callbacks and leaves out the CLI's
-:class:`~lightning_dos.telemetry.callbacks.NonFiniteLossGuard` (it reads every loss as it is made, a device
-synchronisation the end-to-end iterations must not have); everything else is what ``lightning-dos fit`` builds.
+A worker builds its Trainer, model and data module with :class:`~lightning_dos.cli.DOSLightningCLI` from what a user
+would give ``lightning-dos fit`` (:func:`fit_args`): ``--config RECIPE`` (``--recipe``, or the bench's flags made into
+one, :data:`BENCH_RECIPE`), ``--config configs/strategy/FRAGMENT.yaml`` (the row's), the workload flags given
+(:data:`WORKLOAD`), the row's strategy arguments and the bench's trainer settings (``--steps`` on the row's devices,
+no logger, checkpoint or validation). The worker adds its timing callbacks and leaves out NonFiniteLossGuard (it reads
+every loss as it is made: a device synchronisation the end-to-end iterations must not have).
 """
 
 from __future__ import annotations

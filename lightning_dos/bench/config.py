@@ -1,10 +1,8 @@
 """Owns the bench's settings: what one invocation measures, in any mode, with no torch import.
 
-:class:`BenchConfig` holds everything one ``lightning-dos bench`` invocation shares: its own settings (steps, which
-strategies, devices, ...) and the workload flags given (``--model``, ``--seq-len``, ...), each None unless given: then
-the recipe's (:mod:`~lightning_dos.bench.compose` turns them into ``lightning-dos fit`` arguments, and resolves them
-for the report). It round-trips through JSON, so the parent can write a worker's config file and the report can print
-the full configuration. The plan sweep's and the ROK curve's own settings are in their packages.
+:class:`BenchConfig` holds the bench's own settings and the workload flags given, each None unless given (then the
+recipe's: :mod:`~lightning_dos.bench.compose`). It round-trips through JSON, for a worker's config file and the
+report. The sweep's and the ROK curve's own settings are in their packages.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Owns a strategy comparison (``lightning-dos bench``) end to end: its configurations in, results.json, report.md
 and the charts out.
 
-Every configuration of every strategy kind (:mod:`~lightning_dos.bench.kinds`) runs at each device count of
-``--devices``, each repeat in its own worker process, round-robin, on the bench's
-:class:`~lightning_dos.bench.pipeline.Pipeline` (``--resume`` reuses what an earlier invocation finished). The repeats
-are aggregated and compared with vanilla ``zero3_offload`` at the same device count (ratios), and results.json,
-report.md (and its dated copy), chart.png, iteration_timeline.png and, with several device counts, rank_timelines.png
-are written. ``no_offload`` and ``plain`` are not run when the model states clearly cannot fit on the GPU; a
-single-device kind, or a count above the host's GPUs, gets a ``skipped`` row at N > 1.
+Every configuration of every kind (:mod:`~lightning_dos.bench.kinds`) runs at each device count, each repeat in its
+own worker, round-robin, on the :class:`~lightning_dos.bench.pipeline.Pipeline`; a kind that keeps every state on the
+GPU is skipped when they clearly cannot fit, a single-device one above one device.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""Owns the strategy kinds the bench compares: the rows each adds to a report, and the strategy fragment each row runs.
+"""Owns the strategy kinds the bench compares: the rows each adds to a report, and the strategy fragment each runs.
 
-A kind is what ``--strategies`` names. Each of its rows (:class:`RunSpec`, one configuration) runs a strategy fragment
-of ``configs/strategy/`` (the file a user composes after a recipe: ``lightning-dos fit --config RECIPE --config
-configs/strategy/FRAGMENT.yaml``) with the row's own strategy arguments on top (``args``; ``{}`` is exactly the
-fragment). Adding a kind is adding a fragment and one entry of :data:`KINDS`. Data parallelism (``--devices``): every
-row runs at each device count, its label ending in ``@dp<N>`` above 1; a kind that trains on one device only is
-skipped there, with the reason. No torch import here.
+A kind is what ``--strategies`` names; each row (:class:`RunSpec`) runs a fragment of ``configs/strategy/`` (what a
+user composes after a recipe) with the row's own strategy arguments on top (``args``; ``{}``: exactly the fragment).
+At N > 1 devices (``--devices``) a row's label ends in ``@dp<N>``. No torch import here.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
-"""Owns running one worker process (a configuration, or a sweep's budget) and turning whatever happened into a result.
+"""Owns running one worker process and turning whatever happened into a result.
 
-The parent writes ``config.json`` into the process's run directory (the bench settings, the row and the ``lightning-dos
-fit`` it runs: :func:`~lightning_dos.bench.compose.payload`), starts ``python -m lightning_dos.bench.worker config.json
-result.json`` in a new process group, from the invocation's directory (so a recipe's relative paths mean what they mean
-to ``lightning-dos fit``), with the worker's output going to ``worker.log`` after that command line, waits up to the
-timeout, and reads ``result.json``. A worker that wrote no
-result is classified here: killed by SIGKILL (most often the kernel's out-of-memory killer) is ``oom``, a
-timeout is ``timeout``, any other exit is ``failed``, each with a one-line reason taken from its log.
-
-On more than one device the process started here is rank 0 and Lightning starts the other ranks from it, in the
-same process group (the time limit stops them all). A rank that fails leaves its first error line in a file of
-its own (:mod:`~lightning_dos.bench.ranks`) and Lightning stops rank 0 with SIGKILL: that rank's error, not an
-out-of-memory guess, is the reason reported. Whatever of the group outlives rank 0 is stopped before the next run.
+The parent writes the run's ``config.json`` (:func:`~lightning_dos.bench.compose.payload`), starts ``python -m
+lightning_dos.bench.worker config.json result.json`` in a new process group from the invocation's directory (a
+recipe's relative paths mean what they mean to ``lightning-dos fit``), its output in ``worker.log`` after the command
+it runs, waits up to the timeout and reads ``result.json``. A worker that wrote none is classified: SIGKILL (most often
+the out-of-memory killer) ``oom``, the time limit ``timeout``, anything else ``failed``, with a reason from its log or,
+on several devices, the first error a failed rank recorded (:mod:`~lightning_dos.bench.ranks`).
 """
 
 from __future__ import annotations

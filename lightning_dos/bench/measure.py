@@ -1,10 +1,6 @@
 """Owns what a worker measures of one run: it builds the run's ``lightning-dos fit``, trains it under the timer and
-returns every figure raw (phases, end times, losses, peak memory, the DOS manager's update records, the timeline).
-
-:func:`fit_and_measure` is every mode's: a configuration's run (:func:`run`, which adds the DOS records and every
-rank's own figures), a plan sweep's process (:mod:`~lightning_dos.bench.sweep.worker`) and a ROK placement's run
-(:mod:`~lightning_dos.bench.rok.meter`). Statistics are the parent's, not computed here. A failure becomes a result
-too (:func:`failure`: status ``oom`` or ``failed`` with a one-line reason).
+returns every figure raw (phases, end times, losses, peaks, DOS update records, the timeline); the statistics are the
+parent's. :func:`fit_and_measure` serves every mode; a failure becomes a result too (:func:`failure`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Owns what every mode's invocation shares: the host and workload resolved once, then worker processes one at a time.
 
-A strategy comparison, a plan sweep and a ROK curve each give :class:`Pipeline` their runs (a configuration, a budget's
-process, a placement or a search probe: a :class:`~lightning_dos.bench.kinds.RunSpec` and its bench settings). Each is
-reused when an earlier invocation finished exactly it in ``--out`` (``--resume``: the same ``lightning-dos fit`` and
-measurement settings, :func:`reusable`), skipped with its reason, or launched in a fresh worker process
-(:func:`~lightning_dos.bench.launcher.launch`: time limit, failure classification, a log each), under a progress bar
-with a one-line summary each. Ctrl-C or SIGTERM stops the process running; the rest are reported as not run, and
-each mode writes its JSON, markdown and PNG outputs for what ran.
+A comparison, a sweep and a ROK curve give :class:`Pipeline` their runs; each is reused (``--resume``: an earlier one
+that ran exactly the same ``lightning-dos fit`` and settings, :func:`reusable`), skipped with its reason, or launched
+in a fresh worker process, under a progress bar. After Ctrl-C or SIGTERM the rest are reported as not run.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """Owns turning a strategy comparison's raw measurements into figures and results.json (pure Python).
 
-**Strategy comparison** (results.json): one result per configuration pools the measured iterations (warm-up
-excluded) of all its successful repeats. The headline, what a user sees: ``e2e_iteration_ms``, the median over the
-end-to-end window (``BenchConfig.e2e_iterations``, unsynchronised) of ``end_k - end_(k-1)`` (:func:`e2e_samples`),
-and ``e2e_tokens_per_s``. Then, from the synchronised iterations after that window only
-(``BenchConfig.phase_iterations``): fwd / bwd / step / iteration medians with their spread, throughput, host-thread
-accounting and, for DOS, a summary of the manager's update records of those same iterations. Also peak memory, the
-final loss and the last synchronised iteration's timeline. Comparisons against the vanilla ``zero3_offload`` run of
-the same invocation at the same device count (speedups as ratios, end to end included; loss agreement) are added
-here, so report and chart only format.
-
-**Data parallel** (``--devices``): a row at N devices counts the tokens of all N ranks (micro-batch x seq-len x N per
-iteration), so its tokens/s are totals; its times are rank 0's (the gradient all-reduce keeps the ranks' iterations
-in step), each rank's own figures are under ``per_rank``, ``peak_host_gib`` is the sum over the ranks (they share the
-host) and ``peak_gpu_gib`` the largest rank's. With more than one device count, :func:`scaling` sets each
-configuration's speedup over vanilla at N devices against its speedup at the smallest count, and its tokens/s.
+A configuration's figures pool the measured iterations of its successful repeats: the headline, the median
+end-to-end iteration (``end_k - end_(k-1)`` over the unsynchronised window, :func:`e2e_samples`), then from the
+synchronised iterations only the phase medians and spreads, throughput, host threads and the DOS update records;
+peaks, losses, the timeline, and each against vanilla ``zero3_offload`` at the same device count, as ratios. A row at
+N devices counts every rank's tokens, takes rank 0's times, sums the ranks' host peaks and keeps each rank's own
+figures under ``per_rank``; :func:`scaling` sets each configuration at N devices against itself at the smallest count.
 """
 
 from __future__ import annotations

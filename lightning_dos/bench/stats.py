@@ -1,8 +1,7 @@
-"""Owns the summary statistics of measured iterations: median and spread (min, p25, p75, max).
+"""Owns the summary statistics of measured iterations: median and spread (min, p25, p75, max), pure Python.
 
-Medians, not means: one iteration disturbed by the host (a page-cache flush, another process) should not move
-the headline number. Percentiles interpolate linearly between order statistics (numpy's default), so small
-samples give stable values. Pure Python.
+Medians, not means: one iteration disturbed by the host should not move a headline figure. Percentiles interpolate
+linearly between order statistics (numpy's default).
 """
 
 from __future__ import annotations

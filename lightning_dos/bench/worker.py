@@ -1,17 +1,10 @@
 """Owns one worker process: ``python -m lightning_dos.bench.worker CONFIG RESULT``, in any mode.
 
-Reads ``CONFIG`` (JSON: the bench settings, the run and the ``lightning-dos fit`` it runs,
-:func:`~lightning_dos.bench.compose.payload`), runs it and writes what it measured, raw, to ``RESULT`` (JSON): a
-configuration's run (:func:`~lightning_dos.bench.measure.run`), a plan sweep's process when ``CONFIG`` has a ``sweep``
-entry (:mod:`~lightning_dos.bench.sweep.worker`), or a ROK placement's run or search probe when it has an
-``activations`` entry (:mod:`~lightning_dos.bench.rok.meter`). A fresh process per run gives each a fresh CUDA context
-and memory peak. A failure is written as a result too, and the exit status is non-zero.
-
-On more than one device (``RunSpec.devices``) this process is rank 0 and ``Trainer(devices=N)`` has Lightning start
-the other ranks with the same command (:mod:`~lightning_dos.bench.ranks`). Every rank measures itself; after
-training the ranks' measurements are gathered to rank 0, which writes ``RESULT``: its own figures at the top level
-(the ranks' iterations are synchronised by the gradient all-reduce) and every rank's under ``per_rank``. The other
-ranks write nothing to ``RESULT`` (a failure goes to their own file beside it) and rank 0 waits for them to exit.
+Reads ``CONFIG`` (:func:`~lightning_dos.bench.compose.payload`), runs it (a configuration; a sweep's process with a
+``sweep`` entry; a ROK run with an ``activations`` entry) and writes what it measured, raw, to ``RESULT``; a failure
+too, with a non-zero exit status. A fresh process per run: a fresh CUDA context and memory peak. On several devices
+this is rank 0: Lightning starts the other ranks with the same command, their figures are gathered to it, and it
+waits for them to exit (:mod:`~lightning_dos.bench.ranks`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Owns the ROK mode's settings: the bench settings shared with the other modes, the placements, the activation
-offload's knobs, the memory budget of the micro-batch search, and every check they get before anything runs.
-
-:class:`RokConfig` derives what each worker process runs: a placement's run (the bench's ``--steps``, ``--warmup``
-and micro-batch, with the placement's activation checkpointing) and a search probe (``--warmup`` + 2 iterations at
-another micro-batch). Every problem is reported in one ``ValueError`` naming the flag and what to set.
+"""Owns the ROK mode's settings: the placements, the activation offload's knobs, the micro-batch search's budget and
+every check they get, in one ``ValueError`` naming the flags; and what each worker runs: a placement's run, or a
+search probe (``--warmup`` + 2 iterations at another micro-batch).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Owns the NVMe directory's measured bandwidth: write a temporary file, fsync it, read it back; no fio needed.
-
-The file is written in 8 MiB chunks and ``fsync``-ed (the write's time includes reaching the disk), then read back
-bypassing the page cache: with ``O_DIRECT`` where the filesystem takes it (as the activation store does), else after
-``posix_fadvise(DONTNEED)`` has dropped the file's cached pages (best effort: the report says which). The file is
-removed afterwards, whatever happens. A progress bar follows the bytes.
+"""Owns the NVMe directory's measured bandwidth: a temporary file written in 8 MiB chunks and fsync-ed, read back
+bypassing the page cache (``O_DIRECT``, else after ``posix_fadvise(DONTNEED)``: the report says which), removed.
 """
 
 from __future__ import annotations

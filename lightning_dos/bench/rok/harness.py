@@ -1,13 +1,6 @@
-"""Owns one ROK invocation end to end: the placements' worker processes, the micro-batch search, the outputs.
-
-Each placement runs in its own worker on the bench's :class:`~lightning_dos.bench.pipeline.Pipeline`, as every mode's
-runs do; with ``offload-nvme``, the NVMe directory's bandwidth is measured first (:mod:`~lightning_dos.bench.rok.disk`).
-With a budget, each placement's largest fitting micro-batch is then searched for
-(:mod:`~lightning_dos.bench.rok.search`), its own run standing for the starting micro-batch and every other
-micro-batch a short worker run. rok.json, rok.md and
-rok.png are written after every placement and every search, so an interrupted invocation still leaves what it
-measured; ``--resume`` reuses the runs (placements and probes alike) that finished with exactly the same settings, so
-a budget can be searched after the curve was measured.
+"""Owns one ROK invocation end to end: the placements' runs on the :class:`~lightning_dos.bench.pipeline.Pipeline`
+(the NVMe directory's bandwidth first, with ``offload-nvme``), then with a budget each placement's micro-batch search,
+its own run standing for the starting micro-batch; rok.json, rok.md and rok.png after every run and search.
 """
 
 from __future__ import annotations

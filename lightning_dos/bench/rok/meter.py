@@ -1,30 +1,10 @@
-"""Owns a ROK worker's run: one placement's (or a search probe's) training, and the activation memory of every
-iteration, measured by a Lightning callback.
+"""Owns a ROK worker's run (:func:`execute_placement`) and the activation memory of every iteration, measured by a
+Lightning callback placed after the :class:`~lightning_dos.activations.ActivationOffloadCallback`.
 
-The worker's config has an ``activations`` entry (:meth:`~lightning_dos.bench.rok.config.RokConfig.worker_settings`):
-the placement, whether the activation offload's hooks run and with which offload placement (``keep`` measures only),
-the NVMe directory and the offload's knobs; the bench settings carry the placement's activation checkpointing and
-micro-batch. :func:`execute_placement` trains it as every bench run is trained
-(:func:`~lightning_dos.bench.measure.fit_and_measure`) with the
-:class:`~lightning_dos.activations.ActivationOffloadCallback` where the hooks run and an
-:class:`ActivationMemoryMeter` after it.
-
-Two measures, each per iteration:
-
-* **device** (on a GPU): the caching allocator's peak over the forward and backward, less what was allocated when the
-  forward started: the peak is reset at every ``on_train_batch_start`` and read at ``on_after_backward``, so the
-  figure is what the iteration's forward and backward added on top of the model and optimizer state (activations,
-  and the transient buffers of both passes). Resetting the peak would lose the process's own peak, which the bench
-  reports too: the meter keeps it (:meth:`ActivationMemoryMeter.process_peaks`).
-* **accounting** (wherever the activation offload's hooks run): the offload's ``act/device_peak_bytes``, the most
-  bytes of saved activations the hooks held on the device at once (kept storages plus restored ones). It is the only
-  measure off a GPU, where there are no allocator statistics. It sees what autograd saves for backward; under
-  activation checkpointing that is each block's input, not the internals a block recomputes in backward.
-
-The meter also keeps every iteration's ``act/*`` counters (:meth:`ActivationOffload.metrics`). Put it after the
-:class:`~lightning_dos.activations.ActivationOffloadCallback` in the trainer's callbacks: the offload ends its step
-in its own ``on_train_batch_end``, before the meter reads it. Reading the counters and the allocator's statistics
-waits for nothing on the device.
+Two measures: **device** (on a GPU), the allocator's peak over forward and backward less what was allocated when the
+forward started (the peak is reset at every batch's start; the process's own peak is kept aside); **accounting**
+(wherever the offload's hooks run, the only one off a GPU), the offload's ``act/device_peak_bytes``: the saved tensors
+held on the device at once, which under checkpointing sees each block's input, not what a block recomputes.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Owns the activation placements the ROK curve compares: what each one turns on in the model and the offload.
-
-A placement is activation checkpointing (on or off) plus where the activation offload puts the tensors saved for
-backward. The offload placements follow TBA ("Faster Large Language Model Training Using SSD-Based Activation
-Offloading"), whose ROK curve sets offloading *instead of* recomputation against keeping and layerwise full
-recomputation: activation checkpointing is off and every saved tensor of a block moves out (the last
-``keep_last_layers`` blocks and the head stay), so backward computes nothing twice. Recompute *plus* offload (the
-checkpoint inputs moved out) is a different point, lower in memory and never faster than ``recompute``; the
-activation package runs it too (``activation_checkpointing=True`` with ``activation_offload``), but this curve does
-not. No torch import here.
+"""Owns the activation placements the ROK curve compares: activation checkpointing on or off, and where the offload puts
+the tensors saved for backward. The offload placements are TBA's: offloading *instead of* recomputation, so backward
+computes nothing twice. No torch import here.
 """
 
 from __future__ import annotations

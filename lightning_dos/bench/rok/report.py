@@ -1,7 +1,4 @@
-"""Owns rok.md, the ROK curve's markdown report, and the byte formatting its figures share.
-
-It formats rok.json (:func:`~lightning_dos.bench.rok.results.rok_document`) and computes nothing new; the header,
-hardware and versions sections and the number formats are the bench reports' own (:mod:`lightning_dos.bench.report`).
+"""Owns rok.md, the ROK curve's markdown report (it formats rok.json), and the byte formatting its figures share.
 """
 
 from __future__ import annotations

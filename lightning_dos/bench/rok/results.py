@@ -1,12 +1,8 @@
-"""Owns turning ROK workers' raw measurements into figures and the rok.json document (pure Python).
+"""Owns turning ROK workers' raw measurements into figures and rok.json (pure Python).
 
-A placement's summary: its headline iteration time (the median end-to-end iteration, unsynchronised, as the bench's
-headline: :func:`~lightning_dos.bench.results.e2e_samples`; the synchronised median when no iteration was timed end
-to end), the synchronised phase medians, tokens/s, the peak activation memory (the largest over the measured
-iterations of the measure the run has: the GPU allocator's, else the offload's accounting, see
-:mod:`~lightning_dos.bench.rok.meter`), the ``act/*`` counters (per-iteration medians over the measured iterations;
-``late_restores`` also summed), and against ``keep``: the overhead in time, the reduction in peak activation memory
-and the loss agreement. A search probe's result becomes a :class:`~lightning_dos.bench.rok.search.Probe`.
+A placement's headline is the median end-to-end iteration (the synchronised one without an end-to-end window); its
+peak activation memory the largest over the measured iterations of the measure it has (device, else accounting);
+its ``act/*`` counters per-iteration medians; against ``keep`` its overhead, memory reduction and loss agreement.
 """
 
 from __future__ import annotations

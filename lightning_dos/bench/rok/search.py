@@ -1,10 +1,6 @@
-"""Owns the search for the largest micro-batch that fits a memory budget: doubling, then bisection (pure Python).
-
-From the micro-batch the placement ran with: while it fits, double it (up to ``max_micro_batch``); once one does
-not fit, bisect between the largest that fitted and the smallest that did not. If the starting micro-batch does not
-fit, bisect between 0 and it. Whether a micro-batch fits is the probe function's answer (:class:`Probe`): ``True``,
-``False``, or ``None`` when the run could not tell (it failed for another reason, timed out, or was not run), which
-stops the search with what it knows so far. Every probe is kept, in the order run.
+"""Owns the search for the largest micro-batch that fits a memory budget (pure Python): from the placement's own,
+double while it fits (up to ``max_micro_batch``), then bisect between the largest that fitted and the smallest that did
+not (from 0 when the first does not fit). A probe that cannot tell (:class:`Probe` ``fits=None``) stops the search.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
-"""Owns the plan sweep's settings (``--sweep``): the bench settings, the fixed plans swept, iterations per plan and the
-memory budgets (:class:`Budget`), and the order a budget's process runs them in.
+"""Owns the plan sweep's settings (``--sweep``): the fixed plans, iterations per plan, the memory budgets
+(:class:`Budget`) and the order a budget's process runs them in (:func:`sweep_schedule`), with no torch import.
 
-For each budget one training process runs every fixed plan for ``steps_per_plan`` iterations and ``auto`` for
-``bench.steps`` iterations, interleaved (:func:`sweep_schedule`): the host's speed drifts by more than 10% over tens of
-seconds, and plans held in turn each met a different spell of it. ``auto`` starts cold (starting cost values, then its
-probe) and keeps its own calibration. A budget is ``unlimited`` (no limit but the free device memory), ``quarter``
-(room for a quarter of the optimizer state: 0.25 x 12 bytes x the model's parameters) or a number of GiB. No torch
-import here.
+A budget's process runs every fixed plan for ``steps_per_plan`` iterations and ``auto`` (started cold, with its own
+calibration) for ``bench.steps``, interleaved: the host's speed drifts by over 10% in tens of seconds, and plans held in
+turn each met another spell of it. A budget is ``unlimited``, ``quarter`` (0.25 x 12 bytes x the parameters: a quarter
+of the optimizer state) or a number of GiB.
 """
 
 from __future__ import annotations

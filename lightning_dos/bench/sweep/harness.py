@@ -1,11 +1,6 @@
-"""Owns a plan sweep (``lightning-dos bench --sweep``) end to end: one process per memory budget in, sweep.json,
-sweep.md and sweep.png out.
-
-Each budget's process runs every fixed plan in rounds and ``auto`` started cold between them
-(:func:`~lightning_dos.bench.sweep.config.sweep_schedule`), on the bench's
-:class:`~lightning_dos.bench.pipeline.Pipeline` (``--resume`` reuses a budget's process that finished). The outputs
-are written after every budget, and a process stopped from outside still contributes the plans it finished (its
-``progress.json``).
+"""Owns a plan sweep (``lightning-dos bench --sweep``) end to end: a process per budget on the
+:class:`~lightning_dos.bench.pipeline.Pipeline`, sweep.json, sweep.md and sweep.png written after every budget; a
+process stopped from outside still contributes the plans it finished (its ``progress.json``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Owns turning a plan sweep's raw measurements into figures, ratios and sweep.json (pure Python).
 
-Per fixed plan: the median update-phase makespan of its iterations after the first (warm-up), the median of the
-manager's predictions for those same update phases (made just before each, from the parameters calibrated so far),
-the median relative prediction error ``|predicted - measured| / measured``, the device fraction as run (after any
-demotion to fit memory) and the most subgroups demoted. For ``auto``, which runs interleaved with the fixed plans in
-the same process: the same over its update phases after the probe, the first step of the plan it chose and its
-warm-up; then ``auto`` against the best swept plan and the fastest ``stride:K``, as ratios (the project's own targets
-for them are in ``scripts/targets.py``, not in a report).
+Per fixed plan, over its iterations after the first: the median update makespan, the median of the manager's
+predictions for the same update phases, the median relative error, the device fraction as run and the most subgroups
+demoted; the same for ``auto`` after its probe, the first step of its plan and its warm-up; then ``auto`` against the
+best swept plan and the fastest ``stride:K``, as ratios.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Owns a plan sweep's worker process: the callback that switches the DOS plan every iteration and records what ran.
 
-A sweep's worker config has a ``sweep`` entry (``{"plans": [...], "steps_per_plan": N, "auto_steps": A}``): the
-process trains ``len(plans) x N`` iterations of the fixed plans in rounds and ``A`` of ``auto`` (started cold) between
-them, :class:`PlanSweep` switching the plan, and its result adds every iteration's plan and DOS update records. Its
-records so far also go to ``progress.json`` beside the config after every iteration, for a run stopped from outside;
-a failure still reports what was measured before it and the plan in force.
+Its result adds every iteration's plan and DOS update records; the records so far also go to ``progress.json`` after
+every iteration, and a failure still reports what was measured before it and the plan in force.
 """
 
 from __future__ import annotations
