@@ -57,16 +57,11 @@ NOT_FOR_ROK = {"ratios": "--ratios", "repeats": "--repeats", "overlap": "--overl
 class Invocation:
     """What the command line asked for."""
 
-    config: BenchConfig
-    """The bench settings (in a sweep or a ROK curve, those of its ``bench``)."""
-    dry_run: bool = False
-    """Print the settings and the runs, run nothing."""
-    resume: bool = False
-    """Reuse the runs that finished in ``--out`` running exactly the same (``--resume``)."""
-    sweep: SweepConfig | None = None
-    """The plan sweep to run instead of the comparison (``--sweep``)."""
-    rok: RokConfig | None = None
-    """The ROK curve to run instead of the comparison (``--activations``)."""
+    config: BenchConfig  # The bench settings (in a sweep or a ROK curve, those of its ``bench``).
+    dry_run: bool = False  # Print the settings and the runs, run nothing.
+    resume: bool = False  # Reuse the runs that finished in ``--out`` running exactly the same (``--resume``).
+    sweep: SweepConfig | None = None  # The plan sweep to run instead of the comparison (``--sweep``).
+    rok: RokConfig | None = None  # The ROK curve to run instead of the comparison (``--activations``).
 
 
 def _on_off(text: str) -> bool:

@@ -29,81 +29,43 @@ DATA_SOURCES = ("synthetic", "text")
 class BenchConfig:
     """Settings shared by every configuration of one bench invocation (workload flags: None = the recipe's)."""
 
-    recipe: str | None = None
-    """Training recipe (the YAML of ``lightning-dos fit --config``) every configuration starts from; None: the
-    bench's own (:data:`~lightning_dos.bench.compose.BENCH_RECIPE`: gpt-2.7b, seq 2048, micro-batch 4, bf16-mixed)."""
-    model: str | None = None
-    """Model preset of ``lightning_dos.models.gpt.PRESETS`` (``model.name``)."""
-    n_layer: int | None = None
-    """Transformer blocks (``model.n_layer``)."""
-    n_embd: int | None = None
-    """Hidden size (``model.n_embd``)."""
-    n_head: int | None = None
-    """Query heads (``model.n_head``)."""
-    vocab_size: int | None = None
-    """The data's vocabulary, which the model's follows (synthetic ``vocab_size``, text ``bpe_vocab_size``)."""
-    seq_len: int | None = None
-    """Tokens per sequence (``data.seq_len``; also the model's block size)."""
-    micro_batch: int | None = None
-    """Sequences per iteration on each device (``data.batch_size``)."""
-    precision: str | None = None
-    """Lightning precision (``trainer.precision``), e.g. ``32-true`` on a CPU."""
-    activation_checkpointing: bool | None = None
-    """Recompute block activations in the backward pass (``model.activation_checkpointing``)."""
-    data: str | None = None
-    """``synthetic`` (SyntheticDataModule) or ``text`` (TextDataModule); None: the recipe's data module."""
-    data_paths: list[str] | None = None
-    """Text files, directories or globs (``data.paths``; None: the Python standard library's sources)."""
-    tokenizer: str | None = None
-    """Tokenizer file (``data.tokenizer``; None: a BPE trained on the corpus once and cached)."""
-    bpe_vocab_size: int | None = None
-    """Vocabulary of the BPE trained when no tokenizer is given (``data.bpe_vocab_size``)."""
-    max_bytes: int | None = None
-    """Corpus bytes read (``data.max_bytes``)."""
-    seed: int | None = None
-    """Seed of the model initialisation and of the data (``seed_everything``); identical for every configuration."""
-    learning_rate: float | None = None
-    """Peak AdamW learning rate (``model.learning_rate``)."""
-    accelerator: str | None = None
-    """Lightning accelerator (``trainer.accelerator``): ``auto``, ``gpu``/``cuda`` or ``cpu``."""
-    sub_group_size: int | None = None
-    """Parameters per optimizer-state subgroup, for every fragment that has subgroups; None: each fragment's."""
-    pin_memory: bool | None = None
-    """Page-locked host memory for offloaded state, for every fragment that pins; None: each fragment's (on)."""
-    memory_budget_gib: float | None = None
-    """Device memory the DOS optimizer state may use; None: the fragment's (what is free)."""
-    steps: int = 10
-    """Training iterations per run, warm-up included."""
-    warmup: int = 3
-    """Leading iterations excluded from every statistic."""
-    e2e_steps: int | None = None
-    """Iterations right after the warm-up timed end to end with no synchronisation (what a user sees); the rest are
-    timed phase by phase, synchronised. None: half the measured iterations, rounded down (0 with one measured)."""
-    repeats: int = 1
-    """Runs of each configuration, each in a fresh process, interleaved across configurations."""
-    devices: list[int] = field(default_factory=lambda: [1])
-    """Data-parallel device counts: every configuration runs once on each (one rank per device, on this host)."""
-    strategies: list[str] = field(default_factory=lambda: list(STRATEGIES))
-    """Strategy kinds to run (:data:`~lightning_dos.bench.kinds.STRATEGIES`)."""
-    ratios: list[float] = field(default_factory=lambda: list(DEFAULT_RATIOS))
-    """Static-split ratios (share of the optimizer state DeepSpeed keeps on the host)."""
-    plans: list[str] = field(default_factory=lambda: list(DEFAULT_PLANS))
-    """DOS plans: ``auto`` plus any fixed plans (host, device, a fraction, stride:K, or lanes joined by commas)."""
-    overlap: list[Union[bool, str]] = field(default_factory=lambda: ["auto"])
-    """DOS rows with the update overlapped with the next forward (True), serial (False), or as the strategy decides
-    (``"auto"``: overlapped on CUDA devices), one row each, in order."""
-    leaf_blocks: list[bool] = field(default_factory=lambda: [True])
-    """DOS rows with ZeRO-3 hooking each transformer block once (True, the strategy's default on one device), every
-    layer (False), or both, in order."""
-    resident_gib: list[Union[float, str]] = field(default_factory=lambda: ["auto"])
-    """DOS rows with this many GiB of device memory for resident subgroups (``resident_gib``), one row each; 0: none;
-    ``"auto"`` (the strategy's default): as many as fit beside the measured peak."""
-    timeout_s: float = 1800.0
-    """Wall-clock limit of one configuration's process, start-up included."""
-    force_no_offload: bool = False
-    """Run no_offload even when the model and optimizer state clearly exceed the GPU's memory."""
-    out: str = ""
-    """Output directory for the outputs and the per-run logs; empty picks one under runs/."""
+    # the workload: each overrides the recipe's (the lightning-dos fit argument named) when given
+    recipe: str | None = None  # the recipe every configuration starts from; None: compose.BENCH_RECIPE
+    model: str | None = None  # model.name: a preset of lightning_dos.models.gpt.PRESETS
+    n_layer: int | None = None  # model.n_layer
+    n_embd: int | None = None  # model.n_embd
+    n_head: int | None = None  # model.n_head
+    vocab_size: int | None = None  # the data's vocabulary, the model's too (data.vocab_size or data.bpe_vocab_size)
+    seq_len: int | None = None  # data.seq_len, the model's block size too
+    micro_batch: int | None = None  # data.batch_size: sequences per iteration on each device
+    precision: str | None = None  # trainer.precision
+    activation_checkpointing: bool | None = None  # model.activation_checkpointing
+    data: str | None = None  # synthetic (SyntheticDataModule) or text (TextDataModule); None: the recipe's
+    data_paths: list[str] | None = None  # data.paths: text files, directories or globs
+    tokenizer: str | None = None  # data.tokenizer
+    bpe_vocab_size: int | None = None  # data.bpe_vocab_size
+    max_bytes: int | None = None  # data.max_bytes
+    seed: int | None = None  # seed_everything: model initialisation and data, the same for every configuration
+    learning_rate: float | None = None  # model.learning_rate
+    accelerator: str | None = None  # trainer.accelerator: auto, gpu/cuda or cpu
+    sub_group_size: int | None = None  # for every fragment that has subgroups; None: each fragment's
+    pin_memory: bool | None = None  # for every fragment that pins offloaded state; None: each fragment's (on)
+    memory_budget_gib: float | None = None  # the most GPU memory DOS's optimizer state may use; None: what is free
+    # the bench's own
+    steps: int = 10  # training iterations per run, warm-up included
+    warmup: int = 3  # leading iterations left out of every statistic
+    e2e_steps: int | None = None  # iterations after the warm-up timed end to end (None: half the measured ones)
+    repeats: int = 1  # fresh-process runs of each configuration, interleaved
+    devices: list[int] = field(default_factory=lambda: [1])  # data-parallel device counts, every configuration on each
+    strategies: list[str] = field(default_factory=lambda: list(STRATEGIES))  # the strategy kinds to run
+    ratios: list[float] = field(default_factory=lambda: list(DEFAULT_RATIOS))  # static-split ratios
+    plans: list[str] = field(default_factory=lambda: list(DEFAULT_PLANS))  # DOS plans: auto, then any fixed ones
+    overlap: list[Union[bool, str]] = field(default_factory=lambda: ["auto"])  # DOS rows: auto, True, False
+    leaf_blocks: list[bool] = field(default_factory=lambda: [True])  # DOS rows: hooks on each block, or every layer
+    resident_gib: list[Union[float, str]] = field(default_factory=lambda: ["auto"])  # DOS rows: GiB resident, or auto
+    timeout_s: float = 1800.0  # wall-clock limit of one worker process, start-up included
+    force_no_offload: bool = False  # run no_offload even when the states clearly cannot fit the GPU
+    out: str = ""  # output directory; empty picks one under runs/
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable copy."""

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Union
+from typing import Any, Union
 
 PlanValue = Union[str, float, None]
 
@@ -29,43 +29,23 @@ DEFAULT_RATIOS = (0.25, 0.5, 0.75)
 DP_SUFFIX = "@dp"
 
 
-class BenchSettings(Protocol):
-    """What the kinds read of a :class:`~lightning_dos.bench.config.BenchConfig` (a protocol: no import of it)."""
-
-    strategies: list[str]
-    devices: list[int]
-    ratios: list[float]
-    plans: list[str]
-    overlap: list[Union[bool, str]]
-    leaf_blocks: list[bool]
-    resident_gib: list[Union[float, str]]
-
-
 @dataclass
 class RunSpec:
     """One configuration, one repeat: what a worker process runs."""
 
-    label: str
-    """Unique, human-readable name, e.g. ``zero3_offload``, ``static_split(0.5)``, ``dos(auto)``."""
-    strategy: str
-    """Strategy kind, one of :data:`STRATEGIES`."""
-    plan: PlanValue
-    """DOS plan as given, the static-split ratio (1.0 for zero3_offload), or None for no_offload and the peers."""
+    label: str  # unique, e.g. zero3_offload, static_split(0.5), dos(auto)
+    strategy: str  # its kind (STRATEGIES)
+    plan: PlanValue  # DOS plan as given, the split's ratio (1.0 for zero3_offload), else None
     repeat: int = 0
-    """Index of this repeat, from 0."""
-    devices: int = 1
-    """Data-parallel ranks (devices) the configuration trains on; its label ends in ``@dp<N>`` above 1."""
-    fragment: str = ""
-    """The strategy fragment it runs, a file name of ``configs/strategy/`` without ``.yaml`` (default: the kind's)."""
-    args: dict[str, Any] = field(default_factory=dict)
-    """The row's own strategy arguments on top of the fragment (a DOS plan, ``overlap``, a split's ``ratio``...)."""
+    devices: int = 1  # data-parallel ranks; the label ends in @dp<N> above 1
+    fragment: str = ""  # its strategy fragment, configs/strategy/<fragment>.yaml (default: the kind's)
+    args: dict[str, Any] = field(default_factory=dict)  # the row's strategy arguments over the fragment
 
     def __post_init__(self) -> None:
         if not self.fragment:
             self.fragment = KINDS[self.strategy].fragment if self.strategy in KINDS else self.strategy
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable copy."""
         return dataclasses.asdict(self)
 
     @property
@@ -78,20 +58,13 @@ class RunSpec:
 class StrategyKind:
     """One kind of strategy the bench can run."""
 
-    name: str
-    """What ``--strategies`` takes and results.json's ``strategy`` says."""
-    fragment: str
-    """Its strategy fragment in ``configs/strategy/``."""
+    name: str  # what --strategies takes
+    fragment: str  # its fragment in configs/strategy/
     summary: str
-    """One line for the command line's help and the docs."""
-    rows: Callable[[BenchSettings], list[RunSpec]] | None = None
-    """Its configurations for a bench's settings, in report order; None: one row, labelled by its name."""
-    keeps_states_on_device: bool = False
-    """Every model and optimizer state on the GPU: skipped when they clearly cannot fit (``--force-no-offload``)."""
-    single_device: bool = False
-    """Trains on one device only: its rows at more than one device are skipped, with the reason."""
-    builds_on_host: bool = False
-    """Builds the model on the host, where the others build it on the device (other initial draws on a GPU)."""
+    rows: Callable[[Any], list[RunSpec]] | None = None  # its rows for a BenchConfig; None: one, labelled by its name
+    keeps_states_on_device: bool = False  # skipped when the model states clearly cannot fit the GPU
+    single_device: bool = False  # trains on one device only: skipped above one
+    builds_on_host: bool = False  # builds the model on the host (other initial draws than the others' on a GPU)
 
 
 def plan_argument(plan: str) -> str | float | list[str]:
@@ -105,7 +78,7 @@ def plan_argument(plan: str) -> str | float | list[str]:
         return text
 
 
-def dos_plans(config: BenchSettings) -> list[str]:
+def dos_plans(config: Any) -> list[str]:
     """The DOS plans to run: ``auto`` first, then the fixed plans asked for, without repeats."""
     plans: list[str] = []
     for plan in [*DEFAULT_PLANS, *config.plans]:
@@ -115,7 +88,7 @@ def dos_plans(config: BenchSettings) -> list[str]:
     return plans
 
 
-def dos_rows(config: BenchSettings) -> list[RunSpec]:
+def dos_rows(config: Any) -> list[RunSpec]:
     """DOS's configurations: every plan, once per ``overlap``, ``leaf_blocks`` and ``resident_gib`` setting; each
     sets only what differs from the fragment (``auto`` and ``on`` leave the strategy's defaults)."""
     rows = []
@@ -135,7 +108,7 @@ def dos_rows(config: BenchSettings) -> list[RunSpec]:
     return rows
 
 
-def split_rows(config: BenchSettings) -> list[RunSpec]:
+def split_rows(config: Any) -> list[RunSpec]:
     """One static split per ratio: its own fragment where there is one (0.25, 0.5, 0.75), else vanilla's with the
     ratio set."""
     rows = []
@@ -169,7 +142,7 @@ KINDS: dict[str, StrategyKind] = {kind.name: kind for kind in (
 STRATEGIES = tuple(KINDS)
 
 
-def kind_rows(kind: StrategyKind, config: BenchSettings) -> list[RunSpec]:
+def kind_rows(kind: StrategyKind, config: Any) -> list[RunSpec]:
     """The rows of ``kind`` for ``config`` (repeat 0, one device)."""
     return kind.rows(config) if kind.rows is not None else [RunSpec(kind.name, kind.name, None)]
 
@@ -186,7 +159,7 @@ def base_label(label: str) -> str:
     return head if sep and tail.isdigit() else label
 
 
-def expand(config: BenchSettings) -> list[RunSpec]:
+def expand(config: Any) -> list[RunSpec]:
     """One ``RunSpec`` per configuration and device count for repeat 0, in report order: every configuration at the
     first device count (the baseline first), then at the next one."""
     return [at_devices(spec, devices) for devices in config.devices

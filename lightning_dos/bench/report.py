@@ -169,60 +169,46 @@ def _iterations_text(numbers: Sequence[int]) -> str:
 
 def _measurement_lines(doc: dict[str, Any]) -> list[str]:
     m, cfg = doc["measurement"], doc["config"]
-    measured = m["measured_iterations"]
-    e2e, phases = m.get("e2e_iterations") or [], m.get("phase_iterations", measured)
+    e2e, phases = m.get("e2e_iterations") or [], m.get("phase_iterations", m["measured_iterations"])
     lines = [
-        f"- Each configuration ran {cfg['steps']} iterations per repeat, {cfg['repeats']} repeat(s), each repeat in "
-        "a fresh process; repeats were interleaved across configurations.",
-        f"- Warm-up excluded: {_iterations_text(m['warmup_iterations'])}. Then, in the same process, every successful "
-        "repeat pooled, as the median (the spread is min / p25-p75 / max):",
+        f"- {cfg['steps']} iterations per run, {cfg['repeats']} repeat(s), each in a fresh process, interleaved; "
+        f"warm-up left out: {_iterations_text(m['warmup_iterations'])}. Medians over every successful repeat:",
         f"  - end to end (what a user sees): {_iterations_text(e2e)} ({len(e2e)} per repeat); "
         + (f"{m['e2e']}." if e2e and m.get("e2e") else "not measured (--e2e-steps 0)."),
         f"  - phase by phase (synchronised): {_iterations_text(phases)} ({len(phases)} per repeat); {m['timing']}",
-        "- tokens/s = tokens per iteration (all devices of the row) / median iteration time (end to end in the first "
-        "table, synchronised in the second); TFLOP/s = model FLOPs per token x tokens/s.",
-        "- Peak GPU memory is the caching allocator's peak (allocated; reserved in results.json) over the whole "
-        "process; peak host memory is the larger of a 50 ms RSS sampler and the kernel's ru_maxrss.",
+        "- tokens/s: tokens per iteration (every device of the row) / median iteration; TFLOP/s: model FLOPs per "
+        "token x tokens/s. Peak GPU memory: the allocator's (allocated) over the process; peak host memory: the larger "
+        "of a 50 ms RSS sampler and ru_maxrss.",
     ]
     if (cfg.get("devices") or [1]) != [1]:
-        lines.append("- Data parallel: a row at N devices ran N ranks, one per device, each its own process; its times "
-                     "are rank 0's (the gradient all-reduce keeps the ranks in step), its peak host memory the sum "
-                     "over the ranks (one host) and its peak GPU memory the largest rank's; each rank's own figures "
-                     "are in results.json's per_rank. Every comparison is with zero3_offload at the same device "
-                     "count.")
+        lines.append("- Data parallel: a row at N devices ran N ranks, one process each; its times are rank 0's, its "
+                     "host peak the ranks' sum, its GPU peak the largest rank's (each rank's: results.json's "
+                     "per_rank); it is compared with zero3_offload at the same device count.")
     return lines
+
+
+def _with_spread(r: dict[str, Any], key: str) -> str:
+    """A median with its p25-p75 spread."""
+    spread = (r.get("spread") or {}).get(key)
+    return _num(r.get(key)) + (f" ({_num(spread['p25'])}-{_num(spread['p75'])})" if spread else "")
 
 
 def _e2e_table(results: Sequence[dict[str, Any]]) -> list[str]:
     """The headline table: end-to-end iteration, tokens/s, peak memory and the end-to-end speedup."""
-    header = ("configuration", "status", "iteration ms (p25-p75)", "tokens/s", "devices", "peak GPU GiB",
-              "peak host GiB", f"vs {BASELINE}")
-    rows = []
-    for r in results:
-        spread = (r.get("spread") or {}).get("e2e_iteration_ms")
-        iteration = _num(r.get("e2e_iteration_ms"))
-        if spread:
-            iteration += f" ({_num(spread['p25'])}-{_num(spread['p75'])})"
-        speedup = (r.get("speedup_vs_zero3_offload") or {}).get("e2e_iteration")
-        rows.append((r["label"], r["status"], iteration, _num(r.get("e2e_tokens_per_s"), 0), str(r.get("devices", 1)),
-                     _num(r["peak_gpu_gib"], 2), _num(r["peak_host_gib"], 2), _ratio(speedup)))
-    return _table(header, rows)
+    return _table(("configuration", "status", "iteration ms (p25-p75)", "tokens/s", "devices", "peak GPU GiB",
+                   "peak host GiB", f"vs {BASELINE}"),
+                  [(r["label"], r["status"], _with_spread(r, "e2e_iteration_ms"), _num(r.get("e2e_tokens_per_s"), 0),
+                    str(r.get("devices", 1)), _num(r["peak_gpu_gib"], 2), _num(r["peak_host_gib"], 2),
+                    _ratio((r.get("speedup_vs_zero3_offload") or {}).get("e2e_iteration"))) for r in results])
 
 
 def _results_table(results: Sequence[dict[str, Any]]) -> list[str]:
-    header = ("configuration", "status", "fwd ms", "bwd ms", "step ms", "iteration ms (p25-p75)", "tokens/s",
-              "devices", "TFLOP/s", "peak GPU GiB", "peak host GiB", "final loss")
-    rows = []
-    for r in results:
-        spread = (r.get("spread") or {}).get("iteration_ms")
-        iteration = _num(r["iteration_ms"])
-        if spread:
-            iteration += f" ({_num(spread['p25'])}-{_num(spread['p75'])})"
-        rows.append((r["label"], r["status"], _num(r["fwd_ms"]), _num(r["bwd_ms"]), _num(r["step_ms"]), iteration,
-                     _num(r["tokens_per_s"], 0), str(r.get("devices", 1)), _sig(r["tflops_per_s"]),
-                     _num(r["peak_gpu_gib"], 2),
-                     _num(r["peak_host_gib"], 2), _num(r["final_loss"], 4)))
-    return _table(header, rows)
+    return _table(("configuration", "status", "fwd ms", "bwd ms", "step ms", "iteration ms (p25-p75)", "tokens/s",
+                   "devices", "TFLOP/s", "peak GPU GiB", "peak host GiB", "final loss"),
+                  [(r["label"], r["status"], _num(r["fwd_ms"]), _num(r["bwd_ms"]), _num(r["step_ms"]),
+                    _with_spread(r, "iteration_ms"), _num(r["tokens_per_s"], 0), str(r.get("devices", 1)),
+                    _sig(r["tflops_per_s"]), _num(r["peak_gpu_gib"], 2), _num(r["peak_host_gib"], 2),
+                    _num(r["final_loss"], 4)) for r in results])
 
 
 def _phase_peak_lines(results: Sequence[dict[str, Any]]) -> list[str]:
@@ -239,11 +225,9 @@ def _phase_peak_lines(results: Sequence[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     lines = ["", "### Peak GPU memory by phase", "",
-             "The largest peak of allocated GPU memory in each phase over the synchronised iterations (the allocator's "
-             "peak is taken and reset at every phase boundary, after the synchronisation): the forward from the "
-             "iteration's start to the backward, the backward, and the step from the end of the backward to the end "
-             "of the iteration. The whole run's peak also covers start-up and the end-to-end iterations. With "
-             "`overlap` the update phase runs beside the next forward and backward, so its memory is in theirs.", ""]
+             "The largest allocated GPU memory in each phase of the synchronised iterations (the peak is reset at "
+             "every phase boundary; the step runs from the backward's end to the iteration's). With `overlap` the "
+             "update's memory is in the next forward's and backward's.", ""]
     return lines + _table(("configuration", "fwd GiB", "bwd GiB", "step GiB", "whole run GiB", "highest phase"),
                           rows)
 
@@ -260,14 +244,13 @@ def _speedup_lines(results: Sequence[dict[str, Any]], base: dict[str, Any] | Non
                      _ratio(s["bwd"]), _ratio(s.get("peak_gpu"))))
         loss_rows.append((r["label"], _num(r["final_loss"], 6), _sci(loss["final_abs_diff"]),
                           _sci(loss["final_rel_diff"]), _sci(loss["max_abs_diff"]), str(loss["iterations_compared"])))
-    lines = [f"Ratios of `{BASELINE}` time to each configuration's time, both measured in this invocation at the "
-             "same device count (> 1 is faster than vanilla offload): end to end, then synchronised; and each "
-             f"configuration's peak GPU memory over `{BASELINE}`'s (< 1 is less memory).", ""]
+    lines = [f"`{BASELINE}`'s time over each configuration's at the same device count (> 1: faster than vanilla "
+             f"offload), end to end then synchronised; and its peak GPU memory over `{BASELINE}`'s (< 1: less).", ""]
     lines += _table(("configuration", "e2e iteration", "iteration (sync)", "step (sync)", "bwd (sync)",
                      "peak GPU memory"), rows)
     lines += ["", "## Loss agreement vs zero3_offload", "",
-              "Same seed, data and initial weights: any difference comes from the update path (e.g. CPU Adam vs "
-              "fused GPU Adam, or reduced precision).", ""]
+              "Same seed, data and initial weights: a difference comes from the update path (CPU Adam or fused GPU "
+              "Adam, reduced precision).", ""]
     lines += _table(("configuration", "final loss", "abs diff", "rel diff", "max abs diff (all iterations)",
                      "iterations"), loss_rows)
     return lines
@@ -293,10 +276,9 @@ def _dos_lines(results: Sequence[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     lines = ["## DOS update phase", "",
-             "Medians over the update phases of the synchronised iterations, from the strategy's own records "
-             "(update = makespan of both lanes; busy = time each lane computed; GB moved per step; buffers = the "
-             "GPU memory the executor held for the phase: the device lane's slots and scratch and the host lane's "
-             "upload ring; resident = the resident subgroups' state, held for the whole run).", ""]
+             "Medians over the synchronised iterations' update phases, from the strategy's records: update = both "
+             "lanes' makespan, busy = each lane's compute, GB moved per step, buffers = the executor's GPU memory, "
+             "resident = the resident subgroups' state.", ""]
     return lines + _table(("configuration", "plan", "subgroups", "device fraction", "update ms", "host busy ms",
                            "device busy ms", "H2D GB", "D2H GB", "demoted (max)", "buffers GiB", "resident GiB"),
                           rows) + [""]
@@ -312,9 +294,8 @@ def _host_thread_lines(results: Sequence[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     lines = ["## Host threads", "",
-             "Medians over the synchronised iterations, per phase: CPU ms of the process's threads other than the "
-             "training thread, and how often the training thread was switched out involuntarily. The forward and "
-             "backward are bound by the training thread; other threads taking its core slow them.", ""]
+             "Medians over the synchronised iterations, per phase: CPU ms of the threads other than the training "
+             "thread, and the training thread's involuntary switches (other threads taking its core slow it).", ""]
     header = ("configuration", *(key.replace("_other_cpu_ms", " other CPU ms").replace("_", " ") for key in HOST_KEYS))
     return lines + _table(header, rows) + [""]
 
@@ -370,22 +351,17 @@ def _data_parallel_lines(doc: dict[str, Any], rank_timelines: str | None) -> lis
         return []
     ref = section["reference_devices"]
     lines = ["## Data parallel", "",
-             f"Each configuration at N devices against itself at {ref}: its speedup over `{BASELINE}` at the same "
-             f"device count (end to end), at {ref} and at N, and the share of it kept at N; its tokens/s (all "
-             f"ranks) at {ref} and at N, and their ratio (N / {ref} is perfect scaling).", ""]
+             f"Each configuration at N devices against itself at {ref}: its speedup over `{BASELINE}` (end to end) and "
+             f"the share kept at N; its tokens/s (all ranks) and their ratio (N / {ref} is perfect scaling).", ""]
     if section["rows"]:
         lines += _scaling_table(section)
     else:
         lines.append(f"No configuration completed both at {ref} and at a larger device count.")
     ranks = _rank_table(doc["results"])
     if ranks:
-        lines += ["", "Each rank's own figures (medians over the same iterations; DOS update phase from the rank's own "
-                  "records):", ""]
-        lines += ranks
+        lines += ["", "Each rank's own figures:", "", *ranks]
     if rank_timelines:
-        lines += ["", "Every rank's last synchronised iteration of DOS auto at the largest device count, on one time "
-                  "axis (the ranks share the host's clock): forward, backward, step and the update phase's lanes.",
-                  "", f"![every rank's iteration and update lanes]({rank_timelines})"]
+        lines += ["", f"![every rank's last synchronised iteration of DOS auto, on one time axis]({rank_timelines})"]
     return lines + [""]
 
 
@@ -408,21 +384,17 @@ def render(doc: dict[str, Any], base: dict[str, Any] | None, chart: str | None =
     lines += ["", "## How it was measured", ""]
     lines += _measurement_lines(doc)
     lines += ["", "## What a user sees: end-to-end time per iteration", "",
-              "Median wall time per iteration with no synchronisation added (as in a training run), pooled over "
-              f"the end-to-end iterations; the last column is the `{BASELINE}` time over each configuration's (at "
-              "the same device count).", ""]
+              "Median wall time per iteration, nothing synchronised (as in a training run); the last column is "
+              f"`{BASELINE}`'s over each configuration's.", ""]
     lines += _e2e_table(results)
     lines += ["", "## Phase by phase (synchronised)", "",
-              "Medians over the synchronised iterations: the device is synchronised at every phase boundary, so "
-              "each phase's work is charged to it; iterations take a little longer than end to end.", ""]
+              "Medians over the synchronised iterations: each phase's device work is charged to it.", ""]
     lines += _results_table(results)
     lines += _phase_peak_lines(results)
     if chart:
         lines += ["", f"![fwd / bwd / step per configuration, and peak memory]({chart})"]
     if timeline:
-        lines += ["", "One synchronised iteration per configuration on one time axis: forward, backward, step and, "
-                  "for DOS, the update phase's host and device lanes.", "",
-                  f"![forward, backward and the update phase's lanes of one iteration]({timeline})"]
+        lines += ["", f"![one synchronised iteration per configuration: phases and DOS's update lanes]({timeline})"]
     lines += ["", f"## Speedup vs {BASELINE}", ""]
     lines += _speedup_lines(results, base)
     lines += [""]
@@ -430,6 +402,5 @@ def render(doc: dict[str, Any], base: dict[str, Any] | None, chart: str | None =
     lines += _dos_lines(results)
     lines += _host_thread_lines(results)
     lines += _failure_lines(results)
-    lines += ["Raw per-iteration samples, spreads and per-repeat details are in `results.json`; each worker's log is "
-              "under `runs/`.", ""]
+    lines += ["Raw samples and per-repeat details: `results.json`; each run's command, config and log: `runs/`.", ""]
     return "\n".join(lines)

@@ -57,12 +57,8 @@ def _pick(values: Sequence[Any] | None, indices: Sequence[int]) -> list[Any]:
 
 
 def e2e_samples(iterations: dict[str, Any], config: BenchConfig) -> list[float]:
-    """The end-to-end ms of each iteration ``k`` of ``config.e2e_iterations``: ``end_k - end_(k-1)`` from the raw
-    ``end_s`` (seconds since training started, so with no warm-up the first is measured from the training start).
-
-    It includes what runs between two iterations (the next batch's loading, Lightning's bookkeeping), as in any
-    training loop. Empty without ``end_s`` (results from before it was recorded).
-    """
+    """The end-to-end ms of each end-to-end iteration ``k``: ``end_k - end_(k-1)`` (the first from the training
+    start without warm-up), what a training loop sees; empty without end times."""
     ends = iterations.get("end_s") or []
     samples = []
     for k in config.e2e_iterations:
@@ -73,8 +69,8 @@ def e2e_samples(iterations: dict[str, Any], config: BenchConfig) -> list[float]:
 
 
 def _dos_steps(runs: Sequence[dict[str, Any]], indices: Sequence[int]) -> list[dict[str, Any]]:
-    """The DOS update records of iterations ``indices`` of ``runs``, pooled. A run whose records are not one per
-    iteration contributes all of them after the first index's."""
+    """The DOS update records of iterations ``indices``, pooled (all after the first index's where they are not one
+    per iteration)."""
     steps = []
     for r in runs:
         record_steps = r["dos"]["steps"]
@@ -85,8 +81,7 @@ def _dos_steps(runs: Sequence[dict[str, Any]], indices: Sequence[int]) -> list[d
 
 
 def summarize_dos(runs: Sequence[dict[str, Any]], indices: Sequence[int]) -> dict[str, Any] | None:
-    """Medians of the DOS manager's update records of iterations ``indices``, pooled over ``runs``; None without
-    records. A run whose records are not one per iteration contributes all of them after the first index's."""
+    """Medians of the DOS update records of iterations ``indices``, pooled over ``runs``; None without records."""
     with_dos = [r for r in runs if r.get("dos")]
     if not with_dos:
         return None
@@ -115,8 +110,8 @@ def summarize_dos(runs: Sequence[dict[str, Any]], indices: Sequence[int]) -> dic
 
 
 def summarize_host_threads(ok: Sequence[dict[str, Any]], indices: Sequence[int]) -> dict[str, float | None]:
-    """Medians over iterations ``indices`` of :class:`~lightning_dos.bench.timing.PhaseTimer`'s host accounting:
-    per phase, the other threads' CPU ms and the training thread's involuntary switches (None where not recorded)."""
+    """Medians over iterations ``indices`` of the other threads' CPU ms and the training thread's involuntary
+    switches, per phase."""
     out: dict[str, float | None] = {}
     for key in HOST_KEYS:
         values = [v for r in ok for v in _pick(r["iterations"].get(key), indices)
@@ -126,8 +121,7 @@ def summarize_host_threads(ok: Sequence[dict[str, Any]], indices: Sequence[int])
 
 
 def summarize_phase_peaks(ok: Sequence[dict[str, Any]], indices: Sequence[int]) -> dict[str, float | None] | None:
-    """The largest peak GPU memory (GiB) of each phase (``fwd``, ``bwd``, ``step``) over the synchronised iterations
-    ``indices`` of every rank of the successful repeats ``ok``; None when no phase's peak was measured (off a GPU)."""
+    """The largest peak GPU GiB of each phase over the synchronised iterations of every rank; None off a GPU."""
     out: dict[str, float | None] = {}
     for key in PHASE_PEAKS:
         values = [v for r in ok for e in rank_entries(r) for v in _pick((e.get("iterations") or {}).get(key), indices)
@@ -137,8 +131,7 @@ def summarize_phase_peaks(ok: Sequence[dict[str, Any]], indices: Sequence[int]) 
 
 
 def rank_entries(run: dict[str, Any]) -> list[dict[str, Any]]:
-    """A raw result's measurements per rank (``per_rank``); a result without them (hand-made, or from before they
-    were recorded) is its own rank 0."""
+    """A raw result's measurements per rank; one without ``per_rank`` is its own rank 0."""
     entries = run.get("per_rank")
     if entries:
         return list(entries)
@@ -153,7 +146,7 @@ def _sum_or_none(values: Sequence[float | None]) -> float | None:
 
 
 def run_peaks(run: dict[str, Any]) -> dict[str, float | None]:
-    """A raw result's peaks over its ranks: host peaks summed (the ranks share the host), GPU peaks the largest."""
+    """A raw result's peaks over its ranks: host peaks summed (one host), GPU peaks the largest."""
     entries = rank_entries(run)
     peaks = {name: _sum_or_none([e.get(name) for e in entries]) for name in HOST_PEAKS}
     peaks.update({name: _max_or_none([e.get(name) for e in entries]) for name in GPU_PEAKS})
@@ -161,9 +154,7 @@ def run_peaks(run: dict[str, Any]) -> dict[str, float | None]:
 
 
 def summarize_ranks(ok: Sequence[dict[str, Any]], config: BenchConfig) -> list[dict[str, Any]]:
-    """Each rank's own figures, pooled over the successful repeats ``ok``: its synchronised and end-to-end iteration
-    samples and medians, its end times and losses (first repeat), peak host and GPU memory, DOS update phases (the
-    medians of :func:`summarize_dos` and ``update_ms`` of every measured update phase) and iteration timeline."""
+    """Each rank's own figures, pooled over the successful repeats ``ok``."""
     by_rank: dict[int, list[dict[str, Any]]] = {}
     for run in ok:
         for entry in rank_entries(run):
@@ -282,14 +273,9 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 
 def compare_to_baseline(results: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Add ``speedup_vs_zero3_offload`` and ``loss_vs_zero3_offload`` to every result, each against the baseline at
-    the same device count; return the baseline of the first device count that has one.
-
-    Speedups are ratios baseline time / configuration time (> 1 is faster than vanilla offload): ``e2e_iteration``
-    end to end (None where either has no end-to-end figure), the others synchronised. Loss agreement
-    is the absolute and relative difference of the final loss and the largest absolute difference over all
-    iterations, both runs' first successful repeat (rank 0's losses).
-    """
+    """Add ``speedup_vs_zero3_offload`` (vanilla's time over each row's: end to end, synchronised; and each
+    row's peak GPU memory over vanilla's) and ``loss_vs_zero3_offload`` to every result, against vanilla at the same
+    device count; return the baseline of the first device count that has one."""
     bases: dict[int, dict[str, Any]] = {}
     for r in results:
         if r["strategy"] == BASELINE and r["iteration_ms"] is not None:
@@ -325,15 +311,8 @@ def _scale(at_reference: float | None, at_n: float | None) -> dict[str, float | 
 
 
 def scaling(results: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """The data-parallel section: for each configuration that completed at the smallest device count and at a larger
-    one N, its speedup over ``zero3_offload`` at N against the same at the smallest count (end to end, and
-    synchronised), and its tokens/s at N over its tokens/s there. None with fewer than two device counts.
-
-    Each row: ``label`` (the configuration, without ``@dp<N>``), ``strategy``, ``plan``, ``devices`` (N),
-    ``reference_devices``, and ``{reference, at_n, ratio}`` for ``speedup_e2e``, ``speedup_iteration``,
-    ``e2e_tokens_per_s`` and ``tokens_per_s`` (the ratio is at N over at the reference: for speedups how much of the
-    advantage over vanilla data parallelism keeps, for tokens/s how throughput scales).
-    """
+    """Each configuration at every larger device count N against itself at the smallest: its speedup over vanilla
+    and its tokens/s, each ``{reference, at_n, ratio}``; None with one device count."""
     counts = sorted({devices_of(r) for r in results})
     if len(counts) < 2:
         return None

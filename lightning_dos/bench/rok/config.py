@@ -32,23 +32,14 @@ DEFAULT_DISK_PROBE_MIB = 256
 class RokConfig:
     """What one ``lightning-dos bench --activations ...`` invocation runs."""
 
-    bench: BenchConfig
-    """Model, data, batch, steps, warm-up, precision, the strategy (one) and the output directory."""
-    placements: list[str] = field(default_factory=lambda: list(PLACEMENTS))
-    """The placements to run, in the order given: any of ``keep``, ``recompute``, ``offload-host``,
-    ``offload-nvme``."""
-    nvme_path: str | None = None
-    """Directory on a local disk for ``offload-nvme``'s activation files (and the bandwidth test file)."""
-    budget_gib: float | None = None
-    """Peak activation memory budget of the micro-batch search, in GiB; None: no search."""
-    min_tensor_bytes: int = DEFAULT_MIN_TENSOR_BYTES
-    """The offload's ``min_tensor_bytes``: smaller saved storages stay on the device."""
-    keep_last_layers: int = DEFAULT_KEEP_LAST_LAYERS
-    """The offload's ``keep_last_layers``: the last this-many blocks keep their activations on the device."""
-    max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH
-    """The largest micro-batch the search tries."""
-    disk_probe_mib: int = DEFAULT_DISK_PROBE_MIB
-    """MiB written and read back to measure the NVMe directory's bandwidth (``offload-nvme`` only; 0: not measured)."""
+    bench: BenchConfig  # the workload, steps and warm-up, the one strategy and the output directory
+    placements: list[str] = field(default_factory=lambda: list(PLACEMENTS))  # in the order given
+    nvme_path: str | None = None  # a local NVMe directory for offload-nvme's files (and the bandwidth test's)
+    budget_gib: float | None = None  # the micro-batch search's peak activation memory budget; None: no search
+    min_tensor_bytes: int = DEFAULT_MIN_TENSOR_BYTES  # the offload's: smaller saved storages stay on the device
+    keep_last_layers: int = DEFAULT_KEEP_LAST_LAYERS  # the offload's: the last N blocks keep their activations
+    max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH  # the largest micro-batch the search tries
+    disk_probe_mib: int = DEFAULT_DISK_PROBE_MIB  # MiB measuring the NVMe directory's bandwidth (0: not measured)
 
     @property
     def strategy(self) -> str:

@@ -14,14 +14,10 @@ __all__ = ["PLACEMENTS", "Placement", "placement"]
 class Placement:
     """One point of the ROK curve."""
 
-    name: str
-    """What ``--activations`` takes."""
-    checkpointing: bool
-    """Activation checkpointing in the model: each block's internals recomputed in backward."""
-    offload: str | None
-    """The activation offload's placement (``"host"``, ``"nvme"``), or None: nothing moves."""
-    summary: str
-    """One line for the help, the dry run and the report."""
+    name: str  # What ``--activations`` takes.
+    checkpointing: bool  # Activation checkpointing in the model: each block's internals recomputed in backward.
+    offload: str | None  # The activation offload's placement (``"host"``, ``"nvme"``), or None: nothing moves.
+    summary: str  # One line for the help, the dry run and the report.
 
     @property
     def hook_placement(self) -> str:

@@ -21,22 +21,16 @@ class Probe:
     """One micro-batch tried."""
 
     micro_batch: int
-    fits: bool | None
-    """Whether its peak activation memory fits the budget (and it did not run out of memory); None: unknown."""
-    peak_bytes: int | None = None
-    """Its peak activation memory, when it completed."""
+    fits: bool | None  # within the budget (and not out of memory); None: the run could not tell
+    peak_bytes: int | None = None  # its peak activation memory, when it completed
     tokens_per_s: float | None = None
-    """Its throughput, when it completed."""
-    status: str = "ok"
-    """The worker's status: ``ok``, ``oom``, ``failed``, ``timeout``, ``skipped``."""
+    status: str = "ok"  # the worker's: ok, oom, failed, timeout, skipped
     reason: str | None = None
-    source: str = "probe"
-    """``probe`` (a short run of its own) or ``placement run`` (the placement's own, at the starting micro-batch)."""
+    source: str = "probe"  # a run of its own, or "placement run" (the placement's, at the starting micro-batch)
     elapsed_s: float | None = None
     log: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable copy."""
         return asdict(self)
 
 

@@ -60,10 +60,8 @@ def sweep_schedule(plans: Sequence[str], rounds: int, auto_steps: int = 0) -> li
 class Budget:
     """One memory budget of the sweep, resolved for the model."""
 
-    name: str
-    """As given: ``unlimited``, ``quarter`` or a number of GiB."""
-    gib: float | None
-    """The DOS ``memory_budget_gib`` it stands for; None for no limit beyond the free device memory."""
+    name: str  # As given: ``unlimited``, ``quarter`` or a number of GiB.
+    gib: float | None  # The DOS ``memory_budget_gib`` it stands for; None for no limit beyond the free device memory.
 
     @property
     def label(self) -> str:
@@ -113,21 +111,13 @@ def resolve_budget(text: str, params: int | None) -> Budget:
 
 @dataclass
 class SweepConfig:
-    """What a plan sweep runs: the bench settings, the fixed plans, iterations per plan and the budgets.
+    """What a plan sweep runs: per budget, the fixed plans in rounds and ``bench.steps`` iterations of ``auto``, of
+    which the first ``bench.warmup`` (at least its probe and the first step of its plan) are left out."""
 
-    Each budget's process interleaves the fixed plans and ``bench.steps`` iterations of ``auto``
-    (:func:`sweep_schedule`); of ``auto``'s, the first ``bench.warmup`` (at least the two probe steps and the first step
-    of the plan chosen after them) are left out.
-    """
-
-    bench: BenchConfig
-    """Model, data, precision, timing and output settings, shared with ``lightning-dos bench``."""
-    plans: list[str] = field(default_factory=lambda: list(DEFAULT_SWEEP_PLANS))
-    """Fixed plans swept in one process per budget: ``host``, ``device``, a fraction, ``stride:K`` or lanes."""
-    steps_per_plan: int = 3
-    """Iterations each fixed plan runs, one per round; the first (the first round) is warm-up."""
-    budgets: list[str] = field(default_factory=lambda: list(DEFAULT_BUDGETS))
-    """Memory budgets: ``unlimited``, ``quarter`` or a number of GiB."""
+    bench: BenchConfig  # the workload, auto's steps and warm-up, the output directory
+    plans: list[str] = field(default_factory=lambda: list(DEFAULT_SWEEP_PLANS))  # fixed plans, in the order run
+    steps_per_plan: int = 3  # rounds: iterations of each fixed plan, the first left out
+    budgets: list[str] = field(default_factory=lambda: list(DEFAULT_BUDGETS))  # unlimited, quarter, GiB; a process each
 
     @property
     def fixed_steps(self) -> int:
