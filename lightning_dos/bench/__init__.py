@@ -31,11 +31,8 @@ __all__ = ["main"]
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM (a job's time limit, ``timeout``, a scheduler) like Ctrl-C while the block runs.
-
-    The harness stops the running worker on ``KeyboardInterrupt`` and still write their report for what
-    ran; without this a SIGTERM ended the parent at once and left no report at all.
-    """
+    """Treat SIGTERM (a job's time limit, ``timeout``) like Ctrl-C while the block runs: the running worker is
+    stopped and the report still written."""
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
@@ -51,11 +48,8 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``lightning-dos bench`` with ``argv`` (default: the process's arguments); return the exit status.
-
-    0 when at least one configuration completed (failed ones are part of the report), 1 when none did,
-    2 for a usage error, 130 when interrupted by Ctrl-C or SIGTERM (the report covers what ran).
-    """
+    """Run ``lightning-dos bench`` with ``argv``; the exit status: 0 when a run completed, 1 when none did, 2 for a
+    usage error, 130 when interrupted (the outputs cover what ran)."""
     from lightning_dos.bench.arguments import parse_args
 
     try:

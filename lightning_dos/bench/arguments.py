@@ -15,8 +15,8 @@ from typing import Any
 
 from lightning_dos.bench.config import BenchConfig
 from lightning_dos.bench.kinds import STRATEGIES, dos_plans, plan_argument
-from lightning_dos.bench.rok.config import DEFAULT_DISK_PROBE_MIB, DEFAULT_MAX_MICRO_BATCH, DEFAULT_STRATEGY, RokConfig
-from lightning_dos.bench.rok.placements import PLACEMENTS
+from lightning_dos.bench.rok import config as rok_config
+from lightning_dos.bench.rok.config import DEFAULT_STRATEGY, PLACEMENTS, RokConfig
 from lightning_dos.bench.sweep.config import DEFAULT_BUDGETS, DEFAULT_SWEEP_PLANS, SweepConfig
 
 EPILOG = """examples:
@@ -161,9 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--activation-keep-last-layers", dest="activation_keep_last_layers", type=int, metavar="N",
                    help="the last N blocks keep their activations (default 1)")
     r.add_argument("--max-micro-batch", dest="max_micro_batch", type=int, metavar="N",
-                   help=f"the search's largest micro-batch (default {DEFAULT_MAX_MICRO_BATCH})")
+                   help=f"the search's largest micro-batch (default {rok_config.DEFAULT_MAX_MICRO_BATCH})")
     r.add_argument("--disk-probe-mib", dest="disk_probe_mib", type=int, metavar="MIB",
-                   help=f"MiB measuring --nvme-path's bandwidth (default {DEFAULT_DISK_PROBE_MIB}; 0: not measured)")
+                   help=f"MiB measuring --nvme-path's bandwidth (default {rok_config.DEFAULT_DISK_PROBE_MIB}; 0: none)")
     x = p.add_argument_group("running")
     x.add_argument("--timeout", dest="timeout_s", type=float, metavar="SECONDS", help="per worker (default 1800)")
     x.add_argument("--out", metavar="DIR", help="output directory (default runs/<bench|sweep|rok>/<model>_<time>)")

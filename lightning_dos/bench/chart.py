@@ -165,21 +165,25 @@ def timeline_rows(result: dict[str, Any]) -> int:
     return len(TIMELINE_PHASES) + (len(ROWS) if update is not None and update.get("start_ms") is not None else 0)
 
 
+def _stacked(panels: list[tuple[dict[str, Any], float]], xlabel: str, title: str, path: str | Path) -> Path:
+    """``panels`` (a result with a timeline, its offset in ms), one above the other on one time axis."""
+    heights = [timeline_rows(result) for result, _ in panels]
+    fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False, gridspec_kw={"height_ratios": heights},
+                             figsize=(11.0, 1.2 + 0.32 * sum(heights) + 0.45 * len(panels)))
+    for ax, (result, offset) in zip(axes[:, 0], panels):
+        _timeline_panel(ax, result, offset_ms=offset)
+    axes[-1, 0].set_xlabel(xlabel)
+    fig.suptitle(title, fontsize="medium")
+    return save(fig, path)
+
+
 def render_timeline(doc: dict[str, Any], path: str | Path) -> Path | None:
-    """Draw iteration_timeline.png of a results.json document to ``path``; None (nothing written) when no
-    configuration recorded a timeline."""
+    """iteration_timeline.png of a results.json; None (nothing written) when no configuration recorded a timeline."""
     results = [r for r in doc["results"] if r.get("iteration_timeline")]
     if not results:
         return None
-    heights = [timeline_rows(r) for r in results]
-    fig, axes = plt.subplots(len(results), 1, sharex=True, squeeze=False,
-                             figsize=(11.0, 1.2 + 0.32 * sum(heights) + 0.45 * len(results)),
-                             gridspec_kw={"height_ratios": heights})
-    for ax, result in zip(axes[:, 0], results):
-        _timeline_panel(ax, result)
-    axes[-1, 0].set_xlabel("ms since the iteration began (last synchronised iteration of each configuration)")
-    fig.suptitle(f"One iteration on one time axis: {workload_title(doc)}", fontsize="medium")
-    return save(fig, path)
+    return _stacked([(r, 0.0) for r in results], "ms since the iteration began (last synchronised iteration of each "
+                    "configuration)", f"One iteration on one time axis: {workload_title(doc)}", path)
 
 
 def rank_timeline_row(doc: dict[str, Any]) -> dict[str, Any] | None:
@@ -192,28 +196,18 @@ def rank_timeline_row(doc: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def render_rank_timelines(doc: dict[str, Any], path: str | Path) -> Path | None:
-    """Draw rank_timelines.png of a results.json document to ``path``: every rank of :func:`rank_timeline_row`, one
-    panel each on one time axis (ms since the earliest rank began the iteration); None (nothing written) without
-    such a row."""
+    """rank_timelines.png: every rank of :func:`rank_timeline_row` on one time axis (the ranks share the host's
+    clock); None (nothing written) without such a row."""
     row = rank_timeline_row(doc)
     if row is None:
         return None
-    ranks = row["per_rank"]
-    starts = [rank["iteration_timeline"].get("started_s") for rank in ranks]
+    starts = [rank["iteration_timeline"].get("started_s") for rank in row["per_rank"]]
     shared = all(start is not None for start in starts)  # older results: each rank from its own start
-    origin = min(starts) if shared else 0.0
     panels = [({"label": f"{row['label']} rank {rank['rank']}", "iteration_timeline": rank["iteration_timeline"]},
-               (start - origin) * 1e3 if shared else 0.0) for rank, start in zip(ranks, starts)]
-    heights = [timeline_rows(result) for result, _ in panels]
-    fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False,
-                             figsize=(11.0, 1.2 + 0.32 * sum(heights) + 0.45 * len(panels)),
-                             gridspec_kw={"height_ratios": heights})
-    for ax, (result, offset) in zip(axes[:, 0], panels):
-        _timeline_panel(ax, result, offset_ms=offset)
-    axes[-1, 0].set_xlabel("ms since the first rank began the iteration (each rank's last synchronised iteration)"
-                           if shared else "ms since each rank began the iteration")
-    fig.suptitle(f"Every rank of {row['label']} on one time axis: {workload_title(doc)}", fontsize="medium")
-    return save(fig, path)
+               (start - min(starts)) * 1e3 if shared else 0.0) for rank, start in zip(row["per_rank"], starts)]
+    return _stacked(panels, "ms since the first rank began the iteration (each rank's last synchronised iteration)"
+                    if shared else "ms since each rank began the iteration",
+                    f"Every rank of {row['label']} on one time axis: {workload_title(doc)}", path)
 
 
 # ------------------------------------------------------------------ plan sweep

@@ -42,10 +42,7 @@ from lightning_dos.telemetry.environment import versions
 
 def no_offload_skip_reason(config: BenchConfig, model: dict[str, Any], hardware: dict[str, Any],
                            devices: int = 1) -> str | None:
-    """Why a kind that keeps every state on the GPU (no_offload) cannot fit (so it is not run), or None to run it.
-
-    On ``devices`` GPUs ZeRO-3 shards the states: each holds its share.
-    """
+    """Why a kind that keeps every state on the GPU cannot fit it (each of ``devices`` GPUs its share), or None."""
     total = hardware.get("gpu_memory_gib")
     if config.force_no_offload or not uses_gpu(config, hardware) or not total or not model.get("params"):
         return None
@@ -105,12 +102,8 @@ def run_dir_of(out_dir: Path, spec: RunSpec) -> Path:
 
 def run_bench(config: BenchConfig, out_dir: Path, launcher: Launcher = launch, progress: bool = True,
               now: datetime | None = None, resume: bool = False) -> dict[str, Any]:
-    """Run every configuration of ``config``, write the outputs under ``out_dir`` and return results.json's data.
-
-    With ``resume``, a configuration that already finished in ``out_dir`` running exactly the same
-    (:func:`~lightning_dos.bench.pipeline.reusable`) is not run again; its earlier result is used and marked
-    ``reused``.
-    """
+    """Run every configuration of ``config`` (``resume``: reuse those that finished in ``out_dir`` running exactly
+    the same), write the outputs under ``out_dir`` and return results.json's data."""
     now = now or datetime.now(timezone.utc)
     out_dir.mkdir(parents=True, exist_ok=True)
     hardware, resolved, model = prepare(config)

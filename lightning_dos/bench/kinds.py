@@ -59,12 +59,14 @@ class StrategyKind:
     """One kind of strategy the bench can run."""
 
     name: str  # what --strategies takes
-    fragment: str  # its fragment in configs/strategy/
-    summary: str
+    fragment: str = ""  # its fragment, configs/strategy/<fragment>.yaml (default: its name)
     rows: Callable[[Any], list[RunSpec]] | None = None  # its rows for a BenchConfig; None: one, labelled by its name
     keeps_states_on_device: bool = False  # skipped when the model states clearly cannot fit the GPU
     single_device: bool = False  # trains on one device only: skipped above one
     builds_on_host: bool = False  # builds the model on the host (other initial draws than the others' on a GPU)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fragment", self.fragment or self.name)
 
 
 def plan_argument(plan: str) -> str | float | list[str]:
@@ -121,22 +123,15 @@ def split_rows(config: Any) -> list[RunSpec]:
 
 #: Every strategy kind, in the order they run and are reported (the baseline first).
 KINDS: dict[str, StrategyKind] = {kind.name: kind for kind in (
-    StrategyKind("zero3_offload", "zero3_offload", "vanilla DeepSpeed ZeRO-3 with the optimizer state offloaded to "
-                 "pinned host memory", lambda config: [RunSpec("zero3_offload", "zero3_offload", 1.0)]),
-    StrategyKind("static_split", "zero3_offload", "DeepSpeed's static split: a share R of the optimizer state on the "
-                 "host, the rest on the GPU", split_rows),
-    StrategyKind("deep_optimizer_states", "dos_auto", "Deep Optimizer States: auto, plus any fixed plans asked for",
-                 dos_rows),
-    StrategyKind("no_offload", "no_offload", "ZeRO-3 with everything on the GPU", keeps_states_on_device=True),
-    StrategyKind("plain", "plain", "peer: no ZeRO, no offload, torch AdamW on one GPU (the floor one GPU can reach)",
-                 keeps_states_on_device=True, single_device=True),
-    StrategyKind("torchao_offload", "torchao_offload", "peer: torchao's CPUOffloadOptimizer on one CUDA GPU, no "
-                 "clipping (lightning-dos[peers])", single_device=True),
-    StrategyKind("superoffload", "superoffload", "peer: DeepSpeed SuperOffload, ZeRO-3 offload with super_offload "
-                 "(CUDA only)"),
-    StrategyKind("zenflow", "zenflow", "peer: DeepSpeed ZenFlow at ZeRO-2, optimizer offloaded (approximate)"),
-    StrategyKind("fsdp_offload", "fsdp_offload", "peer: torch FSDP with CPU offload, a unit per block; every device "
-                 "count (CUDA only)", builds_on_host=True),
+    StrategyKind("zero3_offload", rows=lambda config: [RunSpec("zero3_offload", "zero3_offload", 1.0)]),
+    StrategyKind("static_split", BASELINE, split_rows),
+    StrategyKind("deep_optimizer_states", "dos_auto", dos_rows),
+    StrategyKind("no_offload", keeps_states_on_device=True),
+    StrategyKind("plain", keeps_states_on_device=True, single_device=True),  # the floor one GPU can reach
+    StrategyKind("torchao_offload", single_device=True),
+    StrategyKind("superoffload"),
+    StrategyKind("zenflow"),
+    StrategyKind("fsdp_offload", builds_on_host=True),  # the multi-GPU peer
 )}
 #: Strategy kind names, in report order.
 STRATEGIES = tuple(KINDS)

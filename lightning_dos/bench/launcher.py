@@ -105,12 +105,8 @@ def classify_exit(returncode: int | None, timed_out: bool, timeout_s: float, log
 
 def launch(config: BenchConfig, spec: RunSpec, run_dir: Path, timeout_s: float | None = None,
            extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run ``spec`` in a fresh worker process and return its result, whatever happened.
-
-    ``extra`` adds keys to the config file the worker reads (a sweep's ``sweep`` settings). Every result has
-    ``status``, ``reason``, the spec's fields, ``returncode``, ``elapsed_s`` (start-up included) and ``log`` (the
-    worker's log file).
-    """
+    """Run ``spec`` in a fresh worker process and return its result, whatever happened (``extra``: a mode's entries
+    of its config file); every result has ``status``, ``reason``, ``returncode``, ``elapsed_s`` and ``log``."""
     timeout_s = config.timeout_s if timeout_s is None else timeout_s
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)

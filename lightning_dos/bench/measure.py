@@ -19,33 +19,23 @@ MAX_REASON_CHARS = 400
 OOM_MARKERS = ("out of memory", "cudaerrormemoryallocation", "cuda_error_out_of_memory")
 
 
+#: Update-record milliseconds: JSON key -> the ``LaneTimings`` seconds it is.
+TIMINGS_MS = {"update_ms": "total_s", "host_busy_ms": "host_busy_s", "host_compute_ms": "host_compute_s",
+              "device_busy_ms": "device_busy_s", "prefetch_busy_ms": "prefetch_busy_s", "adam_busy_ms": "adam_busy_s",
+              "flush_busy_ms": "flush_busy_s", "upload_busy_ms": "upload_busy_s", "dispatch_lead_ms": "lead_s"}
+
+
 def record_dict(record: Any) -> dict[str, Any]:
     """One DOS update record (a ``StepRecord``) as JSON: plan, makespan, prediction, busy times, bytes, demotions."""
-    t = record.timings
-    return {
-        "lanes": record.plan.lane_letters(),
-        "host_order": list(record.plan.host_order),
-        "source": record.plan.source,
-        "buffers": record.plan.buffers,
-        "update_ms": t.total_s * 1e3,
-        "host_busy_ms": t.host_busy_s * 1e3,
-        "host_compute_ms": t.host_compute_s * 1e3,
-        "device_busy_ms": t.device_busy_s * 1e3,
-        "device_fraction": record.device_fraction,
-        "h2d_gb": (t.h2d_bytes + t.upload_bytes) / 1e9,
-        "d2h_gb": t.d2h_bytes / 1e9,
-        "demoted_subgroups": len(record.demoted),
-        "free_device_gib": None if record.free_bytes is None else record.free_bytes / 1024**3,
-        "predicted_ms": record.predicted_s * 1e3,
-        "replanned": record.replanned,
-        "prefetch_busy_ms": t.prefetch_busy_s * 1e3,
-        "adam_busy_ms": t.adam_busy_s * 1e3,
-        "flush_busy_ms": t.flush_busy_s * 1e3,
-        "upload_busy_ms": t.upload_busy_s * 1e3,
-        "prefetched_ahead": t.prefetched_ahead,
-        "dispatch_lead_ms": t.lead_s * 1e3,
-        "device_buffer_gib": t.device_buffer_bytes / 1024**3,
-    }
+    t, plan = record.timings, record.plan
+    return {"lanes": plan.lane_letters(), "host_order": list(plan.host_order), "source": plan.source,
+            "buffers": plan.buffers, "device_fraction": record.device_fraction,
+            "demoted_subgroups": len(record.demoted),
+            **{key: getattr(t, seconds) * 1e3 for key, seconds in TIMINGS_MS.items()},
+            "h2d_gb": (t.h2d_bytes + t.upload_bytes) / 1e9, "d2h_gb": t.d2h_bytes / 1e9,
+            "free_device_gib": None if record.free_bytes is None else record.free_bytes / 1024**3,
+            "predicted_ms": record.predicted_s * 1e3, "replanned": record.replanned,
+            "prefetched_ahead": t.prefetched_ahead, "device_buffer_gib": t.device_buffer_bytes / 1024**3}
 
 
 def dos_records(strategy: Any) -> dict[str, Any] | None:
@@ -83,12 +73,8 @@ def save_timeline(strategy: Any, workdir: Path) -> str | None:
 
 
 def iteration_timeline(timer: Any, strategy: Any) -> dict[str, Any] | None:
-    """The last synchronised iteration on one time axis (ms since it started): its phase marks and, for DOS, the
-    update phase that ran in it, placed where it began, with every subgroup's stage spans per lane.
-
-    None before any synchronised iteration; ``update`` is None for other strategies, or when the update phase
-    cannot be matched to the manager's records (one record per update phase the timer saw begin).
-    """
+    """The last synchronised iteration (ms since it began): its marks and, for DOS, the update phase that ran in it,
+    placed where it began, each subgroup's spans per lane; None before any synchronised iteration."""
     last = timer.last_iteration()
     if last is None:
         return None
@@ -113,15 +99,10 @@ def fit_and_measure(
     timeline: bool = False,
     phase_memory: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
-    """Build what ``payload``'s ``lightning-dos fit`` builds (:func:`~lightning_dos.bench.compose.build`), with a
-    :class:`~lightning_dos.bench.timing.PhaseTimer` and ``callbacks`` added, train it and return the trainer and the
-    measurements every run reports.
-
-    The iterations of ``e2e_iterations`` are timed end to end, unsynchronised; the others phase by phase.
-    ``on_strategy`` sees the strategy as soon as it exists, so a caller can still report from it if training fails.
-    ``timeline`` adds the last synchronised iteration's timeline (:func:`iteration_timeline`). ``phase_memory`` adds
-    each synchronised iteration's peak GPU memory per phase (on a GPU; it resets the allocator's peaks at every
-    phase boundary, so a callback that reads them itself must not run beside it).
+    """Build what ``payload``'s ``lightning-dos fit`` builds, with a :class:`~lightning_dos.bench.timing.PhaseTimer`
+    and ``callbacks`` added, train it and return the trainer and the raw measurements. ``on_strategy`` sees the
+    strategy first (to report from it should training fail); ``timeline`` adds the last synchronised iteration's;
+    ``phase_memory`` each synchronised phase's GPU peak (it resets the allocator's peaks: nothing else may read them).
     """
     from lightning_dos.bench.compose import build
     from lightning_dos.bench.timing import PhaseTimer

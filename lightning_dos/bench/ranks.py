@@ -65,10 +65,7 @@ def clear_failures(run_dir: Path) -> None:
 
 
 def gather_to_rank0(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every rank's ``entry``, in rank order (a collective: every rank calls it); ``[entry]`` without a process group.
-
-    All ranks get the list; only rank 0 writes it.
-    """
+    """Every rank's ``entry``, in rank order (a collective); ``[entry]`` without a process group."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:

@@ -45,15 +45,8 @@ def host_counters() -> tuple[float, float, float]:
 
 
 class PhaseTimer(pl.Callback):
-    """Records fwd / bwd / step / iteration milliseconds, the end time and the loss of every training iteration.
-
-    Args:
-        synchronize: called before each timestamp of a synchronised iteration; ``None`` synchronises the module's
-            device.
-        e2e_iterations: indices (from 0) of the iterations timed end to end: no marks, no synchronisation.
-        memory: if given, the peak GPU memory of each phase of the synchronised iterations is taken from it
-            (``memory_samples``); it is bound to the strategy's device when the fit starts.
-    """
+    """Records fwd / bwd / step / iteration ms, the end time and the loss of every training iteration, leaving
+    ``e2e_iterations`` (indices from 0) unsynchronised and unsplit; ``memory``: each synchronised phase's GPU peak."""
 
     def __init__(self, synchronize: Callable[[], None] | None = None,
                  e2e_iterations: Collection[int] = (), memory: GpuPeakMeter | None = None) -> None:
@@ -174,10 +167,8 @@ class PhaseTimer(pl.Callback):
         return self._marks["end"]
 
     def last_iteration(self) -> dict[str, Any] | None:
-        """The last synchronised iteration: its number (from 1), when it started (``started_s``, ``perf_counter``:
-        comparable between the processes of one host, so the ranks' timelines can share an axis), its marks in ms
-        since it started, and the update phase that began within it (``update_index`` into :attr:`update_starts`,
-        ``update_start_ms``), if any."""
+        """The last synchronised iteration: its number (from 1), its start (``perf_counter``, shared by a host's
+        processes), its marks in ms and the update phase that began in it, if any."""
         if self._last is None:
             return None
         index, marks = self._last

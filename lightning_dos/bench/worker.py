@@ -41,9 +41,8 @@ def execute(payload: dict[str, Any], spec: RunSpec, workdir: Path) -> dict[str, 
 
 
 def serve(argv: list[str] | None, execute: Execute = execute) -> int:
-    """The worker's entry: ``python -m lightning_dos.bench.worker CONFIG RESULT``. Reads ``CONFIG``, calls
-    ``execute(payload, spec, run directory)`` and writes what it returns, or the failure it raised, to ``RESULT``;
-    0 when the status is ok. A rank other than 0 writes nothing to ``RESULT``, only its failure, if any, beside it."""
+    """The worker's entry: ``execute`` the config file's run and write its result (a rank other than 0 writes only
+    its failure, beside it); 0 when it succeeded."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
         print("usage: python -m lightning_dos.bench.worker CONFIG.json RESULT.json", file=sys.stderr)

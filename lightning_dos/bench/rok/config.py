@@ -1,6 +1,7 @@
-"""Owns the ROK mode's settings: the placements, the activation offload's knobs, the micro-batch search's budget and
+"""Owns the ROK mode's settings: the placements (activation checkpointing, and where the offload puts the tensors saved
+for backward: TBA's offloading *instead of* recomputation), the offload's knobs, the micro-batch search's budget and
 every check they get, in one ``ValueError`` naming the flags; and what each worker runs: a placement's run, or a
-search probe (``--warmup`` + 2 iterations at another micro-batch).
+search probe (``--warmup`` + 2 iterations at another micro-batch). No torch import here.
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ from typing import Any
 from lightning_dos.activations.options import DEFAULT_KEEP_LAST_LAYERS, DEFAULT_MIN_TENSOR_BYTES
 from lightning_dos.bench.config import BenchConfig
 from lightning_dos.bench.kinds import RunSpec, plan_argument
-from lightning_dos.bench.rok.placements import PLACEMENTS, placement
 
-__all__ = ["DEFAULT_STRATEGY", "PROBE_MEASURED_STEPS", "ROK_STRATEGIES", "RokConfig"]
+__all__ = ["DEFAULT_STRATEGY", "PLACEMENTS", "PROBE_MEASURED_STEPS", "ROK_STRATEGIES", "Placement", "RokConfig"]
 
 #: The training strategies a ROK curve may run under (one per invocation).
 ROK_STRATEGIES = ("deep_optimizer_states", "zero3_offload")
@@ -26,6 +26,42 @@ PROBE_MEASURED_STEPS = 2
 DEFAULT_MAX_MICRO_BATCH = 1024
 #: Size of the file the NVMe directory's bandwidth is measured with, by default.
 DEFAULT_DISK_PROBE_MIB = 256
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One point of the ROK curve."""
+
+    name: str  # What ``--activations`` takes.
+    checkpointing: bool  # Activation checkpointing in the model: each block's internals recomputed in backward.
+    offload: str | None  # The activation offload's placement (``"host"``, ``"nvme"``), or None: nothing moves.
+    summary: str  # One line for the help, the dry run and the report.
+
+    @property
+    def hook_placement(self) -> str:
+        """The ``ActivationOffloadCallback`` placement of a run that has the hooks on: ``"keep"`` measures only."""
+        return self.offload or "keep"
+
+
+#: Every placement, in the order they run and are reported (the reference, ``keep``, first).
+PLACEMENTS: dict[str, Placement] = {p.name: p for p in (
+    Placement("keep", False, None, "no activation checkpointing, nothing offloaded: every activation stays on the "
+              "device (the reference)"),
+    Placement("recompute", True, None, "activation checkpointing (each block's internals recomputed in backward), "
+              "nothing offloaded"),
+    Placement("offload-host", False, "host", "no checkpointing; the tensors saved for backward go to pinned host "
+              "memory during forward and come back ahead of backward (TBA's offload)"),
+    Placement("offload-nvme", False, "nvme", "no checkpointing; the tensors saved for backward go to files under "
+              "--nvme-path (through host buffers) and come back ahead of backward"),
+)}
+
+
+def placement(name: str) -> Placement:
+    """The placement called ``name``; ``ValueError`` naming the known ones otherwise."""
+    try:
+        return PLACEMENTS[name]
+    except KeyError:
+        raise ValueError(f"--activations: unknown placement {name!r}; choose from {', '.join(PLACEMENTS)}") from None
 
 
 @dataclass

@@ -58,12 +58,8 @@ def _transfer(fd: int, total: int, chunk: mmap.mmap, write: bool, bar: Any) -> f
 
 
 def measure_disk(directory: str | Path, mib: int, progress: bool = True) -> dict[str, Any]:
-    """Write ``mib`` MiB to a temporary file under ``directory`` (fsync), read it back, remove it.
-
-    Returns ``write_mb_s`` and ``read_mb_s`` (MB/s, 10^6 bytes), the seconds, the bytes, ``direct`` (``O_DIRECT``
-    both ways), ``read_cache`` (how the read avoided the page cache) and ``error`` (None, or why nothing was
-    measured).
-    """
+    """Write ``mib`` MiB to a temporary file under ``directory`` (fsync), read it back, remove it: ``write_mb_s`` and
+    ``read_mb_s`` (10^6 bytes), the seconds, ``direct``, ``read_cache`` (how the cache was avoided), ``error``."""
     total = max(1, -(-mib * 2**20 // CHUNK_BYTES)) * CHUNK_BYTES  # whole chunks
     path = Path(directory) / f".lightning-dos-bandwidth-{uuid.uuid4().hex}"
     out: dict[str, Any] = {"directory": str(directory), "bytes": total, "write_mb_s": None, "read_mb_s": None,

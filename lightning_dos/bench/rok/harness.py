@@ -16,9 +16,8 @@ from lightning_dos.bench.launcher import launch
 from lightning_dos.bench.pipeline import Launcher, Pipeline, elapsed_note, prepare, timing_note, uses_gpu
 from lightning_dos.bench.results import write_json
 from lightning_dos.bench.rok import chart, report
-from lightning_dos.bench.rok.config import RokConfig
+from lightning_dos.bench.rok.config import PLACEMENTS, RokConfig
 from lightning_dos.bench.rok.disk import measure_disk
-from lightning_dos.bench.rok.placements import PLACEMENTS
 from lightning_dos.bench.rok.report import format_bytes
 from lightning_dos.bench.rok.results import GIB, compare_to_keep, placement_summary, probe_of, rok_document
 from lightning_dos.bench.rok.search import Probe, search_micro_batch

@@ -24,12 +24,8 @@ GIB = 1024**3
 
 
 class ActivationMemoryMeter(pl.Callback):
-    """Records each training iteration's peak activation memory and ``act/*`` counters.
-
-    Args:
-        offload: the run's :class:`~lightning_dos.activations.ActivationOffloadCallback`, or None (no hooks: no
-            accounting, no counters).
-    """
+    """Records each iteration's peak activation memory and ``act/*`` counters (``offload``: the run's
+    :class:`~lightning_dos.activations.ActivationOffloadCallback`, or None without hooks)."""
 
     def __init__(self, offload: Any = None) -> None:
         self.offload = offload

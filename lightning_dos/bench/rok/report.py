@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lightning_dos.bench.report import MISSING, _environment_lines, _num, _sig, _table
-from lightning_dos.bench.rok.placements import PLACEMENTS
+from lightning_dos.bench.rok.config import PLACEMENTS
 
 __all__ = ["format_bytes", "render"]
 

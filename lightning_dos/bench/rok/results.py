@@ -13,8 +13,7 @@ from typing import Any
 
 from lightning_dos.bench.config import PHASES, BenchConfig
 from lightning_dos.bench.results import SCHEMA_VERSION, e2e_samples
-from lightning_dos.bench.rok.config import RokConfig
-from lightning_dos.bench.rok.placements import placement
+from lightning_dos.bench.rok.config import RokConfig, placement
 from lightning_dos.bench.rok.search import Probe
 from lightning_dos.bench.stats import median, spread
 

@@ -36,12 +36,9 @@ class Probe:
 
 def search_micro_batch(start: int, probe: Callable[[int], Probe], max_micro_batch: int,
                        known: Probe | None = None) -> dict[str, Any]:
-    """The largest micro-batch that fits, searched from ``start`` with ``probe``; ``known`` is the answer for a
-    micro-batch already measured (the placement's own run), used instead of probing it again.
-
-    Returns ``status`` (one of :data:`SEARCH_STATUSES`), ``largest_micro_batch`` (0 when none fits, the largest
-    known to fit when incomplete), its ``peak_bytes`` and ``tokens_per_s``, ``reason`` and every probe in order.
-    """
+    """The largest micro-batch that fits, searched from ``start`` with ``probe`` (``known``: the answer already
+    measured for one); ``status`` (:data:`SEARCH_STATUSES`), ``largest_micro_batch`` (0: none fits), its peak and
+    tokens/s, ``reason`` and every probe in order."""
     if start < 1 or max_micro_batch < start:
         raise ValueError(f"micro-batch search: start {start} must be >= 1 and <= max_micro_batch {max_micro_batch}")
     probes: list[Probe] = []

@@ -38,13 +38,8 @@ AUTO_MIN_EXCLUDED = 3
 
 
 def sweep_schedule(plans: Sequence[str], rounds: int, auto_steps: int = 0) -> list[str]:
-    """The plan of each iteration of a sweep process, in order.
-
-    ``rounds`` rounds of every fixed plan, one iteration each, in the order given. The first round runs alone (it is
-    every plan's warm-up, left out of the figures); ``auto_steps`` iterations of ``auto`` (:data:`AUTO`) are spread
-    evenly over the later rounds, so that slow and fast spells of the host fall on ``auto`` and on every fixed plan
-    alike. ``auto``'s k-th iteration comes just before iteration ``k * n // auto_steps`` of those ``n`` later ones.
-    """
+    """The plan of each iteration of a sweep process: ``rounds`` rounds of every fixed plan, the first alone (every
+    plan's warm-up), then ``auto_steps`` iterations of ``auto`` spread evenly over the later rounds."""
     first, later = list(plans), list(plans) * (rounds - 1)
     if auto_steps <= 0:
         return first + later
@@ -111,8 +106,7 @@ def resolve_budget(text: str, params: int | None) -> Budget:
 
 @dataclass
 class SweepConfig:
-    """What a plan sweep runs: per budget, the fixed plans in rounds and ``bench.steps`` iterations of ``auto``, of
-    which the first ``bench.warmup`` (at least its probe and the first step of its plan) are left out."""
+    """What a plan sweep runs: per budget, the fixed plans in rounds and ``bench.steps`` iterations of ``auto``."""
 
     bench: BenchConfig  # the workload, auto's steps and warm-up, the output directory
     plans: list[str] = field(default_factory=lambda: list(DEFAULT_SWEEP_PLANS))  # fixed plans, in the order run

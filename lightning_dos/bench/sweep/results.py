@@ -123,11 +123,7 @@ def auto_status(result: dict[str, Any], sweep: SweepConfig, ran: int) -> tuple[s
 
 
 def summarize_auto(result: dict[str, Any], sweep: SweepConfig) -> dict[str, Any]:
-    """``auto``'s figures over its update phases after the probe, the first step of its plan and the warm-up.
-
-    ``auto`` ran interleaved with the fixed plans in the same process (its iterations are the sweep's ``auto``
-    entries).
-    """
+    """``auto``'s figures over its update phases after the probe, the first step of its plan and the warm-up."""
     iterations = [it for it in (result.get("sweep") or {}).get("iterations") or [] if it["plan"] == AUTO]
     tagged = [(it["iteration"], record) for it in iterations for record in it["records"]]
     steps = [record for _, record in tagged]

@@ -25,24 +25,11 @@ from lightning_dos.planning.plan import Plan, parse_plan, resolve_plan
 class PlanSweep(pl.Callback):
     """Runs each of ``plans`` for ``steps_per_plan`` iterations, in rounds, and records what each one did.
 
-    A callback for a run under ``deep_optimizer_states``: it sets the manager's plan in ``on_train_batch_start``
-    (before that iteration's backward, so the device lane's gradients stay on the device as the plan says) and
-    collects the manager's update records of every iteration under the plan that ran. The fixed plans share one
-    calibration: each prediction is made just before its update phase from everything the fixed plans measured so far.
-    ``auto``'s iterations (:func:`~lightning_dos.bench.config.sweep_schedule`) start cold (the manager's
-    :meth:`~lightning_dos.update.manager.OptimizerStateManager.start_auto`: starting cost values, then the probe) and
-    keep their own planning state (calibration, plan, probe and re-plan counts) between them, so ``auto`` learns only
-    from its own update phases while sharing the process, its memory placement and the host's slow and fast spells with
-    the plans it is compared with.
-
-    Args:
-        plans: fixed plans as on the command line: ``host``, ``device``, a fraction, ``stride:K`` or lanes
-            joined by commas. ``auto`` is refused here: it re-plans by itself (see ``auto_steps``).
-        steps_per_plan: iterations each plan runs (rounds).
-        progress_path: if set, the raw records so far are written there (JSON) after every iteration, so a
-            run that is stopped from outside still leaves what it measured.
-        auto_steps: iterations of ``auto``, started cold, spread over the rounds after the first (0: none).
-    """
+    It sets the manager's plan at every batch's start (before the backward, so the device lane's gradients stay on the
+    device) and keeps the update records of each iteration under the plan that ran. The fixed plans share one planning
+    state; ``auto``'s ``auto_steps`` iterations (:func:`~lightning_dos.bench.sweep.config.sweep_schedule`) start cold
+    and keep their own, so ``auto`` learns only from its own update phases. ``progress_path``: where the records so
+    far go after every iteration."""
 
     def __init__(self, plans: Sequence[str], steps_per_plan: int,
                  progress_path: str | Path | None = None, auto_steps: int = 0) -> None:
