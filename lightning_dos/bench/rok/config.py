@@ -32,28 +32,20 @@ DEFAULT_DISK_PROBE_MIB = 256
 class Placement:
     """One point of the ROK curve."""
 
-    name: str  # What ``--activations`` takes.
-    checkpointing: bool  # Activation checkpointing in the model: each block's internals recomputed in backward.
-    offload: str | None  # The activation offload's placement (``"host"``, ``"nvme"``), or None: nothing moves.
-    summary: str  # One line for the help, the dry run and the report.
+    name: str  # what --activations takes
+    checkpointing: bool  # activation checkpointing: each block's internals recomputed in backward
+    offload: str | None  # where the offload moves saved tensors ("host", "nvme"); None: nothing moves
 
     @property
     def hook_placement(self) -> str:
-        """The ``ActivationOffloadCallback`` placement of a run that has the hooks on: ``"keep"`` measures only."""
+        """The ``ActivationOffloadCallback`` placement of a run with the hooks on: ``"keep"`` measures only."""
         return self.offload or "keep"
 
 
 #: Every placement, in the order they run and are reported (the reference, ``keep``, first).
 PLACEMENTS: dict[str, Placement] = {p.name: p for p in (
-    Placement("keep", False, None, "no activation checkpointing, nothing offloaded: every activation stays on the "
-              "device (the reference)"),
-    Placement("recompute", True, None, "activation checkpointing (each block's internals recomputed in backward), "
-              "nothing offloaded"),
-    Placement("offload-host", False, "host", "no checkpointing; the tensors saved for backward go to pinned host "
-              "memory during forward and come back ahead of backward (TBA's offload)"),
-    Placement("offload-nvme", False, "nvme", "no checkpointing; the tensors saved for backward go to files under "
-              "--nvme-path (through host buffers) and come back ahead of backward"),
-)}
+    Placement("keep", False, None), Placement("recompute", True, None), Placement("offload-host", False, "host"),
+    Placement("offload-nvme", False, "nvme"))}
 
 
 def placement(name: str) -> Placement:

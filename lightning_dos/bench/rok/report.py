@@ -7,8 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_dos.bench.report import MISSING, _environment_lines, _num, _sig, _table
-from lightning_dos.bench.rok.config import PLACEMENTS
+from lightning_dos.bench.report import MISSING, _environment_lines, _model_text, _num, _sig, _table
 
 __all__ = ["format_bytes", "render"]
 
@@ -132,12 +131,11 @@ def render(doc: dict[str, Any], chart: str | None = "rok.png") -> str:
     lines += _environment_lines(doc)
     measures = m.get("memory_measures") or {}
     lines += ["", "## Configuration", "",
-              f"- Model: {model['preset']}, {model['params']:,} parameters ({model['n_layer']} blocks, n_embd "
-              f"{model['n_embd']}); micro-batch {cfg['micro_batch']} x seq {cfg['seq_len']} = "
+              f"- Model: {_model_text(model)}; micro-batch {cfg['micro_batch']} x seq {cfg['seq_len']} = "
               f"{cfg['micro_batch'] * cfg['seq_len']:,} tokens per iteration, {cfg['precision']}, data {cfg['data']}, "
               f"seed {cfg['seed']}",
-              f"- Strategy: {rok['strategy']} (plan {rok['plan']}), sub_group_size {cfg['sub_group_size']:,}, the same "
-              "for every placement; each placement in a fresh worker process",
+              f"- Strategy: {rok['strategy']} (plan {rok['plan']}), sub_group_size "
+              f"{cfg['sub_group_size'] or 'of its fragment'}, the same for every placement, each in a fresh process",
               f"- Activation offload: min_tensor_bytes {rok['min_tensor_bytes']:,}, keep_last_layers "
               f"{rok['keep_last_layers']}" + (f", NVMe path `{rok['nvme_path']}`" if rok.get("nvme_path") else ""),
               f"- Iterations: {cfg['steps']} per run; warm-up {m['warmup_iterations'] or 'none'}, end to end "
@@ -169,9 +167,7 @@ def render(doc: dict[str, Any], chart: str | None = "rok.png") -> str:
     lines += [""]
     lines += _disk_lines(doc.get("disk"))
     lines += _budget_lines(doc.get("budget"))
-    lines += ["## Placements", ""]
-    lines += [f"- **{name}**: {p.summary}." for name, p in PLACEMENTS.items() if name in rok["placements"]]
-    lines += ["", "Full resolved configuration:", "", "```json"]
+    lines += ["Full resolved configuration:", "", "```json"]
     lines += json.dumps({"bench": cfg, "rok": rok}, indent=2).splitlines()
     lines += ["```", "", "Per-iteration figures (activation memory, act/* counters, phase times, losses) are in each "
               "run's `result.json` under `runs/`, with its log.", ""]
