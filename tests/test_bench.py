@@ -511,6 +511,22 @@ def test_a_recipe_is_what_every_configuration_starts_from_and_flags_override_it(
         "lightning_dos.data.SyntheticDataModule --data.batch_size 2 --data.vocab_size 96 --trainer.max_steps 10")
 
 
+def test_committed_reports_still_load_and_render(tmp_path: Path) -> None:
+    """Every committed results.json (docs/benchmarks) is still a ``--config`` file that parses, and its report and
+    chart still render, though they were written before the bench composed lightning-dos fit runs."""
+    from lightning_dos.bench import report
+
+    committed = [path for path in sorted((Path(__file__).resolve().parents[1] / "docs" / "benchmarks").glob("*.json"))
+                 if "results" in json.loads(path.read_text())]
+    assert len(committed) >= 20
+    for path in committed:
+        assert parse_args(["--config", str(path), "--dry-run"]).config.steps >= 1, path
+        doc = json.loads(path.read_text())
+        text = report.render(doc, next((r for r in doc["results"] if r["label"] == "zero3_offload"), None))
+        assert text.startswith("# lightning-dos bench: ") and "## Configuration" in text, path
+    assert chart.render(json.loads(committed[-1].read_text()), tmp_path / "chart.png").is_file()
+
+
 @pytest.mark.parametrize("argv", [["--plans", "sideways"], ["--steps", "3", "--warmup", "3"],
                                   ["--strategies", "zero2"], ["--ratios", "1.5"]])
 def test_bad_arguments_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:

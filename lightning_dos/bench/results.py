@@ -341,31 +341,28 @@ def scaling(results: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     return {"device_counts": counts, "reference_devices": reference, "baseline": BASELINE, "rows": rows}
 
 
+def document(kind: str | None, hardware: dict[str, Any], versions: dict[str, Any], config: BenchConfig,
+             model: dict[str, Any], date: str, measurement: dict[str, Any], **rest: Any) -> dict[str, Any]:
+    """A JSON document of any mode: schema, kind (None: a comparison's, which predates kinds), date, host, versions,
+    the settings with the workload resolved, the model, how it measured, then the mode's own entries."""
+    return {"schema_version": SCHEMA_VERSION, **({"kind": kind} if kind else {}), "date": date, "hardware": hardware,
+            "versions": versions, "config": config.to_dict(), "model": model, "measurement": measurement, **rest}
+
+
+def iteration_windows(config: BenchConfig) -> dict[str, list[int]]:
+    """Which iterations (from 1) were warm-up, measured, timed end to end and timed phase by phase."""
+    return {"warmup_iterations": list(range(1, config.warmup + 1)),
+            "measured_iterations": list(range(config.warmup + 1, config.steps + 1)),
+            "e2e_iterations": [k + 1 for k in config.e2e_iterations],
+            "phase_iterations": [k + 1 for k in config.phase_iterations]}
+
+
 def bench_document(hardware: dict[str, Any], versions: dict[str, Any], config: BenchConfig, model: dict[str, Any],
-             results: list[dict[str, Any]], date: str, timing_note: str) -> dict[str, Any]:
+                   results: list[dict[str, Any]], date: str, timing_note: str) -> dict[str, Any]:
     """The results.json document."""
-    measured = list(range(config.warmup + 1, config.steps + 1))
-    e2e = [k + 1 for k in config.e2e_iterations]
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "date": date,
-        "hardware": hardware,
-        "versions": versions,
-        "config": config.to_dict(),
-        "model": model,
-        "measurement": {
-            "warmup_iterations": list(range(1, config.warmup + 1)),
-            "measured_iterations": measured,
-            "e2e_iterations": e2e,
-            "phase_iterations": [k + 1 for k in config.phase_iterations],
-            "statistic": "median over the measured iterations of all successful repeats; spread = min, p25, p75, "
-                         "max",
-            "e2e": E2E_NOTE,
-            "timing": timing_note,
-        },
-        "baseline": BASELINE,
-        "results": results,
-    }
+    measurement = {**iteration_windows(config), "statistic": "median over the measured iterations of all successful "
+                   "repeats; spread = min, p25, p75, max", "e2e": E2E_NOTE, "timing": timing_note}
+    return document(None, hardware, versions, config, model, date, measurement, baseline=BASELINE, results=results)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lightning_dos.bench.config import PHASES, BenchConfig
-from lightning_dos.bench.results import SCHEMA_VERSION, e2e_samples
+from lightning_dos.bench.results import document, e2e_samples, iteration_windows
 from lightning_dos.bench.rok.config import RokConfig, placement
 from lightning_dos.bench.rok.search import Probe
 from lightning_dos.bench.stats import median, spread
@@ -169,28 +169,10 @@ def rok_document(hardware: dict[str, Any], versions: dict[str, Any], rok: RokCon
     """The rok.json document: the settings (``config``: ``resolved``, the workload resolved), the host, every
     placement's figures and the search."""
     config = resolved or rok.bench
-    measures = sorted({p["measure"] for p in placements if p.get("measure")})
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "rok_curve",
-        "date": date,
-        "hardware": hardware,
-        "versions": versions,
-        "config": config.to_dict(),
-        "rok": rok.to_dict(),
-        "model": model,
-        "measurement": {
-            "warmup_iterations": list(range(1, config.warmup + 1)),
-            "measured_iterations": list(range(config.warmup + 1, config.steps + 1)),
-            "e2e_iterations": [k + 1 for k in config.e2e_iterations],
-            "phase_iterations": [k + 1 for k in config.phase_iterations],
-            "headline": "the median end-to-end iteration (unsynchronised, as the bench's headline); the "
-                        "synchronised median where no iteration was timed end to end",
-            "memory_measures": {m: MEASURES[m] for m in measures},
-            "timing": timing_note,
-        },
-        "interrupted": interrupted,
-        "disk": disk,
-        "placements": placements,
-        "budget": budget,
-    }
+    measurement = {**iteration_windows(config), "headline": "the median end-to-end iteration (unsynchronised, as the "
+                   "bench's headline); the synchronised median where no iteration was timed end to end",
+                   "memory_measures": {m: MEASURES[m] for m in sorted({p["measure"] for p in placements
+                                                                     if p.get("measure")})},
+                   "timing": timing_note}
+    return document("rok_curve", hardware, versions, config, model, date, measurement, rok=rok.to_dict(),
+                    interrupted=interrupted, disk=disk, placements=placements, budget=budget)

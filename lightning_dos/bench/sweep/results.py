@@ -13,7 +13,7 @@ from typing import Any
 
 from lightning_dos.bench.config import BenchConfig
 from lightning_dos.bench.kinds import plan_argument
-from lightning_dos.bench.results import SCHEMA_VERSION, ratio
+from lightning_dos.bench.results import document, ratio
 from lightning_dos.bench.stats import median, spread
 from lightning_dos.bench.sweep.config import AUTO, AUTO_MIN_EXCLUDED, PLAN_WARMUP, Budget, SweepConfig, sweep_schedule
 from lightning_dos.planning.plan import parse_plan
@@ -201,33 +201,19 @@ def sweep_document(hardware: dict[str, Any], versions: dict[str, Any], sweep: Sw
                    budgets: list[dict[str, Any]], date: str, timing_note: str, interrupted: bool = False,
                    resolved: BenchConfig | None = None) -> dict[str, Any]:
     """The sweep.json document (``config``: ``resolved``, the bench settings with the workload resolved)."""
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "plan_sweep",
-        "date": date,
-        "hardware": hardware,
-        "versions": versions,
-        "config": (resolved or sweep.bench).to_dict(),
-        "sweep": sweep.to_dict(),
-        "model": model,
-        "measurement": {
-            "fixed_plans": f"one process per budget runs every plan for {sweep.steps_per_plan} iterations, in "
-                           f"rounds of one iteration of each plan in the order given; the first round is left out "
-                           "and the rest summarised by their median",
-            "auto": f"the same process runs plan auto for {sweep.auto_steps} iterations spread evenly over the "
-                    "rounds after the first, started cold (the starting cost values, then its probe) and keeping its "
-                    f"own calibration; the first {sweep.auto_excluded} (the probe steps, the first step of the chosen "
-                    "plan, warm-up) are left out",
-            "update_ms": "the DOS update phase's makespan (both lanes), from the manager's records",
-            "predicted_ms": "the manager's prediction for that update phase, made just before it with the cost "
-                            "parameters calibrated on every earlier update phase of the process (earlier plans' "
-                            "included)",
-            "prediction_error": "|predicted - measured| / measured per update phase; median over the measured "
-                                "update phases",
-            "timing": timing_note,
-        },
-        "interrupted": interrupted,
-        "budgets": budgets,
-    }
-
-
+    measurement = {
+        "fixed_plans": f"one process per budget runs every plan for {sweep.steps_per_plan} iterations, in rounds of "
+                       "one iteration of each plan in the order given; the first round is left out and the rest "
+                       "summarised by their median",
+        "auto": f"the same process runs plan auto for {sweep.auto_steps} iterations spread evenly over the rounds "
+                "after the first, started cold (the starting cost values, then its probe) and keeping its own "
+                f"calibration; the first {sweep.auto_excluded} (the probe steps, the first step of the chosen plan, "
+                "warm-up) are left out",
+        "update_ms": "the DOS update phase's makespan (both lanes), from the manager's records",
+        "predicted_ms": "the manager's prediction for that update phase, made just before it with the cost parameters "
+                        "calibrated on every earlier update phase of the process (earlier plans' included)",
+        "prediction_error": "|predicted - measured| / measured per update phase; median over the measured update "
+                            "phases",
+        "timing": timing_note}
+    return document("plan_sweep", hardware, versions, resolved or sweep.bench, model, date, measurement,
+                    sweep=sweep.to_dict(), interrupted=interrupted, budgets=budgets)
