@@ -1,8 +1,9 @@
 """Profile the forward, the backward or the step of one training iteration under a bench strategy (plain, no offload,
 ZeRO-3 offload, DOS).
 
-Builds exactly what a ``lightning-dos bench`` worker builds (module, data, strategy: the helpers of
-``lightning_dos.bench``), trains ``--steps`` iterations, times one window of every iteration and runs
+Builds exactly what a ``lightning-dos bench`` worker builds (the bench's recipe, the strategy's fragment of
+``configs/strategy/`` and the flags, through the LightningCLI of ``lightning-dos fit``:
+``lightning_dos.bench.compose``), trains ``--steps`` iterations, times one window of every iteration and runs
 ``torch.profiler`` over the *last* iteration's window only. ``--phase`` picks the window, the same spans as the
 bench's ``fwd_ms``, ``bwd_ms`` and ``step_ms``:
 
@@ -80,12 +81,18 @@ GAP_MS = 0.5
 
 
 # ---------------------------------------------------------------------------------------------- command line
+#: The defaults of the flags: the bench's recipe's (a GPU host running gpt-2.7b), subgroups of 1e8 parameters.
+DEFAULTS = {"model": "gpt-2.7b", "seq_len": 2048, "micro_batch": 4, "precision": "bf16-mixed", "accelerator": "auto",
+            "sub_group_size": 100_000_000, "seed": 1234}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Flags; model, batch and precision default to the bench's (a GPU host running gpt-2.7b)."""
-    from lightning_dos.bench.config import BenchConfig
+    from types import SimpleNamespace
+
     from lightning_dos.models.gpt import PRESETS
 
-    defaults = BenchConfig()
+    defaults = SimpleNamespace(**DEFAULTS)
     p = argparse.ArgumentParser(
         description="Profile the last iteration's forward, backward or step under one bench strategy.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -136,9 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def bench_config(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The bench's ``BenchConfig`` and ``RunSpec`` for the flags."""
+    """The bench's ``BenchConfig`` and ``RunSpec`` for the flags (DOS: serial, no resident subgroups, ``--dos`` on
+    top)."""
     from lightning_dos.bench.config import BenchConfig
-    from lightning_dos.bench.strategies import RunSpec
+    from lightning_dos.bench.kinds import RunSpec, plan_argument
 
     kind = STRATEGY_KINDS[args.strategy]
     dos = kind == "deep_optimizer_states"
@@ -155,7 +163,9 @@ def bench_config(args: argparse.Namespace) -> tuple[Any, Any]:
     config.validate()
     plan: str | float | None = args.plan if dos else {"zero3_offload": 1.0}.get(kind)  # None: no_offload, plain
     label = f"dos({args.plan})" if dos else kind
-    return config, RunSpec(label=label, strategy=kind, plan=plan)
+    extra = zero_overrides(args.dos, flag="--dos") if dos else {}
+    dos_args = {"plan": plan_argument(str(args.plan)), "overlap": False, "resident_gib": 0.0, **extra} if dos else {}
+    return config, RunSpec(label=label, strategy=kind, plan=plan, devices=args.devices, args=dos_args)
 
 
 def zero_overrides(pairs: list[str], flag: str = "--zero") -> dict[str, Any]:
@@ -464,30 +474,19 @@ def main(argv: list[str] | None = None) -> int:
     dos_kwargs = zero_overrides(args.dos, flag="--dos")
     out = Path(args.out)
 
-    import lightning.pytorch as pl
     import torch
 
-    import lightning_dos  # noqa: F401  (registers the strategies)
-    from lightning_dos.bench.strategies import build_strategy
-    from lightning_dos.bench.workload import build_data, build_module
+    from lightning_dos.bench.compose import build, fit_args
 
     overrides = zero_overrides(args.zero)
-    pl.seed_everything(config.seed, verbose=False)
-    strategy = build_strategy(config, spec) if not dos_kwargs else _dos_strategy(config, spec, dos_kwargs)
-    if overrides:  # never under plain (refused above): it has no DeepSpeed config
-        strategy.config["zero_optimization"].update(overrides)
-    module = build_module(config)
-    data = build_data(config, module.config.vocab_size)
     cls = _phase_profiler_class()
     profilers = [cls(phase=phase, profile_at=config.steps, with_stack=args.with_stack,
                      max_reduce_events=args.max_reduce_events if k == 0 else None) for k, phase in enumerate(phases)]
-    trainer = pl.Trainer(
-        accelerator=config.accelerator, devices=args.devices, strategy=strategy, precision=config.precision,
-        max_steps=config.steps, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=profilers, default_root_dir=str(out),
-    )
-    trainer.fit(module, datamodule=data)
+    cli = build(fit_args(config, spec, out), callbacks=profilers)
+    trainer, module = cli.trainer, cli.model
+    if overrides:  # never under plain (refused above): it has no DeepSpeed config
+        trainer.strategy.config["zero_optimization"].update(overrides)
+    trainer.fit(module, datamodule=cli.datamodule)
     rank_out = out / f"rank{trainer.global_rank}" if args.devices > 1 else out
     device = trainer.strategy.root_device
     on_cuda = device.type == "cuda"
@@ -528,17 +527,6 @@ def main(argv: list[str] | None = None) -> int:
         (dest / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
         print_summary(summary)
     return 0
-
-
-def _dos_strategy(config: Any, spec: Any, kwargs: dict[str, Any]) -> Any:
-    """The bench's DOS strategy with ``--dos`` arguments on top (they win over the bench's)."""
-    from lightning_dos import DeepOptimizerStatesStrategy
-    from lightning_dos.bench.strategies import plan_argument
-
-    base = {"plan": plan_argument(str(spec.plan)), "sub_group_size": config.sub_group_size,
-            "memory_budget_gib": config.memory_budget_gib, "pin_memory": config.pin_memory, "overlap": False,
-            "leaf_blocks": "auto", "resident_gib": 0.0}
-    return DeepOptimizerStatesStrategy(**{**base, **kwargs})
 
 
 if __name__ == "__main__":

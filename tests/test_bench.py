@@ -4,7 +4,8 @@ The end-to-end test runs a tiny model under vanilla ZeRO-3 offload and DOS (auto
 of the wrong length that must fail in its worker) and checks results.json (the end-to-end headline, the
 synchronised phases, the iteration timeline), the report and both figures. The other tests cover the timer (no
 synchronisation in end-to-end iterations) and the parent alone: argument resolution, statistics, aggregation
-(exact end-to-end figures from hand-made end times), comparisons and claims, the timeline figure, failure
+(exact end-to-end figures from hand-made end times), comparisons (and the project's targets, scripts/targets.py,
+on them), the timeline figure, failure
 classification (timeouts with a real child process) and a harness run whose launcher fails one configuration.
 """
 
@@ -20,17 +21,14 @@ from typing import Any
 
 import matplotlib.image
 import pytest
+from script_loader import load_script
 
 from lightning_dos.bench import chart, main
 from lightning_dos.bench.arguments import parse_args
-from lightning_dos.bench.claims import E2E_CLAIM, check_claims
+from lightning_dos.bench.compose import BENCH_RECIPE, payload
 from lightning_dos.bench.config import BenchConfig
-from lightning_dos.bench.harness import devices_skip_reason, no_offload_skip_reason, reusable_result, run_bench
-from lightning_dos.bench.launcher import classify_exit, launch, rank_failure
-from lightning_dos.bench.report import hardware_slug
-from lightning_dos.bench.results import aggregate, compare_to_baseline, e2e_samples, scaling
-from lightning_dos.bench.stats import spread
-from lightning_dos.bench.strategies import (
+from lightning_dos.bench.harness import devices_skip_reason, no_offload_skip_reason, run_bench
+from lightning_dos.bench.kinds import (
     RunSpec,
     at_devices,
     base_label,
@@ -39,7 +37,14 @@ from lightning_dos.bench.strategies import (
     schedule,
     single_device_reason,
 )
+from lightning_dos.bench.launcher import classify_exit, launch, rank_failure
+from lightning_dos.bench.pipeline import prepare, reusable
+from lightning_dos.bench.report import hardware_slug
+from lightning_dos.bench.results import aggregate, compare_to_baseline, e2e_samples, scaling
+from lightning_dos.bench.stats import spread
 
+TARGETS = load_script("targets")  # the project's own targets, outside the package
+E2E_CLAIM, check_claims = TARGETS.E2E_CLAIM, TARGETS.check_claims
 TINY = ["--model", "debug", "--n-layer", "2", "--n-embd", "64", "--vocab-size", "512", "--seq-len", "32",
         "--micro-batch", "2", "--steps", "4", "--warmup", "1", "--precision", "32-true", "--sub-group-size", "40000",
         "--lr", "0.01"]
@@ -137,14 +142,16 @@ def test_bench_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert base["speedup_vs_zero3_offload"]["iteration"] == pytest.approx(1.0)
     assert base["speedup_vs_zero3_offload"]["e2e_iteration"] == pytest.approx(1.0)
     assert base["iteration_timeline"]["update"] is None and base["iteration_timeline"]["iteration"] == 4
-    assert next(c for c in doc["claims"] if c["claim"] == E2E_CLAIM)["value"] > 0
+    assert "claims" not in doc  # a report states what was measured; the project's targets are not in it
+    assert next(c for c in check_claims(doc["results"]) if c["claim"] == E2E_CLAIM)["value"] > 0
 
     report = (out / "report.md").read_text()
     for text in ("## Hardware", "## Versions", "## Configuration", "end to end (what a user sees): iteration 2 ",
                  "phase by phase (synchronised): iterations 3-4", "## Speedup vs zero3_offload", "## Loss agreement",
-                 "dos(auto)", "failed", "chart.png", "## Host threads", E2E_CLAIM,
+                 "dos(auto)", "failed", "chart.png", "## Host threads", "| peak GPU memory |",
                  "](iteration_timeline.png)"):
         assert text in report, text
+    assert "claim" not in report.lower() and " met" not in report
     # what a user sees comes first, then the synchronised phases
     assert report.index("## What a user sees: end-to-end time per iteration") < report.index(
         "## Phase by phase (synchronised)") < report.index("## Speedup vs zero3_offload")
@@ -249,18 +256,18 @@ def test_bench_data_parallel_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert auto["speedup_e2e"]["ratio"] == pytest.approx(auto["speedup_e2e"]["at_n"] / auto["speedup_e2e"]["reference"])
     assert auto["e2e_tokens_per_s"]["ratio"] == pytest.approx(
         dp_dos["e2e_tokens_per_s"] / by_label["dos(auto)"]["e2e_tokens_per_s"])
-    claims = {c["claim"]: c for c in doc["claims"]}
+    claims = {c["claim"]: c for c in check_claims(doc["results"])}
     kept = claims["DOS/zero3_offload ratio at DP=2 vs DP=1"]
     assert kept["status"] in ("met", "missed") and kept["value"] == pytest.approx(auto["speedup_e2e"]["ratio"])
     assert claims["dos(auto) vs static_split 0.5 at DP=2 at lower peak GPU memory"]["status"] == "not measured"
 
     report = (out / "report.md").read_text()
     for text in ("## Data parallel", "| devices |", "| dos(auto)@dp2 | ok |", "](rank_timelines.png)",
-                 "DOS/zero3_offload ratio at DP=2 vs DP=1", "single-GPU only",
+                 "single-GPU only",
                  by_label["fsdp_offload@dp2"]["reason"][:60], "except that fsdp_offload builds the model on the host"):
         assert text in report, text
     assert report.index("## Speedup vs zero3_offload") < report.index("## Data parallel") < report.index(
-        "## Claims checked in this run")
+        "## DOS update phase")
     png = out / "rank_timelines.png"
     assert png.read_bytes()[:8] == PNG_SIGNATURE
     image = matplotlib.image.imread(png)  # two panels, one per rank, each with the update phase's lane rows
@@ -439,10 +446,16 @@ def test_e2e_steps_default_and_validation(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_defaults_target_a_gpu_host() -> None:
+    """Without flags the bench runs its own recipe (gpt-2.7b, seq 2048, micro-batch 4, bf16-mixed, random tokens)
+    under every strategy fragment as it is: no workload flag is set, and the settings resolve to the recipe's."""
     config = parse_args([]).config
-    assert (config.model, config.seq_len, config.micro_batch, config.precision) == ("gpt-2.7b", 2048, 4, "bf16-mixed")
-    assert config.activation_checkpointing and config.sub_group_size == 100_000_000
-    assert config.steps == 10 and config.warmup == 3
+    assert (config.model, config.seq_len, config.micro_batch, config.precision, config.sub_group_size) == (None,) * 5
+    assert config.steps == 10 and config.warmup == 3 and config.overlap == ["auto"]
+    assert BENCH_RECIPE["model"]["name"] == "gpt-2.7b" and BENCH_RECIPE["trainer"]["precision"] == "bf16-mixed"
+    _, resolved, model = prepare(config)
+    assert (resolved.model, resolved.seq_len, resolved.micro_batch, resolved.precision) == ("gpt-2.7b", 2048, 4,
+                                                                                            "bf16-mixed")
+    assert resolved.activation_checkpointing and resolved.data == "synthetic" and model["params"] == 2_780_451_840
     labels = [spec.label for spec in expand(config)]
     assert labels == ["zero3_offload", "static_split(0.25)", "static_split(0.5)", "static_split(0.75)", "dos(auto)",
                       "no_offload", "plain", "torchao_offload", "superoffload", "zenflow",
@@ -461,7 +474,7 @@ def test_flags_override_a_config_file(tmp_path: Path) -> None:
     assert plan_argument("0.5") == 0.5 and plan_argument("host,device") == ["host", "device"]
 
 
-def test_a_recipe_sets_the_workload_and_flags_override_it(tmp_path: Path) -> None:
+def test_a_recipe_is_what_every_configuration_starts_from_and_flags_override_it(tmp_path: Path) -> None:
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(
         "seed_everything: 7\n"
@@ -480,13 +493,38 @@ def test_a_recipe_sets_the_workload_and_flags_override_it(tmp_path: Path) -> Non
         "  class_path: lightning_dos.data.TextDataModule\n"
         "  init_args: {bpe_vocab_size: 512, seq_len: 64, batch_size: 8}\n"
     )
-    config = parse_args(["--recipe", str(recipe), "--micro-batch", "2"]).config
-    assert (config.model, config.n_layer, config.seq_len, config.micro_batch) == ("gpt-1b", 4, 64, 2)
-    assert (config.precision, config.sub_group_size, config.seed, config.learning_rate) == ("32-true", 20_000_000, 7,
-                                                                                             1e-3)
-    assert config.data == "text" and config.bpe_vocab_size == 512 and config.recipe == str(recipe)
-    assert not config.activation_checkpointing and not config.pin_memory
-    assert config.steps == 10  # the bench decides how long to run, not the recipe
+    config = parse_args(["--recipe", str(recipe), "--micro-batch", "2", "--synthetic", "--vocab-size", "96"]).config
+    assert config.recipe == str(recipe) and (config.model, config.n_layer, config.micro_batch) == (None, None, 2)
+    _, resolved, model = prepare(config)
+    assert (resolved.model, resolved.seq_len, resolved.micro_batch, resolved.precision, resolved.seed) == (
+        "gpt-1b", 64, 2, "32-true", 7)
+    assert resolved.data == "synthetic" and not resolved.activation_checkpointing and resolved.learning_rate == 1e-3
+    assert (model["n_layer"], model["vocab_size"], model["block_size"]) == (4, 96, 64)  # the data's vocabulary
+    assert resolved.steps == 10  # the bench decides how long to run, not the recipe
+    # each configuration: the recipe, its fragment, the flags given, the bench's own settings
+    spec = RunSpec("zero3_offload", "zero3_offload", 1.0)
+    fit = payload(config, spec, tmp_path / "run", write=False)["fit"]
+    assert fit["args"][:4] == ["--config", str(recipe.resolve()), "--config", fit["args"][3]]
+    assert fit["args"][3].endswith("configs/strategy/zero3_offload.yaml")
+    assert fit["command"].startswith(
+        f"lightning-dos fit --config {recipe.resolve()} --config configs/strategy/zero3_offload.yaml --data "
+        "lightning_dos.data.SyntheticDataModule --data.batch_size 2 --data.vocab_size 96 --trainer.max_steps 10")
+
+
+def test_committed_reports_still_load_and_render(tmp_path: Path) -> None:
+    """Every committed results.json (docs/benchmarks) is still a ``--config`` file that parses, and its report and
+    chart still render, though they were written before the bench composed lightning-dos fit runs."""
+    from lightning_dos.bench import report
+
+    committed = [path for path in sorted((Path(__file__).resolve().parents[1] / "docs" / "benchmarks").glob("*.json"))
+                 if "results" in json.loads(path.read_text())]
+    assert len(committed) >= 20
+    for path in committed:
+        assert parse_args(["--config", str(path), "--dry-run"]).config.steps >= 1, path
+        doc = json.loads(path.read_text())
+        text = report.render(doc, next((r for r in doc["results"] if r["label"] == "zero3_offload"), None))
+        assert text.startswith("# lightning-dos bench: ") and "## Configuration" in text, path
+    assert chart.render(json.loads(committed[-1].read_text()), tmp_path / "chart.png").is_file()
 
 
 @pytest.mark.parametrize("argv", [["--plans", "sideways"], ["--steps", "3", "--warmup", "3"],
@@ -504,18 +542,15 @@ def test_dry_run_lists_configurations(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_overlap_adds_dos_rows_and_reaches_the_strategy(capsys: pytest.CaptureFixture[str]) -> None:
-    from lightning_dos.bench.strategies import build_strategy
-
     invocation = parse_args([*TINY, "--strategies", "deep_optimizer_states", "--plans", "host", "--overlap", "off",
-                             "on"])
+                             "on", "auto"])
     specs = expand(invocation.config)
-    assert [(s.label, s.plan, s.overlap) for s in specs] == [
-        ("dos(auto)", "auto", False), ("dos(auto,overlap)", "auto", True),
-        ("dos(host)", "host", False), ("dos(host,overlap)", "host", True)]
-    assert [build_strategy(invocation.config, s).overlap for s in specs] == [False, True, False, True]
-    assert RunSpec(**specs[2].to_dict()) == specs[2]  # what a worker rebuilds from its payload
+    assert [(s.label, s.plan, s.args.get("overlap")) for s in specs] == [
+        ("dos(auto,serial)", "auto", False), ("dos(auto,overlap)", "auto", True), ("dos(auto)", "auto", None),
+        ("dos(host,serial)", "host", False), ("dos(host,overlap)", "host", True), ("dos(host)", "host", None)]
+    assert RunSpec(**specs[3].to_dict()) == specs[3]  # what a worker rebuilds from its payload
     assert [s.label for s in expand(parse_args([*TINY, "--strategies", "deep_optimizer_states"]).config)] == [
-        "dos(auto)"]  # off by default
+        "dos(auto)"]  # the strategy's own default (auto) unless asked
     for bad in (["--overlap", "maybe"], ["--overlap", "on", "--sweep"], ["--overlap", "on", "--activations", "keep"]):
         with pytest.raises(SystemExit):
             parse_args([*TINY, *bad])
@@ -527,16 +562,14 @@ def test_overlap_adds_dos_rows_and_reaches_the_strategy(capsys: pytest.CaptureFi
 def test_resident_gib_adds_dos_rows_reaches_the_strategy_and_shows_in_the_report(
         capsys: pytest.CaptureFixture[str]) -> None:
     from lightning_dos.bench.report import _dos_lines
-    from lightning_dos.bench.strategies import build_strategy
 
     invocation = parse_args([*TINY, "--strategies", "deep_optimizer_states", "--overlap", "off", "on",
                              "--resident-gib", "auto", "0", "3.85"])
     specs = expand(invocation.config)
-    assert [(s.label, s.overlap, s.resident_gib) for s in specs] == [
-        ("dos(auto)", False, "auto"), ("dos(auto,resident=0GiB)", False, 0.0),
-        ("dos(auto,resident=3.85GiB)", False, 3.85), ("dos(auto,overlap)", True, "auto"),
+    assert [(s.label, s.args["overlap"], s.args.get("resident_gib")) for s in specs] == [
+        ("dos(auto,serial)", False, None), ("dos(auto,serial,resident=0GiB)", False, 0.0),
+        ("dos(auto,serial,resident=3.85GiB)", False, 3.85), ("dos(auto,overlap)", True, None),
         ("dos(auto,overlap,resident=0GiB)", True, 0.0), ("dos(auto,overlap,resident=3.85GiB)", True, 3.85)]
-    assert [build_strategy(invocation.config, s).resident_gib for s in specs] == ["auto", 0.0, 3.85] * 2
     assert parse_args(TINY).config.resident_gib == ["auto"]  # the strategy's default unless asked
     assert RunSpec(**specs[2].to_dict()) == specs[2]
     for bad in (["--resident-gib", "x"], ["--resident-gib", "1", "--sweep"]):
@@ -556,15 +589,12 @@ def test_resident_gib_adds_dos_rows_reaches_the_strategy_and_shows_in_the_report
 
 
 def test_leaf_blocks_adds_dos_rows_and_reaches_the_strategy(capsys: pytest.CaptureFixture[str]) -> None:
-    from lightning_dos.bench.strategies import build_strategy
-
     invocation = parse_args([*TINY, "--strategies", "deep_optimizer_states", "--overlap", "off", "on",
                              "--leaf-blocks", "on", "off"])
     specs = expand(invocation.config)
-    assert [(s.label, s.overlap, s.leaf_blocks) for s in specs] == [
-        ("dos(auto)", False, True), ("dos(auto,layer-hooks)", False, False),
-        ("dos(auto,overlap)", True, True), ("dos(auto,overlap,layer-hooks)", True, False)]
-    assert [build_strategy(invocation.config, s).leaf_blocks for s in specs] == ["auto", False, "auto", False]
+    assert [(s.label, s.args["overlap"], s.args.get("leaf_blocks")) for s in specs] == [
+        ("dos(auto,serial)", False, None), ("dos(auto,serial,layer-hooks)", False, False),
+        ("dos(auto,overlap)", True, None), ("dos(auto,overlap,layer-hooks)", True, False)]
     assert RunSpec(**specs[2].to_dict()) == specs[2]
     for bad in (["--leaf-blocks", "maybe"], ["--leaf-blocks", "off", "--sweep"],
                 ["--leaf-blocks", "off", "--activations", "keep"]):
@@ -582,8 +612,8 @@ def test_repeats_are_interleaved() -> None:
 
 
 def test_no_offload_is_skipped_only_when_it_cannot_fit() -> None:
-    config = BenchConfig()
-    model = {"no_offload_state_gib_lower_bound": 41.7}
+    config = BenchConfig(accelerator="auto")
+    model = {"no_offload_state_gib_lower_bound": 41.7, "params": 2_600_000_000}
     assert no_offload_skip_reason(config, model, {"gpu_count": 1, "gpu_memory_gib": 139.8}) is None
     reason = no_offload_skip_reason(config, model, {"gpu_count": 1, "gpu_memory_gib": 22.0})
     assert reason is not None and "does not fit" in reason
@@ -838,7 +868,7 @@ def test_resume_reuses_finished_configurations_with_the_same_settings(tmp_path: 
             if spec.label == stop_at:
                 raise KeyboardInterrupt
             run_dir.mkdir(parents=True, exist_ok=True)  # what the real launcher and worker leave behind
-            (run_dir / "config.json").write_text(json.dumps({"bench": cfg.to_dict(), "run": spec.to_dict()}))
+            (run_dir / "config.json").write_text(json.dumps(payload(cfg, spec, run_dir)))
             result = {**_raw(spec.label, spec.strategy, [9.0, 5.0, 7.0], [2.0, 1.5, 1.0], end_s=[0.5, 0.75, 1.0]),
                       "plan": spec.plan}
             (run_dir / "result.json").write_text(json.dumps(result))
@@ -857,11 +887,11 @@ def test_resume_reuses_finished_configurations_with_the_same_settings(tmp_path: 
     assert second["results"][0]["e2e_iteration_ms"] == 250.0  # iteration 2: 0.75 s - 0.5 s
     # a result measured before end times were recorded has no headline: it is run again
     run_dir = tmp_path / "runs" / "zero3_offload_r0"
-    assert reusable_result(config, RunSpec("zero3_offload", "zero3_offload", 1.0), run_dir) is not None
+    assert reusable(config, RunSpec("zero3_offload", "zero3_offload", 1.0), run_dir) is not None
     older = json.loads((run_dir / "result.json").read_text())
     del older["iterations"]["end_s"]
     (run_dir / "result.json").write_text(json.dumps(older))
-    assert reusable_result(config, RunSpec("zero3_offload", "zero3_offload", 1.0), run_dir) is None
+    assert reusable(config, RunSpec("zero3_offload", "zero3_offload", 1.0), run_dir) is None
     (run_dir / "result.json").write_text(json.dumps({**older, "iterations": {**older["iterations"],
                                                                              "end_s": [0.5, 0.75, 1.0]}}))
     assert "**Resumed** (`--resume`)" in (tmp_path / "report.md").read_text()
@@ -881,11 +911,9 @@ def test_resume_reuses_finished_configurations_with_the_same_settings(tmp_path: 
     assert calls == ["zero3_offload", "dos(auto)", "dos(host)"] and third["reused"] == []
 
 
-def test_resume_needs_out_and_is_not_for_sweeps(capsys: pytest.CaptureFixture[str]) -> None:
+def test_resume_needs_out(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*TINY, "--resume"]) == 2
     assert "--resume: set --out" in capsys.readouterr().err
-    assert main([*TINY, "--resume", "--out", "x", "--sweep"]) == 2
-    assert "a plan sweep cannot be resumed" in capsys.readouterr().err
 
 
 # --- data parallel ------------------------------------------------------------------------------------------------
@@ -956,13 +984,15 @@ def test_single_gpu_kinds_get_a_skipped_row_at_several_devices(tmp_path: Path,
     assert "4 configurations x 1 repeat(s), device counts 1, 2:" in printed
     assert "plain@dp2" in printed and "devices=2  (skipped: single-GPU only" in printed
     # on a GPU host, a count above its GPUs is skipped with the reason
-    gpu = BenchConfig(accelerator="gpu", devices=[1, 4])
+    gpu = BenchConfig(accelerator="gpu", devices=[1, 4])  # resolved: the accelerator is known
     four = RunSpec("zero3_offload@dp4", "zero3_offload", 1.0, devices=4)
     assert devices_skip_reason(four, gpu, {"gpu_count": 2}) == "needs 4 GPUs; this host has 2 (set --devices to at " \
                                                               "most 2)"
     assert devices_skip_reason(four, gpu, {"gpu_count": 8}) is None
-    assert no_offload_skip_reason(BenchConfig(), {"no_offload_state_gib_lower_bound": 41.7},
-                                  {"gpu_count": 2, "gpu_memory_gib": 22.0}, devices=2) is None  # sharded: 20.9 each
+    assert no_offload_skip_reason(BenchConfig(accelerator="auto"), {"no_offload_state_gib_lower_bound": 41.7,
+                                                                    "params": 1}, {"gpu_count": 2,
+                                                                                   "gpu_memory_gib": 22.0},
+                                  devices=2) is None  # sharded: 20.9 each
 
 
 def _rank(rank: int, iteration: list[float], losses: list[float], host: float, gpu: float | None,
@@ -1095,10 +1125,10 @@ def test_a_failing_rank_is_reported_with_its_error(tmp_path: Path, monkeypatch: 
     (inject / "sitecustomize.py").write_text(
         "import os\n"
         "if os.environ.get('LOCAL_RANK') == '1':\n"
-        "    import lightning_dos.bench.workload as workload\n\n"
-        "    def build_module(config):\n"
+        "    import lightning_dos.bench.compose as compose\n\n"
+        "    def build(args, callbacks=(), instantiate_trainer=True):\n"
         "        raise RuntimeError('injected: rank 1 cannot build its model\\nsecond line')\n\n"
-        "    workload.build_module = build_module\n")
+        "    compose.build = build\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(inject), os.environ.get("PYTHONPATH", "")]))
     config = parse_args([*TINY, "--accelerator", "cpu"]).config
     spec = at_devices(RunSpec("dos(auto)", "deep_optimizer_states", "auto"), 2)

@@ -7,7 +7,8 @@ keeps less resident than keep), the report and the chart; then, with ``--resume`
 budget between keep's and offload-host's peaks, derived from what they measured, under which offload-host fits a
 larger micro-batch than keep. The other tests cover the parts alone: argument errors, the doubling/bisection search
 with a fake probe, the GPU measure of the meter with CUDA's statistics faked, a harness run with a fake launcher that
-reports GPU figures and out-of-memory probes, the claims and the disk measurement.
+reports GPU figures and out-of-memory probes, the project's claims (``scripts/targets.py``, outside the package)
+and the disk measurement.
 """
 
 from __future__ import annotations
@@ -21,18 +22,22 @@ from typing import Any
 import matplotlib.image
 import pytest
 import torch
+from script_loader import load_script
 
 from lightning_dos.bench import main
 from lightning_dos.bench.arguments import parse_args
-from lightning_dos.bench.claims import ROK_BUDGET, ROK_HOST_VS_KEEP, ROK_HOST_VS_RECOMPUTE, rok_claims
 from lightning_dos.bench.config import BenchConfig
+from lightning_dos.bench.kinds import RunSpec
 from lightning_dos.bench.rok.config import RokConfig
 from lightning_dos.bench.rok.disk import measure_disk
 from lightning_dos.bench.rok.harness import run_rok
 from lightning_dos.bench.rok.meter import ActivationMemoryMeter
 from lightning_dos.bench.rok.search import Probe, search_micro_batch
-from lightning_dos.bench.strategies import RunSpec
 
+TARGETS = load_script("targets")  # the project's own targets, outside the package
+ROK_BUDGET, ROK_HOST_VS_KEEP, ROK_HOST_VS_RECOMPUTE = TARGETS.ROK_BUDGET, TARGETS.ROK_HOST_VS_KEEP, \
+    TARGETS.ROK_HOST_VS_RECOMPUTE
+rok_claims = TARGETS.rok_claims
 # tests/test_bench.py's TINY, with 4 blocks: with the last one kept, offload moves three of them
 TINY = ["--model", "debug", "--n-layer", "4", "--n-embd", "64", "--vocab-size", "512", "--seq-len", "32",
         "--micro-batch", "2", "--steps", "4", "--warmup", "1", "--precision", "32-true", "--sub-group-size", "40000",
@@ -63,7 +68,8 @@ def test_rok_curve_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixtu
 
     doc = json.loads((out / "rok.json").read_text())
     assert {"hardware", "versions", "config", "rok", "model", "measurement", "disk", "placements", "budget",
-            "claims", "interrupted"} <= set(doc)
+            "interrupted"} <= set(doc)
+    assert "claims" not in doc  # the report states what was measured; the project's claims are not in it
     assert doc["kind"] == "rok_curve" and doc["interrupted"] is False and doc["budget"] is None
     assert doc["rok"]["placements"] == PLACEMENTS and doc["rok"]["strategy"] == "deep_optimizer_states"
     assert doc["rok"]["plan"] == "host" and doc["rok"]["nvme_path"] == str(nvme)
@@ -91,16 +97,17 @@ def test_rok_curve_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert placements["recompute"]["peak_activation_bytes"] < keep["peak_activation_bytes"]
     assert doc["disk"]["error"] is None and doc["disk"]["write_mb_s"] > 0 and doc["disk"]["read_mb_s"] > 0
     assert not list(nvme.iterdir())  # the activation files and the bandwidth file are gone
-    assert [c["claim"] for c in doc["claims"]] == [ROK_HOST_VS_KEEP, ROK_HOST_VS_RECOMPUTE]
-    assert all(c["status"] in ("met", "missed") for c in doc["claims"])
+    claims = rok_claims(doc["placements"], doc["budget"])
+    assert [c["claim"] for c in claims] == [ROK_HOST_VS_KEEP, ROK_HOST_VS_RECOMPUTE]
+    assert all(c["status"] in ("met", "missed") for c in claims)
 
     report = (out / "rok.md").read_text()
     for text in ("## ROK curve", "| placement | status | iteration ms | overhead vs keep | peak activation memory | "
                  "reduction vs keep | tokens/s |", "| offload-host | ok |", "## Activation offload counters",
-                 "## NVMe directory bandwidth", "## Claims", ROK_HOST_VS_KEEP, ROK_HOST_VS_RECOMPUTE,
-                 "Peak activation memory (accounting)", "![iteration time against peak activation memory](rok.png)"):
+                 "## NVMe directory bandwidth", "Peak activation memory (accounting)",
+                 "![iteration time against peak activation memory](rok.png)"):
         assert text in report, text
-    assert "What the memory buys" not in report
+    assert "What the memory buys" not in report and "claim" not in report.lower()
     one_panel = matplotlib.image.imread(out / "rok.png")
     assert (out / "rok.png").read_bytes()[:8] == PNG_SIGNATURE and one_panel.shape[0] >= 400
 
@@ -316,7 +323,7 @@ def test_a_search_on_a_gpu_counts_out_of_memory_as_too_big(tmp_path: Path) -> No
         (4, True, "ok"), (8, False, "oom"), (6, False, "oom"), (5, False, "oom")]
     assert searches["keep"]["largest_micro_batch"] == 4
     assert searches["offload-host"]["largest_micro_batch"] == 40 and searches["recompute"]["largest_micro_batch"] == 40
-    claims = {c["claim"]: c for c in doc["claims"]}
+    claims = {c["claim"]: c for c in rok_claims(doc["placements"], doc["budget"])}
     assert claims[ROK_HOST_VS_KEEP]["status"] == "met"  # 67% less at +3%
     assert claims[ROK_HOST_VS_RECOMPUTE]["status"] == "met"  # faster, same memory
     # both fit micro-batch 40 in the budget, keep 4: each against keep by the tokens/s their searches measured
@@ -346,7 +353,7 @@ def test_a_failed_placement_is_reported_and_not_searched_blindly(tmp_path: Path)
     search = doc["budget"]["searches"][1]
     assert search["status"] == "incomplete" and search["largest_micro_batch"] == 0
     assert search["reason"] == "micro-batch 2: failed: RuntimeError: injected"
-    assert all(c["status"] == "not measured" for c in doc["claims"])
+    assert all(c["status"] == "not measured" for c in rok_claims(doc["placements"], doc["budget"]))
     report = (tmp_path / "rok.md").read_text()
     assert "- offload-host: failed: RuntimeError: injected" in report
 

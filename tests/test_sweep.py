@@ -3,7 +3,8 @@
 The end-to-end test sweeps three fixed plans of a tiny model, then ``auto`` started cold, in one process, and
 checks that every iteration ran the plan the sweep set for it, the figures in sweep.json, the report and the
 chart. The other tests cover the parent alone: the callback's switching (a stand-in manager), the budgets, the
-command line, the per-plan and ``auto`` figures and the four targets with exact numbers (met, missed, not
+command line, the per-plan and ``auto`` figures, the ratios the report states, and the project's four targets
+(``scripts/targets.py``, outside the package) with exact numbers (met, missed, not
 measured), and a fixed-plan process stopped by its time limit that still reports the plans it finished.
 """
 
@@ -17,26 +18,31 @@ from typing import Any
 
 import matplotlib.image
 import pytest
+from script_loader import load_script
 
 from lightning_dos.bench import main
 from lightning_dos.bench.arguments import parse_args
-from lightning_dos.bench.claims import AUTO_VS_BEST, AUTO_VS_STRIDES, NO_OOM, PREDICTION, overall_targets
-from lightning_dos.bench.config import (
+from lightning_dos.bench.config import BenchConfig
+from lightning_dos.bench.kinds import RunSpec
+from lightning_dos.bench.sweep.config import (
     AUTO_MIN_EXCLUDED,
     DEFAULT_SWEEP_PLANS,
-    BenchConfig,
+    PROGRESS_FILE,
     SweepConfig,
     resolve_budget,
     sweep_schedule,
 )
-from lightning_dos.bench.harness import run_sweep
-from lightning_dos.bench.results import summarize_auto, summarize_budget
-from lightning_dos.bench.strategies import RunSpec
-from lightning_dos.bench.worker import PROGRESS_FILE, PlanSweep
+from lightning_dos.bench.sweep.harness import run_sweep
+from lightning_dos.bench.sweep.results import summarize_auto, summarize_budget
+from lightning_dos.bench.sweep.worker import PlanSweep
 from lightning_dos.planning.auto import PROBE_STEPS
 from lightning_dos.planning.plan import resolve_plan
 from lightning_dos.update.timings import LaneTimings
 
+TARGETS = load_script("targets")  # the project's own targets, outside the package
+AUTO_VS_BEST, AUTO_VS_STRIDES, NO_OOM, PREDICTION = (TARGETS.AUTO_VS_BEST, TARGETS.AUTO_VS_STRIDES, TARGETS.NO_OOM,
+                                                     TARGETS.PREDICTION)
+overall_targets = TARGETS.overall_targets
 TINY = ["--model", "debug", "--n-layer", "2", "--n-embd", "64", "--vocab-size", "512", "--seq-len", "32",
         "--micro-batch", "2", "--steps", "4", "--warmup", "1", "--precision", "32-true", "--sub-group-size", "40000",
         "--lr", "0.01"]
@@ -56,7 +62,8 @@ def test_sweep_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "1/1 processes completed" in printed
 
     doc = json.loads((out / "sweep.json").read_text())
-    assert {"hardware", "versions", "config", "sweep", "model", "budgets", "targets", "date"} <= set(doc)
+    assert {"hardware", "versions", "config", "sweep", "model", "budgets", "date"} <= set(doc)
+    assert "targets" not in doc  # the report states ratios; the project's targets are not in it
     assert doc["hardware"]["bench_device"]["type"] == "cpu"
     assert doc["sweep"]["plans"] == ["host", "0.5", "stride:2"] and doc["sweep"]["steps_per_plan"] == 2
     assert doc["config"]["memory_budget_gib"] is None and doc["config"]["out"] == str(out)
@@ -119,18 +126,22 @@ def test_sweep_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert auto["iteration_ms"] == pytest.approx(raw["iterations"]["iteration_ms"][8])
     assert None not in raw["iterations"]["iteration_ms"] and doc["config"]["e2e_steps"] == 0  # all synchronised
 
-    targets = {t["target"]: t for t in budget["targets"]}
+    assert budget["auto_vs_best"] == pytest.approx(auto["update_ms"] / budget["best"]["update_ms"])
+    assert budget["fastest_stride"]["plan"] == "stride:2"
+    assert budget["auto_vs_fastest_stride"] == pytest.approx(auto["update_ms"] / plans["stride:2"]["update_ms"])
+    targets = _targets(budget)
     assert list(targets) == [AUTO_VS_BEST, PREDICTION, NO_OOM, AUTO_VS_STRIDES]
     assert targets[NO_OOM]["status"] == "met"
     for t in targets.values():
         assert t["status"] in ("met", "missed") and t["value"] is not None, t
-    assert [t["target"] for t in doc["targets"]] == list(targets)
+    assert [t["target"] for t in overall_targets(doc["budgets"])] == list(targets)
 
     report = (out / "sweep.md").read_text()
     for text in ("# lightning-dos plan sweep: debug on CPU", "## Hardware", "## Versions", "## Configuration",
-                 "## Targets", "## Budget: unlimited", "| auto |", AUTO_VS_BEST, PREDICTION, NO_OOM,
-                 AUTO_VS_STRIDES, "sweep.png", '"steps_per_plan": 2'):
+                 "## auto against the swept plans", "| auto / best |", "## Budget: unlimited", "| auto |",
+                 "sweep.png", '"steps_per_plan": 2'):
         assert text in report, text
+    assert "target" not in report.lower() and "met" not in report.split()
     for name in plans:  # every swept plan has a row; the best one (timing decides which) is marked
         row = f"| **{name}** (best) |" if name == budget["best"]["plan"] else f"| {name} |"
         assert row in report, row
@@ -281,7 +292,7 @@ def test_sweep_defaults_and_its_own_options() -> None:
     assert sweep.plans == ["0.0", "0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8", "0.9", "1.0", "stride:2",
                            "stride:3", "stride:4", "stride:5", "stride:6"] == list(DEFAULT_SWEEP_PLANS)
     assert sweep.steps_per_plan == 3 and sweep.budgets == ["unlimited", "quarter"]
-    assert sweep.fixed_steps == 48 and sweep.auto_excluded == 3 and sweep.bench.model == "gpt-2.7b"
+    assert sweep.fixed_steps == 48 and sweep.auto_excluded == 3 and sweep.bench.model is None  # the recipe's
     assert sweep.auto_steps == 10 and sweep.process_steps == 58
     assert sweep.bench.strategies == ["deep_optimizer_states"] and sweep.bench.plans == ["auto"]
     budget = resolve_budget("quarter", 1_000)
@@ -372,7 +383,8 @@ def _sweep(plans: list[str]) -> SweepConfig:
 
 
 def _targets(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {t["target"]: t for t in summary["targets"]}
+    """The project's targets for one budget of sweep.json, as ``scripts/targets.py`` checks them."""
+    return {t["target"]: t for t in TARGETS.budget_targets(summary)}
 
 
 def test_figures_leave_out_warm_up_and_the_targets_are_met() -> None:
@@ -524,12 +536,12 @@ def test_a_timed_out_sweep_keeps_the_plans_it_finished(tmp_path: Path) -> None:
     t = _targets(done)
     assert t[AUTO_VS_BEST]["status"] == "met" and t[AUTO_VS_BEST]["value"] == pytest.approx(37 / 39 - 1)
     assert t[AUTO_VS_STRIDES]["status"] == "met" and t[NO_OOM]["status"] == "met"
-    assert {t["target"]: t["status"] for t in doc["targets"]}[NO_OOM] == "missed"
+    assert {t["target"]: t["status"] for t in overall_targets(doc["budgets"])}[NO_OOM] == "missed"
 
     report = (tmp_path / "sweep.md").read_text()
     assert "Partial" not in report
     for text in ("## Budget: unlimited", "## Budget: quarter (", "| 0.5 | timeout |", "| stride:2 | not run |",
-                 "**missed**", "during plan 0.5", "1/3 plans completed", "| auto | ok |",
+                 "| unlimited | timeout |", "during plan 0.5", "1/3 plans completed", "| auto | ok |",
                  "4 of 5 iterations: the process stopped during plan 0.5"):
         assert text in report, text
     assert json.loads((tmp_path / "sweep.json").read_text())["budgets"][0]["plans"][1]["status"] == "timeout"
@@ -537,7 +549,7 @@ def test_a_timed_out_sweep_keeps_the_plans_it_finished(tmp_path: Path) -> None:
 
 
 def test_the_report_names_autos_host_order_when_it_is_not_id_order() -> None:
-    from lightning_dos.bench.report import _host_order_text
+    from lightning_dos.bench.sweep.report import _host_order_text
 
     assert _host_order_text({"lanes": "HDHH", "host_order": [3, 0, 2]}) == ", host lane in order 3 0 2"
     assert _host_order_text({"lanes": "HDHH", "host_order": [0, 2, 3]}) == ""

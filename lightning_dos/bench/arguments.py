@@ -1,13 +1,8 @@
-"""Owns the ``lightning-dos bench`` command line: flags, a training recipe, an optional JSON config file, their merge.
+"""Owns the ``lightning-dos bench`` command line: flags, an optional JSON config file, their merge.
 
-Precedence, lowest first: :class:`~lightning_dos.bench.config.BenchConfig` defaults (a GPU host running
-gpt-2.7b), then ``--recipe FILE`` (a training recipe's model, data and precision: :func:`recipe_settings`), then
-``--config FILE`` (JSON with the same keys), then the flags given. Flags that are not given leave the lower layers
-alone, so a recipe or config file can be tweaked from the command line. ``--sweep`` turns the invocation into a plan
-sweep (:class:`~lightning_dos.bench.config.SweepConfig`): the same model and data settings, with its own plan list,
-iterations per plan and memory budgets instead of the strategy comparison's options. ``--activations`` turns it into
-a ROK curve (:class:`~lightning_dos.bench.rok.config.RokConfig`): the same settings under one strategy, with the
-placements, the NVMe directory, the activation offload's knobs and the micro-batch search's budget.
+Precedence, lowest first: :class:`~lightning_dos.bench.config.BenchConfig`'s defaults, ``--config FILE`` (JSON of the
+same keys), the flags given; the workload flags go over the recipe (:mod:`~lightning_dos.bench.compose`). ``--sweep``
+and ``--activations`` turn the invocation into a plan sweep or a ROK curve, each with options of its own.
 """
 
 from __future__ import annotations
@@ -18,26 +13,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_dos.bench.config import DEFAULT_BUDGETS, DEFAULT_SWEEP_PLANS, BenchConfig, SweepConfig
-from lightning_dos.bench.rok.config import DEFAULT_DISK_PROBE_MIB, DEFAULT_MAX_MICRO_BATCH, DEFAULT_STRATEGY, RokConfig
-from lightning_dos.bench.rok.placements import PLACEMENTS
-from lightning_dos.bench.strategies import STRATEGIES, dos_plans, plan_argument
+from lightning_dos.bench.config import BenchConfig
+from lightning_dos.bench.kinds import STRATEGIES, dos_plans, plan_argument
+from lightning_dos.bench.rok import config as rok_config
+from lightning_dos.bench.rok.config import DEFAULT_STRATEGY, PLACEMENTS, RokConfig
+from lightning_dos.bench.sweep.config import DEFAULT_BUDGETS, DEFAULT_SWEEP_PLANS, SweepConfig
 
-PROG = "lightning-dos bench"
 EPILOG = """examples:
   lightning-dos bench                                   # gpt-2.7b, seq 2048, micro-batch 4, bf16-mixed, all strategies
   lightning-dos bench --plans host device 0.5 stride:3  # DOS auto plus four fixed plans
   lightning-dos bench --model gpt-1b --strategies zero3_offload deep_optimizer_states --repeats 3
-  lightning-dos bench --recipe recipes/gpt-2.7b.yaml    # model, data, batch and precision of a training recipe
+  lightning-dos bench --recipe recipes/gpt2-124m.yaml   # every configuration starts from a training recipe
   lightning-dos bench --devices 1 2                     # every configuration on one GPU, then data parallel on two
-  lightning-dos bench --dry-run                         # print the resolved config and configurations only
+  lightning-dos bench --dry-run                         # the resolved settings and each configuration's command
   lightning-dos bench --out runs/bench/x --resume       # continue a bench stopped by Ctrl-C or a time limit
   lightning-dos bench --sweep --model gpt-1b            # plan sweep: fixed plans vs auto, unlimited and quarter budget
-  lightning-dos bench --activations keep recompute offload-host offload-nvme --nvme-path /mnt/nvme/act
-                                                        # the ROK curve: time against activation memory, per placement
+  lightning-dos bench --activations keep recompute offload-host offload-nvme --nvme-path /mnt/nvme/act  # ROK curve
   lightning-dos bench --activations keep offload-host --activation-budget-gib 20  # largest micro-batch in 20 GiB
 """
-#: Comparison options that mean nothing to a plan sweep (it picks its own strategies, plans and budgets).
+#: Comparison options a plan sweep refuses (it picks its own strategies, plans and budgets), and why.
 NOT_FOR_SWEEP = {"strategies": "--strategies", "ratios": "--ratios", "plans": "--plans (use --sweep-plans)",
                  "repeats": "--repeats", "force_no_offload": "--force-no-offload",
                  "memory_budget_gib": "--memory-budget-gib (use --budgets)",
@@ -45,53 +39,47 @@ NOT_FOR_SWEEP = {"strategies": "--strategies", "ratios": "--ratios", "plans": "-
                  "overlap": "--overlap (the sweep times update phases, which overlap would hide)",
                  "leaf_blocks": "--leaf-blocks (the sweep times update phases)",
                  "resident_gib": "--resident-gib (the sweep compares plans of every subgroup)"}
-#: Options of the plan sweep only.
 SWEEP_ONLY = {"sweep_plans": "--sweep-plans", "steps_per_plan": "--steps-per-plan", "budgets": "--budgets"}
-#: Options of the ROK curve only (``--activations``), and the RokConfig field each sets.
+#: Options of the ROK curve only: flag and the RokConfig field it sets.
 ROK_ONLY = {"nvme_path": ("--nvme-path", "nvme_path"),
             "activation_budget_gib": ("--activation-budget-gib", "budget_gib"),
             "activation_min_tensor_bytes": ("--activation-min-tensor-bytes", "min_tensor_bytes"),
             "activation_keep_last_layers": ("--activation-keep-last-layers", "keep_last_layers"),
             "max_micro_batch": ("--max-micro-batch", "max_micro_batch"),
             "disk_probe_mib": ("--disk-probe-mib", "disk_probe_mib")}
-#: Options that mean nothing to the ROK curve (one strategy, one device, the placements set checkpointing).
+#: Options the ROK curve refuses (one strategy, one device, each placement sets checkpointing).
 NOT_FOR_ROK = {"ratios": "--ratios", "repeats": "--repeats", "overlap": "--overlap", "leaf_blocks": "--leaf-blocks",
-               "resident_gib": "--resident-gib",
-               "force_no_offload": "--force-no-offload",
+               "resident_gib": "--resident-gib", "force_no_offload": "--force-no-offload",
                "activation_checkpointing": "--[no-]activation-checkpointing (each placement sets it)"}
 
 
 @dataclass
 class Invocation:
-    """What the command line asked for: the resolved config and how to run it."""
+    """What the command line asked for."""
 
-    config: BenchConfig
-    """The fully resolved bench configuration."""
-    dry_run: bool = False
-    """Print the configuration and the list of configurations, run nothing."""
-    resume: bool = False
-    """Reuse the configurations that finished in ``--out`` with the same measurement settings (``--resume``)."""
-    sweep: SweepConfig | None = None
-    """The plan sweep to run instead of the strategy comparison (``--sweep``), or None."""
-    rok: RokConfig | None = None
-    """The ROK curve to run instead of the strategy comparison (``--activations``), or None."""
+    config: BenchConfig  # The bench settings (in a sweep or a ROK curve, those of its ``bench``).
+    dry_run: bool = False  # Print the settings and the runs, run nothing.
+    resume: bool = False  # Reuse the runs that finished in ``--out`` running exactly the same (``--resume``).
+    sweep: SweepConfig | None = None  # The plan sweep to run instead of the comparison (``--sweep``).
+    rok: RokConfig | None = None  # The ROK curve to run instead of the comparison (``--activations``).
 
 
 def _on_off(text: str) -> bool:
-    """``on`` or ``off`` as a bool."""
-    value = text.strip().lower()
-    if value not in ("on", "off"):
+    if text.strip().lower() not in ("on", "off"):
         raise argparse.ArgumentTypeError(f"{text!r}: use on or off")
-    return value == "on"
+    return text.strip().lower() == "on"
+
+
+def _auto_on_off(text: str) -> bool | str:
+    return "auto" if text.strip().lower() == "auto" else _on_off(text)
 
 
 def _gib_or_auto(text: str) -> float | str:
-    """``auto`` or a size in GiB."""
     return "auto" if text.strip().lower() == "auto" else float(text)
 
 
 def _count(text: str) -> int:
-    """A positive count that may be written in scientific notation, e.g. ``1e8``."""
+    """A whole number, maybe in scientific notation (``1e8``)."""
     value = float(text)
     if value != int(value):
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
@@ -100,207 +88,90 @@ def _count(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; every option defaults to "not given" so lower layers show through."""
-    p = argparse.ArgumentParser(
-        prog=PROG,
-        description="Compare optimizer-offload strategies (vanilla ZeRO-3 offload, DeepSpeed's static split, "
-        "Deep Optimizer States, no offload) on this host: same model, data, seed and batch, each configuration "
-        "in its own process.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        argument_default=argparse.SUPPRESS,
-    )
-    p.add_argument("--recipe", metavar="FILE", help="training recipe (YAML, as for lightning-dos fit) to take the "
-                   "model, data, batch, precision and seed from; --config and flags override it")
-    p.add_argument("--config", dest="config_file", metavar="FILE", help="JSON file of bench settings (keys as in "
-                   "results.json's config); flags override it")
-    model = p.add_argument_group("model")
-    model.add_argument("--model", metavar="PRESET",
-                       help="model preset: debug, gpt-10m, gpt-1b, gpt-2.7b (default), gpt-4b")
-    model.add_argument("--n-layer", dest="n_layer", type=int, metavar="N",
-                       help="transformer blocks (overrides the preset)")
-    model.add_argument("--n-embd", dest="n_embd", type=int, metavar="N", help="hidden size (overrides the preset)")
-    model.add_argument("--n-head", dest="n_head", type=int, metavar="N",
-                       help="attention heads (overrides the preset)")
-    model.add_argument("--vocab-size", dest="vocab_size", type=int, metavar="N",
-                       help="vocabulary size (overrides the preset)")
-    model.add_argument("--activation-checkpointing", dest="activation_checkpointing",
-                       action=argparse.BooleanOptionalAction, help="recompute activations in backward (default on)")
-    train = p.add_argument_group("training")
-    train.add_argument("--seq-len", dest="seq_len", type=int, metavar="N", help="tokens per sequence (default 2048)")
-    train.add_argument("--micro-batch", dest="micro_batch", type=int, metavar="N",
-                       help="sequences per iteration (default 4)")
-    train.add_argument("--precision", metavar="P", help="Lightning precision (default bf16-mixed; 32-true on a CPU)")
-    train.add_argument("--sub-group-size", dest="sub_group_size", type=_count, metavar="N",
-                       help="parameters per optimizer-state subgroup, every strategy (default 1e8)")
-    train.add_argument("--steps", type=int, metavar="N", help="iterations per run, warm-up included (default 10)")
-    train.add_argument("--warmup", type=int, metavar="N",
-                       help="leading iterations left out of the statistics (default 3)")
-    train.add_argument("--e2e-steps", dest="e2e_steps", type=int, metavar="N",
-                       help="iterations after the warm-up timed end to end with no synchronisation (the headline); "
-                       "the rest are timed phase by phase, synchronised; --steps must exceed --warmup + N "
-                       "(default: half the measured iterations, rounded down)")
-    train.add_argument("--repeats", type=int, metavar="N",
-                       help="fresh-process runs of each configuration (default 1)")
-    train.add_argument("--seed", type=int, metavar="N", help="model and data seed (default 1234)")
-    train.add_argument("--lr", dest="learning_rate", type=float, metavar="LR",
-                       help="AdamW learning rate (default 3e-4)")
-    train.add_argument("--accelerator", metavar="A", help="auto (default), gpu or cpu")
-    which = p.add_argument_group("configurations")
-    which.add_argument("--strategies", nargs="+", choices=STRATEGIES, metavar="KIND",
-                       help=f"strategy kinds to run, any of: {', '.join(STRATEGIES)} (default all)")
-    which.add_argument("--ratios", nargs="+", type=float, metavar="R",
-                       help="static-split ratios, share of the state kept on the host (default 0.25 0.5 0.75)")
-    which.add_argument("--plans", nargs="+", metavar="PLAN",
-                       help="DOS fixed plans run besides auto: host, device, a fraction, stride:K, or one lane per "
-                       "subgroup joined by commas (host,device,...); with --activations, the one plan every placement "
-                       "runs under (default auto)")
-    which.add_argument("--overlap", nargs="+", type=_on_off, metavar="off|on",
-                       help="DOS with the update phase overlapped with the next forward (on), without (off) or both "
-                       "(off on): one row each (default off)")
-    which.add_argument("--leaf-blocks", dest="leaf_blocks", nargs="+", type=_on_off, metavar="on|off",
-                       help="DOS with ZeRO-3 hooking each transformer block once (on, the strategy's default on one "
-                       "device), every layer (off, rows dos(PLAN,layer-hooks)), or both (on off): one row each "
-                       "(default on)")
-    which.add_argument("--resident-gib", dest="resident_gib", nargs="+", type=_gib_or_auto, metavar="GIB",
-                       help="DOS with this many GiB of GPU memory keeping subgroups' optimizer state resident there "
-                       "(the strategy's resident_gib): one row each, e.g. auto 0 3.5 (default auto, the strategy's "
-                       "default: as much as fits beside the measured peak; 0: none)")
-    which.add_argument("--memory-budget-gib", dest="memory_budget_gib", type=float, metavar="GIB",
-                       help="DOS device-lane memory budget in GiB (default: what is free)")
-    which.add_argument("--pin-memory", dest="pin_memory", action=argparse.BooleanOptionalAction,
-                       help="page-locked host memory for offloaded state (default on)")
-    which.add_argument("--force-no-offload", dest="force_no_offload", action="store_true",
-                       help="run no_offload even when the model states clearly exceed the GPU memory")
-    which.add_argument("--devices", nargs="+", type=int, metavar="N",
-                       help="data-parallel device counts: every configuration runs once on each, one rank per device "
-                       "on this host, e.g. 1 2 (default 1; single-GPU kinds are skipped above 1)")
-    data = p.add_argument_group("data")
-    source = data.add_mutually_exclusive_group()
+    p = argparse.ArgumentParser(prog="lightning-dos bench", epilog=EPILOG, argument_default=argparse.SUPPRESS,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description="Compare optimizer-offload strategies on this host: one recipe under each "
+                                "strategy fragment, each configuration its own lightning-dos fit process.")
+    p.add_argument("--recipe", metavar="FILE", help="training recipe (YAML, as for lightning-dos fit) every "
+                   "configuration starts from (default: gpt-2.7b, seq 2048, micro-batch 4, bf16-mixed, random tokens)")
+    p.add_argument("--config", dest="config_file", metavar="FILE", help="JSON of bench settings (results.json's "
+                   "config, or a results.json); flags override it")
+    w = p.add_argument_group("workload: over the recipe, as the lightning-dos fit argument named (default: its)")
+    w.add_argument("--model", metavar="PRESET", help="model.name: debug, gpt-10m, gpt-1b, gpt-2.7b, gpt-4b, ...")
+    for key, target in (("n_layer", "model"), ("n_embd", "model"), ("n_head", "model"), ("seq_len", "data")):
+        w.add_argument(f"--{key.replace('_', '-')}", dest=key, type=int, metavar="N", help=f"{target}.{key}")
+    w.add_argument("--vocab-size", dest="vocab_size", type=int, metavar="N", help="the data's vocabulary, the model's "
+                   "too (data.vocab_size; data.bpe_vocab_size with text)")
+    w.add_argument("--micro-batch", dest="micro_batch", type=int, metavar="N", help="data.batch_size (per device)")
+    w.add_argument("--activation-checkpointing", dest="activation_checkpointing",
+                   action=argparse.BooleanOptionalAction, help="model.activation_checkpointing")
+    w.add_argument("--precision", metavar="P", help="trainer.precision, e.g. 32-true on a CPU")
+    w.add_argument("--seed", type=int, metavar="N", help="seed_everything")
+    w.add_argument("--lr", dest="learning_rate", type=float, metavar="LR", help="model.learning_rate")
+    w.add_argument("--accelerator", metavar="A", help="trainer.accelerator: auto, gpu or cpu")
+    source = w.add_mutually_exclusive_group()
     source.add_argument("--synthetic", dest="data", action="store_const", const="synthetic",
-                        help="deterministic random tokens (default)")
+                        help="data: random tokens (SyntheticDataModule)")
     source.add_argument("--text", dest="data", action="store_const", const="text",
-                        help="a real tokenised corpus (the Python standard library unless --data-path)")
-    data.add_argument("--data-path", dest="data_paths", nargs="+", metavar="PATH",
-                      help="text files, directories or globs for --text")
-    data.add_argument("--tokenizer", metavar="FILE",
-                      help="tokenizer file for --text (default: train a BPE tokenizer once)")
-    sweep = p.add_argument_group("plan sweep (--sweep)")
-    sweep.add_argument("--sweep", action="store_true",
-                       help="run a plan sweep instead of the strategy comparison: per budget, every fixed plan in one "
-                       "DOS process (switching plans every --steps-per-plan iterations) and auto in another "
-                       "(--steps iterations, --warmup left out)")
-    sweep.add_argument("--sweep-plans", dest="sweep_plans", nargs="+", metavar="PLAN",
-                       help=f"fixed plans swept, in order (default {' '.join(DEFAULT_SWEEP_PLANS)})")
-    sweep.add_argument("--steps-per-plan", dest="steps_per_plan", type=int, metavar="N",
-                       help="iterations each fixed plan is held for, the first left out (default 3)")
-    sweep.add_argument("--budgets", nargs="+", metavar="BUDGET",
-                       help="DOS memory budgets: unlimited, quarter (0.25 x 12 bytes x parameters) or GiB "
-                       f"(default {' '.join(DEFAULT_BUDGETS)})")
-    rok = p.add_argument_group("ROK curve (--activations)")
-    rok.add_argument("--activations", nargs="+", metavar="PLACEMENT",
-                     help="run the recompute-offload-keep curve instead of the strategy comparison: each placement "
-                     f"({', '.join(PLACEMENTS)}) in its own process under one strategy (--strategies "
-                     f"{DEFAULT_STRATEGY} by default, or zero3_offload); iteration time against peak activation "
-                     "memory")
-    rok.add_argument("--nvme-path", dest="nvme_path", metavar="DIR",
-                     help="an existing, writable directory on a local NVMe disk for offload-nvme's activation files "
-                     "(required by offload-nvme; its bandwidth is measured there too)")
-    rok.add_argument("--activation-budget-gib", dest="activation_budget_gib", type=float, metavar="GIB",
-                     help="also find, per placement, the largest micro-batch whose peak activation memory fits GIB "
-                     "(doubling from --micro-batch, then bisecting; each probe a short run), and its tokens/s")
-    rok.add_argument("--activation-min-tensor-bytes", dest="activation_min_tensor_bytes", type=_count, metavar="N",
-                     help="saved tensors smaller than this stay on the device (default 1048576)")
-    rok.add_argument("--activation-keep-last-layers", dest="activation_keep_last_layers", type=int, metavar="N",
-                     help="the last N blocks keep their activations on the device (default 1)")
-    rok.add_argument("--max-micro-batch", dest="max_micro_batch", type=int, metavar="N",
-                     help=f"the largest micro-batch the budget search tries (default {DEFAULT_MAX_MICRO_BATCH})")
-    rok.add_argument("--disk-probe-mib", dest="disk_probe_mib", type=int, metavar="MIB",
-                     help="MiB written and read back under --nvme-path to measure its bandwidth (default "
-                     f"{DEFAULT_DISK_PROBE_MIB}; 0: not measured)")
-    run = p.add_argument_group("running")
-    run.add_argument("--timeout", dest="timeout_s", type=float, metavar="SECONDS",
-                     help="seconds per configuration, start-up included (default 1800)")
-    run.add_argument("--out", metavar="DIR", help="output directory (default runs/bench/<model>_<timestamp>, "
-                     "runs/sweep/<model>_<timestamp> with --sweep, runs/rok/<model>_<timestamp> with --activations)")
-    run.add_argument("--dry-run", dest="dry_run", action="store_true",
-                     help="print the resolved configuration and the configurations, run nothing")
-    run.add_argument("--resume", action="store_true",
-                     help="continue an interrupted bench in --out: configurations that finished there with the same "
-                     "measurement settings are reused, the others run (with --activations: placement runs and "
-                     "search probes, e.g. to search a budget after the curve was measured)")
+                        help="data: a tokenised corpus (TextDataModule; the standard library unless --data-path)")
+    w.add_argument("--data-path", dest="data_paths", nargs="+", metavar="PATH", help="data.paths (--text)")
+    w.add_argument("--tokenizer", metavar="FILE", help="data.tokenizer (--text; default: a BPE trained once)")
+    w.add_argument("--sub-group-size", dest="sub_group_size", type=_count, metavar="N", help="parameters per "
+                   "subgroup, for every fragment that has subgroups (default: each fragment's)")
+    w.add_argument("--pin-memory", dest="pin_memory", action=argparse.BooleanOptionalAction,
+                   help="page-locked host memory, for every fragment that pins (default: each fragment's, on)")
+    w.add_argument("--memory-budget-gib", dest="memory_budget_gib", type=float, metavar="GIB",
+                   help="most GPU memory the DOS optimizer state may take (default: what is free)")
+    c = p.add_argument_group("configurations")
+    c.add_argument("--steps", type=int, metavar="N", help="iterations per run, warm-up included (default 10)")
+    c.add_argument("--warmup", type=int, metavar="N", help="leading iterations left out (default 3)")
+    c.add_argument("--e2e-steps", dest="e2e_steps", type=int, metavar="N", help="iterations after the warm-up timed "
+                   "end to end, unsynchronised (the headline); the rest phase by phase (default: half, rounded down)")
+    c.add_argument("--repeats", type=int, metavar="N", help="fresh-process runs of each configuration (default 1)")
+    c.add_argument("--strategies", nargs="+", choices=STRATEGIES, metavar="KIND",
+                   help=f"strategy kinds: {', '.join(STRATEGIES)} (default all)")
+    c.add_argument("--ratios", nargs="+", type=float, metavar="R", help="static-split ratios (default 0.25 0.5 0.75)")
+    c.add_argument("--plans", nargs="+", metavar="PLAN", help="DOS fixed plans besides auto: host, device, a fraction, "
+                   "stride:K, lanes joined by commas (with --activations: the one plan)")
+    c.add_argument("--overlap", nargs="+", type=_auto_on_off, metavar="auto|on|off", help="DOS rows with the update as "
+                   "the strategy decides (auto, default), overlapped with the next forward (on) or serial (off)")
+    c.add_argument("--leaf-blocks", dest="leaf_blocks", nargs="+", type=_on_off, metavar="on|off",
+                   help="DOS rows with ZeRO-3 hooking each block once (on, default) or every layer (off)")
+    c.add_argument("--resident-gib", dest="resident_gib", nargs="+", type=_gib_or_auto, metavar="GIB",
+                   help="DOS rows with this much optimizer state resident (auto, default: what fits; 0: none)")
+    c.add_argument("--force-no-offload", dest="force_no_offload", action="store_true",
+                   help="run no_offload even when it clearly cannot fit")
+    c.add_argument("--devices", nargs="+", type=int, metavar="N", help="data-parallel device counts (default 1)")
+    s = p.add_argument_group("plan sweep")
+    s.add_argument("--sweep", action="store_true", help="per budget, every fixed plan and auto in one DOS process")
+    s.add_argument("--sweep-plans", dest="sweep_plans", nargs="+", metavar="PLAN",
+                   help=f"fixed plans (default {' '.join(DEFAULT_SWEEP_PLANS)})")
+    s.add_argument("--steps-per-plan", dest="steps_per_plan", type=int, metavar="N",
+                   help="iterations of each fixed plan, the first left out (default 3)")
+    s.add_argument("--budgets", nargs="+", metavar="BUDGET",
+                   help=f"unlimited, quarter or GiB (default {' '.join(DEFAULT_BUDGETS)})")
+    r = p.add_argument_group("ROK curve")
+    r.add_argument("--activations", nargs="+", metavar="PLACEMENT", help=f"the ROK curve: {', '.join(PLACEMENTS)}, "
+                   f"under one strategy (default {DEFAULT_STRATEGY}, or zero3_offload)")
+    r.add_argument("--nvme-path", dest="nvme_path", metavar="DIR", help="a local NVMe directory, for offload-nvme")
+    r.add_argument("--activation-budget-gib", dest="activation_budget_gib", type=float, metavar="GIB",
+                   help="search each placement's largest micro-batch within GIB of activation memory")
+    r.add_argument("--activation-min-tensor-bytes", dest="activation_min_tensor_bytes", type=_count, metavar="N",
+                   help="smaller saved tensors stay on the device (default 1048576)")
+    r.add_argument("--activation-keep-last-layers", dest="activation_keep_last_layers", type=int, metavar="N",
+                   help="the last N blocks keep their activations (default 1)")
+    r.add_argument("--max-micro-batch", dest="max_micro_batch", type=int, metavar="N",
+                   help=f"the search's largest micro-batch (default {rok_config.DEFAULT_MAX_MICRO_BATCH})")
+    r.add_argument("--disk-probe-mib", dest="disk_probe_mib", type=int, metavar="MIB",
+                   help=f"MiB measuring --nvme-path's bandwidth (default {rok_config.DEFAULT_DISK_PROBE_MIB}; 0: none)")
+    x = p.add_argument_group("running")
+    x.add_argument("--timeout", dest="timeout_s", type=float, metavar="SECONDS", help="per worker (default 1800)")
+    x.add_argument("--out", metavar="DIR", help="output directory (default runs/<bench|sweep|rok>/<model>_<time>)")
+    x.add_argument("--dry-run", dest="dry_run", action="store_true", help="print the settings and each run's "
+                   "lightning-dos fit, run nothing")
+    x.add_argument("--resume", action="store_true", help="with --out: reuse the runs that finished there running "
+                   "exactly the same, run the others")
     return p
-
-
-#: recipe ``model`` key -> bench setting
-MODEL_KEYS = {"name": "model", "n_layer": "n_layer", "n_embd": "n_embd", "n_head": "n_head",
-              "vocab_size": "vocab_size", "activation_checkpointing": "activation_checkpointing",
-              "learning_rate": "learning_rate"}
-#: recipe ``data`` key -> bench setting
-DATA_KEYS = {"seq_len": "seq_len", "batch_size": "micro_batch", "vocab_size": "vocab_size", "paths": "data_paths",
-             "tokenizer": "tokenizer", "bpe_vocab_size": "bpe_vocab_size", "max_bytes": "max_bytes"}
-STRATEGY_KEYS = ("pin_memory", "memory_budget_gib")
-
-
-def _init_args(section: Any) -> tuple[str | None, dict[str, Any]]:
-    """``(class_path, arguments)`` of a recipe section in either form."""
-    if not isinstance(section, dict):
-        return None, {}
-    if "class_path" in section:
-        return str(section["class_path"]), dict(section.get("init_args") or {})
-    return None, dict(section)
-
-
-def recipe_settings(path: str | Path) -> dict[str, Any]:
-    """The bench settings a recipe file (the YAML that ``lightning-dos fit --config`` takes) defines, as keys of
-    :class:`~lightning_dos.bench.config.BenchConfig`.
-
-    Only what defines the workload is taken: the model preset and shape, activation checkpointing and learning rate;
-    the data source, sequence length, micro-batch and vocabulary; the precision; the strategy's integer
-    ``sub_group_size``, ``pin_memory`` and ``memory_budget_gib``; the seed. Steps, logging, checkpointing and the
-    recipe's own strategy choice are not: the bench decides those. Both ``{class_path, init_args}`` sections and
-    plain ones are read.
-    """
-    import yaml
-
-    with open(path, encoding="utf-8") as fh:
-        try:
-            recipe = yaml.safe_load(fh) or {}
-        except yaml.YAMLError as err:
-            raise ValueError(f"--recipe {path}: not valid YAML: {err}") from err
-    if not isinstance(recipe, dict):
-        raise ValueError(f"--recipe {path}: expected a YAML mapping with model/data/trainer sections")
-    settings: dict[str, Any] = {}
-    data_class, data_args = _init_args(recipe.get("data"))
-    if data_class is not None:
-        settings["data"] = "text" if data_class.endswith("TextDataModule") else "synthetic"
-    for key, setting in DATA_KEYS.items():
-        if data_args.get(key) is not None:
-            settings[setting] = data_args[key]
-    _, model_args = _init_args(recipe.get("model"))
-    for key, setting in MODEL_KEYS.items():
-        if model_args.get(key) is not None:
-            settings[setting] = model_args[key]
-    trainer = recipe.get("trainer") or {}
-    if isinstance(trainer, dict):
-        if trainer.get("precision") is not None:
-            settings["precision"] = str(trainer["precision"])
-        _, strategy_args = _init_args(trainer.get("strategy"))
-        sub = strategy_args.get("sub_group_size")
-        if isinstance(sub, (int, float)) and not isinstance(sub, bool):
-            settings["sub_group_size"] = int(sub)
-        for key in STRATEGY_KEYS:
-            if key in strategy_args:
-                settings[key] = strategy_args[key]
-    seed = recipe.get("seed_everything")
-    if isinstance(seed, int) and not isinstance(seed, bool):
-        settings["seed"] = seed
-    if isinstance(settings.get("data_paths"), str):
-        settings["data_paths"] = [settings["data_paths"]]
-    for key in ("learning_rate",):
-        if key in settings:
-            settings[key] = float(settings[key])
-    settings["recipe"] = str(path)
-    return settings
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
@@ -309,105 +180,63 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         data = json.load(fh)
     if not isinstance(data, dict):
         raise ValueError(f"--config {path}: expected a JSON object of bench settings")
-    if "config" in data and "results" in data:  # a results.json: rerun its configuration
-        data = data["config"]
-    return data
+    return data["config"] if "config" in data and "results" in data else data
 
 
-def check_plans(config: BenchConfig) -> None:
-    """Raise ``ValueError`` for a DOS plan the strategy would refuse, before any worker starts."""
-    if "deep_optimizer_states" not in config.strategies:
-        return
-    from lightning_dos.planning.plan import parse_plan
-
-    for plan in dos_plans(config):
-        parse_plan(plan_argument(plan))
-
-
-def sweep_settings(given: dict[str, Any]) -> dict[str, Any]:
-    """Take the plan sweep's own options out of ``given``; ``ValueError`` for options of the other mode."""
-    sweep = bool(given.pop("sweep", False))
-    own = {key: given.pop(key) for key in list(SWEEP_ONLY) if key in given}
-    if not sweep:
-        if own:
-            raise ValueError(f"{', '.join(SWEEP_ONLY[key] for key in own)}: only with --sweep")
-        return {}
-    wrong = [flag for key, flag in NOT_FOR_SWEEP.items() if key in given]
-    if wrong:
-        raise ValueError(f"{', '.join(wrong)}: not used by --sweep")
-    settings: dict[str, Any] = {"sweep": True}
-    if "sweep_plans" in own:
-        settings["plans"] = [str(plan) for plan in own["sweep_plans"]]
-    if "steps_per_plan" in own:
-        settings["steps_per_plan"] = own["steps_per_plan"]
-    if "budgets" in own:
-        settings["budgets"] = [str(budget) for budget in own["budgets"]]
-    return settings
-
-
-def rok_settings(given: dict[str, Any]) -> dict[str, Any] | None:
-    """Take the ROK curve's own options out of ``given`` (RokConfig fields); None without ``--activations``.
-
-    ``ValueError`` for options of the other modes, ``--sweep``, and ROK options without ``--activations``.
-    """
-    placements = given.pop("activations", None)
-    own = {key: given.pop(key) for key in list(ROK_ONLY) if key in given}
-    if placements is None:
-        if own:
-            raise ValueError(f"{', '.join(ROK_ONLY[key][0] for key in own)}: only with --activations")
+def _mode(given: dict[str, Any], flag: str, own: dict[str, str], refused: dict[str, str]) -> dict[str, Any] | None:
+    """Take a mode's own options out of ``given`` when ``flag`` is set (None when it is not); ``ValueError`` for
+    options of another mode."""
+    on = given.pop(flag.strip("-"), None)
+    taken = {key: given.pop(key) for key in list(own) if key in given}
+    if not on:
+        if taken:
+            raise ValueError(f"{', '.join(own[key] for key in taken)}: only with {flag}")
         return None
-    if given.get("sweep"):
-        raise ValueError("--activations: cannot be combined with --sweep (a plan sweep is another mode); run them "
-                         "separately")
-    wrong = [flag for key, flag in NOT_FOR_ROK.items() if key in given]
+    wrong = [text for key, text in refused.items() if key in given]
     if wrong:
-        raise ValueError(f"{', '.join(wrong)}: not used by --activations")
-    return {"placements": [str(name) for name in placements],
-            **{ROK_ONLY[key][1]: value for key, value in own.items()}}
+        raise ValueError(f"{', '.join(wrong)}: not used by {flag}")
+    return {"_": on, **taken}
 
 
 def parse_args(argv: list[str] | None) -> Invocation:
     """Parse ``argv`` into a validated :class:`Invocation`; bad values exit with status 2 like any CLI error."""
     parser = build_parser()
     given = vars(parser.parse_args(argv))
-    dry_run = bool(given.pop("dry_run", False))
-    resume = bool(given.pop("resume", False))
+    dry_run, resume = bool(given.pop("dry_run", False)), bool(given.pop("resume", False))
     if resume and not given.get("out"):
         parser.error("--resume: set --out to the directory of the bench to continue")
-    if resume and given.get("sweep"):
-        parser.error("--resume: a plan sweep cannot be resumed; run it again, or drop --sweep")
-    settings: dict[str, Any] = {}
+    if given.get("recipe") is not None and not Path(given["recipe"]).is_file():
+        parser.error(f"--recipe {given['recipe']}: no such file")
     config_file = given.pop("config_file", None)
     sweep: SweepConfig | None = None
     rok: RokConfig | None = None
     try:
-        rok_given = rok_settings(given)
-        sweep_given = sweep_settings(given)
-        if given.get("recipe") is not None:
-            settings.update(recipe_settings(given["recipe"]))
-        if config_file is not None:
-            settings.update(load_config_file(config_file))
-        settings.update(given)
-        config = BenchConfig.from_dict(settings)
-        if sweep_given:
-            sweep_given.pop("sweep")
-            # DOS only; the budgets say the memory budget, per process
+        if given.get("activations") is not None and given.get("sweep"):
+            raise ValueError("--activations: cannot be combined with --sweep (another mode); run them separately")
+        rok_given = _mode(given, "--activations", {k: f for k, (f, _) in ROK_ONLY.items()}, NOT_FOR_ROK)
+        sweep_given = _mode(given, "--sweep", SWEEP_ONLY, NOT_FOR_SWEEP)
+        config = BenchConfig.from_dict({**(load_config_file(config_file) if config_file else {}), **given})
+        if sweep_given is not None:  # DOS only, serial; the budgets are its memory budgets, one process each
             config.strategies, config.ratios, config.plans, config.repeats = ["deep_optimizer_states"], [], ["auto"], 1
-            config.memory_budget_gib = None
-            config.e2e_steps = 0  # its figures are update phases and synchronised iterations, by index
-            sweep = SweepConfig(bench=config, **sweep_given)
+            config.memory_budget_gib, config.e2e_steps = None, 0  # its figures are update phases, by iteration
+            own = {"plans": "sweep_plans", "steps_per_plan": "steps_per_plan", "budgets": "budgets"}
+            sweep = SweepConfig(bench=config, **{field: sweep_given[key] for field, key in own.items()
+                                                 if key in sweep_given})
             sweep.validate()
         elif rok_given is not None:
-            if "strategies" not in given:
-                config.strategies = [DEFAULT_STRATEGY]
+            config.strategies = config.strategies if "strategies" in given else [DEFAULT_STRATEGY]
+            config.plans = config.plans if "plans" in given else ["auto"]
             config.ratios, config.repeats = [], 1
-            if "plans" not in given:
-                config.plans = ["auto"]
-            rok = RokConfig(bench=config, **rok_given)
+            rok = RokConfig(bench=config, placements=[str(p) for p in rok_given["_"]],
+                            **{ROK_ONLY[key][1]: value for key, value in rok_given.items() if key != "_"})
             rok.validate()
         else:
             config.validate()
-            check_plans(config)
+            if "deep_optimizer_states" in config.strategies:  # a plan the strategy would refuse, before any worker
+                from lightning_dos.planning.plan import parse_plan
+
+                for plan in dos_plans(config):
+                    parse_plan(plan_argument(plan))
     except (OSError, ValueError, TypeError, ImportError) as err:
         parser.error(str(err))
     return Invocation(config=config, dry_run=dry_run, sweep=sweep, resume=resume, rok=rok)

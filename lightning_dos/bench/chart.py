@@ -1,25 +1,10 @@
-"""Owns the charts of both modes: chart.png of a strategy comparison, sweep.png of a plan sweep.
+"""Owns the charts: chart.png, iteration_timeline.png and rank_timelines.png of a comparison, sweep.png of a sweep.
 
-**chart.png**: left, the median fwd, bwd and step times stacked per configuration, with the median iteration time
-marked (medians do not add up exactly, and the gap between backward and the optimizer step is in none of the
-three) and the median end-to-end iteration (unsynchronised, what a user sees) beside it; right, peak GPU memory
-(allocated, with reserved behind it), or peak host memory without a GPU. Configurations that did not complete are
-shown by their status.
-
-**iteration_timeline.png**: one panel per configuration that completed, on one shared time axis (ms since the
-iteration began): the forward, backward and step spans of its last synchronised iteration and, for DOS, the update
-phase's two lanes (host: CPU Adam, upload; device: prefetch, Adam, flush; one bar per subgroup) placed where the
-update phase began.
-
-**rank_timelines.png** (data parallel): every rank's last synchronised iteration of DOS ``auto`` at the largest device
-count, one panel per rank, one above the other on one time axis: the ranks share the host's clock, so each is placed
-where it began relative to the earliest rank; their update phases' lanes show how the ranks' update phases line up.
-
-**sweep.png**: one panel per budget: the fraction plans' measured median update time against the device fraction
-they ran with (a line) and the manager's predictions for them (dashed), the stride plans as separate markers, and
-``auto`` as a horizontal line.
-
-Both draw their JSON document and compute nothing new; matplotlib's Agg backend, so they render without a display.
+chart.png stacks the median fwd, bwd and step per configuration (the median synchronised and end-to-end iterations
+marked) beside the peak GPU memory (host memory without a GPU); iteration_timeline.png puts every configuration's last
+synchronised iteration, with DOS's update lanes, on one time axis; rank_timelines.png does so for every rank of DOS
+``auto`` at the largest device count; sweep.png plots each budget's median update against the device fraction, the
+predictions dashed, ``auto`` as a line. They draw their JSON and compute nothing; matplotlib's Agg backend.
 """
 
 from __future__ import annotations
@@ -180,21 +165,25 @@ def timeline_rows(result: dict[str, Any]) -> int:
     return len(TIMELINE_PHASES) + (len(ROWS) if update is not None and update.get("start_ms") is not None else 0)
 
 
+def _stacked(panels: list[tuple[dict[str, Any], float]], xlabel: str, title: str, path: str | Path) -> Path:
+    """``panels`` (a result with a timeline, its offset in ms), one above the other on one time axis."""
+    heights = [timeline_rows(result) for result, _ in panels]
+    fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False, gridspec_kw={"height_ratios": heights},
+                             figsize=(11.0, 1.2 + 0.32 * sum(heights) + 0.45 * len(panels)))
+    for ax, (result, offset) in zip(axes[:, 0], panels):
+        _timeline_panel(ax, result, offset_ms=offset)
+    axes[-1, 0].set_xlabel(xlabel)
+    fig.suptitle(title, fontsize="medium")
+    return save(fig, path)
+
+
 def render_timeline(doc: dict[str, Any], path: str | Path) -> Path | None:
-    """Draw iteration_timeline.png of a results.json document to ``path``; None (nothing written) when no
-    configuration recorded a timeline."""
+    """iteration_timeline.png of a results.json; None (nothing written) when no configuration recorded a timeline."""
     results = [r for r in doc["results"] if r.get("iteration_timeline")]
     if not results:
         return None
-    heights = [timeline_rows(r) for r in results]
-    fig, axes = plt.subplots(len(results), 1, sharex=True, squeeze=False,
-                             figsize=(11.0, 1.2 + 0.32 * sum(heights) + 0.45 * len(results)),
-                             gridspec_kw={"height_ratios": heights})
-    for ax, result in zip(axes[:, 0], results):
-        _timeline_panel(ax, result)
-    axes[-1, 0].set_xlabel("ms since the iteration began (last synchronised iteration of each configuration)")
-    fig.suptitle(f"One iteration on one time axis: {workload_title(doc)}", fontsize="medium")
-    return save(fig, path)
+    return _stacked([(r, 0.0) for r in results], "ms since the iteration began (last synchronised iteration of each "
+                    "configuration)", f"One iteration on one time axis: {workload_title(doc)}", path)
 
 
 def rank_timeline_row(doc: dict[str, Any]) -> dict[str, Any] | None:
@@ -207,28 +196,18 @@ def rank_timeline_row(doc: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def render_rank_timelines(doc: dict[str, Any], path: str | Path) -> Path | None:
-    """Draw rank_timelines.png of a results.json document to ``path``: every rank of :func:`rank_timeline_row`, one
-    panel each on one time axis (ms since the earliest rank began the iteration); None (nothing written) without
-    such a row."""
+    """rank_timelines.png: every rank of :func:`rank_timeline_row` on one time axis (the ranks share the host's
+    clock); None (nothing written) without such a row."""
     row = rank_timeline_row(doc)
     if row is None:
         return None
-    ranks = row["per_rank"]
-    starts = [rank["iteration_timeline"].get("started_s") for rank in ranks]
+    starts = [rank["iteration_timeline"].get("started_s") for rank in row["per_rank"]]
     shared = all(start is not None for start in starts)  # older results: each rank from its own start
-    origin = min(starts) if shared else 0.0
     panels = [({"label": f"{row['label']} rank {rank['rank']}", "iteration_timeline": rank["iteration_timeline"]},
-               (start - origin) * 1e3 if shared else 0.0) for rank, start in zip(ranks, starts)]
-    heights = [timeline_rows(result) for result, _ in panels]
-    fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False,
-                             figsize=(11.0, 1.2 + 0.32 * sum(heights) + 0.45 * len(panels)),
-                             gridspec_kw={"height_ratios": heights})
-    for ax, (result, offset) in zip(axes[:, 0], panels):
-        _timeline_panel(ax, result, offset_ms=offset)
-    axes[-1, 0].set_xlabel("ms since the first rank began the iteration (each rank's last synchronised iteration)"
-                           if shared else "ms since each rank began the iteration")
-    fig.suptitle(f"Every rank of {row['label']} on one time axis: {workload_title(doc)}", fontsize="medium")
-    return save(fig, path)
+               (start - min(starts)) * 1e3 if shared else 0.0) for rank, start in zip(row["per_rank"], starts)]
+    return _stacked(panels, "ms since the first rank began the iteration (each rank's last synchronised iteration)"
+                    if shared else "ms since each rank began the iteration",
+                    f"Every rank of {row['label']} on one time axis: {workload_title(doc)}", path)
 
 
 # ------------------------------------------------------------------ plan sweep

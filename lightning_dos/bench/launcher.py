@@ -1,15 +1,11 @@
-"""Owns running one worker process (a configuration, or a sweep's budget) and turning whatever happened into a result.
+"""Owns running one worker process and turning whatever happened into a result.
 
-The parent writes ``config.json`` into the process's run directory, starts
-``python -m lightning_dos.bench.worker config.json result.json`` in a new process group with the worker's
-output going to ``worker.log``, waits up to the timeout, and reads ``result.json``. A worker that wrote no
-result is classified here: killed by SIGKILL (most often the kernel's out-of-memory killer) is ``oom``, a
-timeout is ``timeout``, any other exit is ``failed``, each with a one-line reason taken from its log.
-
-On more than one device the process started here is rank 0 and Lightning starts the other ranks from it, in the
-same process group (the time limit stops them all). A rank that fails leaves its first error line in a file of
-its own (:mod:`~lightning_dos.bench.ranks`) and Lightning stops rank 0 with SIGKILL: that rank's error, not an
-out-of-memory guess, is the reason reported. Whatever of the group outlives rank 0 is stopped before the next run.
+The parent writes the run's ``config.json`` (:func:`~lightning_dos.bench.compose.payload`), starts ``python -m
+lightning_dos.bench.worker config.json result.json`` in a new process group from the invocation's directory (a
+recipe's relative paths mean what they mean to ``lightning-dos fit``), its output in ``worker.log`` after the command
+it runs, waits up to the timeout and reads ``result.json``. A worker that wrote none is classified: SIGKILL (most often
+the out-of-memory killer) ``oom``, the time limit ``timeout``, anything else ``failed``, with a reason from its log or,
+on several devices, the first error a failed rank recorded (:mod:`~lightning_dos.bench.ranks`).
 """
 
 from __future__ import annotations
@@ -24,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_dos.bench import ranks
+from lightning_dos.bench import compose, ranks
 from lightning_dos.bench.config import BenchConfig
-from lightning_dos.bench.strategies import RunSpec
+from lightning_dos.bench.kinds import ROOT, RunSpec
 
 WORKER_MODULE = "lightning_dos.bench.worker"
 #: Seconds a timed-out worker gets to exit after SIGTERM before SIGKILL.
@@ -37,15 +33,10 @@ DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE
 _ERROR_LINE = re.compile(r"(Error|Exception|error:|Killed|out of memory)", re.IGNORECASE)
 
 
-def package_root() -> Path:
-    """The directory holding the ``lightning_dos`` package, so workers import the same code as the parent."""
-    return Path(__file__).resolve().parents[2]
-
-
 def worker_env() -> dict[str, str]:
     """The parent's environment (TORCH_EXTENSIONS_DIR included, so no op is rebuilt) for a worker."""
     env = {key: value for key, value in os.environ.items() if key not in DISTRIBUTED_ENV}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(package_root()), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -114,26 +105,24 @@ def classify_exit(returncode: int | None, timed_out: bool, timeout_s: float, log
 
 def launch(config: BenchConfig, spec: RunSpec, run_dir: Path, timeout_s: float | None = None,
            extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run ``spec`` in a fresh worker process and return its result, whatever happened.
-
-    ``extra`` adds keys to the config file the worker reads (a sweep's ``sweep`` settings). Every result has
-    ``status``, ``reason``, the spec's fields, ``returncode``, ``elapsed_s`` (start-up included) and ``log`` (the
-    worker's log file).
-    """
+    """Run ``spec`` in a fresh worker process and return its result, whatever happened (``extra``: a mode's entries
+    of its config file); every result has ``status``, ``reason``, ``returncode``, ``elapsed_s`` and ``log``."""
     timeout_s = config.timeout_s if timeout_s is None else timeout_s
-    run_dir = Path(run_dir).resolve()  # the worker runs inside run_dir: it must get paths that hold there
+    run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path, result_path, log_path = run_dir / "config.json", run_dir / "result.json", run_dir / "worker.log"
     result_path.unlink(missing_ok=True)
     ranks.clear_failures(run_dir)
-    payload = {"bench": config.to_dict(), "run": spec.to_dict(), **(extra or {})}
+    payload = compose.payload(config, spec, run_dir, extra)
     config_path.write_text(json.dumps(payload, indent=2), encoding="utf-8")
     command = [sys.executable, "-m", WORKER_MODULE, str(config_path), str(result_path)]
     started = time.perf_counter()
     timed_out = False
     with open(log_path, "w", encoding="utf-8") as log:
+        log.write(f"{payload['fit']['command']}\n")  # what it runs, as a user would type it
+        log.flush()
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=worker_env(),
-                                cwd=str(run_dir), start_new_session=True)
+                                start_new_session=True)
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

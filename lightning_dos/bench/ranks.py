@@ -1,15 +1,9 @@
 """Owns the ranks of a data-parallel worker (``--devices N``): who this process is, what it hands to rank 0, how a
 rank's failure reaches the parent, and the child processes rank 0 must not leave behind.
 
-The parent starts one worker process, rank 0; its ``Trainer(devices=N)`` has Lightning start ranks 1..N-1 by
-running the same command again (``python -m lightning_dos.bench.worker CONFIG RESULT``), as for any multi-process
-run. Every rank measures itself; after training, :func:`gather_to_rank0` collects each rank's measurements with
-``torch.distributed.all_gather_object`` (gloo and nccl alike) and rank 0 alone writes ``RESULT``. A rank other than 0
-that fails writes its one-line failure to :func:`failure_path` beside ``RESULT`` and exits non-zero; Lightning then
-stops rank 0, and the launcher reports that rank's failure (:func:`read_failures`) instead of a bare exit status.
-Rank 0 waits for its children to exit before it leaves (:func:`wait_for_children`), and stops any that hang.
-
-No torch import at module level: the parent's launcher reads failures from here.
+Rank 0 is the worker the parent started; Lightning starts the others by running its command again. Each measures
+itself; :func:`gather_to_rank0` collects them (``all_gather_object``) and rank 0 alone writes the result. A failed rank
+writes its first error line beside it (:func:`write_failure`) for the launcher. No torch import at module level.
 """
 
 from __future__ import annotations
@@ -71,10 +65,7 @@ def clear_failures(run_dir: Path) -> None:
 
 
 def gather_to_rank0(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every rank's ``entry``, in rank order (a collective: every rank calls it); ``[entry]`` without a process group.
-
-    All ranks get the list; only rank 0 writes it.
-    """
+    """Every rank's ``entry``, in rank order (a collective); ``[entry]`` without a process group."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:

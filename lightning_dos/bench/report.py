@@ -1,8 +1,8 @@
-"""Owns the markdown reports of both modes: report.md of a strategy comparison, sweep.md of a plan sweep.
+"""Owns report.md, a strategy comparison's markdown report, and what every mode's report shares.
 
-Both format their JSON document (:mod:`~lightning_dos.bench.results`) and compute nothing new, so the report and
-the JSON always agree; they share the header, the hardware and versions tables and the number formats. Also owns
-the comparison report's file names: ``report.md`` plus ``<model>_<hardware>_<date>.md``.
+It formats results.json (:mod:`~lightning_dos.bench.results`) and computes nothing new, so the report and the JSON
+always agree. The hardware and versions sections and the number formats are shared with sweep.md and rok.md. Also
+owns the report's file names: ``report.md`` plus ``<model>_<hardware>_<date>.md``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lightning_dos.bench.config import HOST_KEYS
-from lightning_dos.bench.strategies import BASELINE, KINDS
+from lightning_dos.bench.kinds import BASELINE, KINDS
 from lightning_dos.planning.planner import RESIDENT_BYTES_PER_PARAM
 
 MISSING = "–"
@@ -114,24 +114,37 @@ def _environment_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _model_text(model: dict[str, Any]) -> str:
+    """The model's shape, parameters and FLOPs per token (a module other than the GPT: its class)."""
+    if not model.get("params"):
+        return str(model.get("preset"))
+    return (f"{model['preset']} ({model['style']}): {model['n_layer']} layers, n_embd {model['n_embd']}, "
+            f"{model['n_head']} heads ({model['n_kv_head']} kv), MLP {model['intermediate_size']}, "
+            f"vocab {model['vocab_size']}; {_scaled(model['params'], '')} parameters ({model['params']:,}), "
+            f"{_scaled(model['flops_per_token'], 'FLOP')} per token (model FLOPs, recomputation not counted)")
+
+
 def _config_lines(doc: dict[str, Any]) -> list[str]:
-    cfg, model = doc["config"], doc["model"]
-    shape = (f"{model['preset']} ({model['style']}): {model['n_layer']} layers, n_embd {model['n_embd']}, "
-             f"{model['n_head']} heads ({model['n_kv_head']} kv), MLP {model['intermediate_size']}, "
-             f"vocab {model['vocab_size']}; {_scaled(model['params'], '')} parameters ({model['params']:,}), "
-             f"{_scaled(model['flops_per_token'], 'FLOP')} per token (model FLOPs, recomputation not counted)")
-    lines = [f"- Model: {shape}",
+    cfg = doc["config"]
+    on_off = {True: "on", False: "off", None: "the recipe's"}
+    recipe = f"`{cfg['recipe']}`" if cfg.get("recipe") else "the bench's own (`recipe.yaml` beside each run)"
+    lines = [f"- Recipe: {recipe}"
+             ", then each configuration's strategy fragment and the flags given, as `lightning-dos fit` composes "
+             "them (each run's command is the first line of its `worker.log`)",
+             f"- Model: {_model_text(doc['model'])}",
              f"- Batch: micro-batch {cfg['micro_batch']} x seq {cfg['seq_len']} = "
              f"{cfg['micro_batch'] * cfg['seq_len']:,} tokens per iteration per device"
              + ("" if (cfg.get("devices") or [1]) == [1] else
                 f"; on {_devices_text(cfg['devices'])} devices, data parallel: a row at N devices trains N times "
                 "that per iteration, one micro-batch per rank"),
-             f"- Precision {cfg['precision']}, activation checkpointing "
-             f"{'on' if cfg['activation_checkpointing'] else 'off'}, sub_group_size {cfg['sub_group_size']:,} "
-             f"for every strategy, pinned host memory {'on' if cfg['pin_memory'] else 'off'}",
+             f"- Precision {cfg['precision']}, activation checkpointing {on_off[cfg.get('activation_checkpointing')]}",
              f"- Data: {cfg['data']}, seed {cfg['seed']} (same model init, data and order for every configuration"
-             f"{_host_init_text(cfg)}); AdamW lr {cfg['learning_rate']:g}",
-             "", "Full resolved configuration (as in results.json):", "", "```json"]
+             f"{_host_init_text(cfg)}); AdamW lr {cfg['learning_rate']}", ""]
+    rows = [(r["label"], f"`{r['strategy_config']}`" if r.get("strategy_config") else MISSING,
+             ", ".join(f"{k}={v}" for k, v in (r.get("strategy_args") or {}).items()) or "none")
+            for r in doc["results"]]
+    lines += _table(("configuration", "strategy fragment", "set over it"), rows)
+    lines += ["", "Full configuration (as in results.json):", "", "```json"]
     lines += json.dumps(cfg, indent=2).splitlines()
     lines.append("```")
     return lines
@@ -156,60 +169,46 @@ def _iterations_text(numbers: Sequence[int]) -> str:
 
 def _measurement_lines(doc: dict[str, Any]) -> list[str]:
     m, cfg = doc["measurement"], doc["config"]
-    measured = m["measured_iterations"]
-    e2e, phases = m.get("e2e_iterations") or [], m.get("phase_iterations", measured)
+    e2e, phases = m.get("e2e_iterations") or [], m.get("phase_iterations", m["measured_iterations"])
     lines = [
-        f"- Each configuration ran {cfg['steps']} iterations per repeat, {cfg['repeats']} repeat(s), each repeat in "
-        "a fresh process; repeats were interleaved across configurations.",
-        f"- Warm-up excluded: {_iterations_text(m['warmup_iterations'])}. Then, in the same process, every successful "
-        "repeat pooled, as the median (the spread is min / p25-p75 / max):",
+        f"- {cfg['steps']} iterations per run, {cfg['repeats']} repeat(s), each in a fresh process, interleaved; "
+        f"warm-up left out: {_iterations_text(m['warmup_iterations'])}. Medians over every successful repeat:",
         f"  - end to end (what a user sees): {_iterations_text(e2e)} ({len(e2e)} per repeat); "
         + (f"{m['e2e']}." if e2e and m.get("e2e") else "not measured (--e2e-steps 0)."),
         f"  - phase by phase (synchronised): {_iterations_text(phases)} ({len(phases)} per repeat); {m['timing']}",
-        "- tokens/s = tokens per iteration (all devices of the row) / median iteration time (end to end in the first "
-        "table, synchronised in the second); TFLOP/s = model FLOPs per token x tokens/s.",
-        "- Peak GPU memory is the caching allocator's peak (allocated; reserved in results.json) over the whole "
-        "process; peak host memory is the larger of a 50 ms RSS sampler and the kernel's ru_maxrss.",
+        "- tokens/s: tokens per iteration (every device of the row) / median iteration; TFLOP/s: model FLOPs per "
+        "token x tokens/s. Peak GPU memory: the allocator's (allocated) over the process; peak host memory: the larger "
+        "of a 50 ms RSS sampler and ru_maxrss.",
     ]
     if (cfg.get("devices") or [1]) != [1]:
-        lines.append("- Data parallel: a row at N devices ran N ranks, one per device, each its own process; its times "
-                     "are rank 0's (the gradient all-reduce keeps the ranks in step), its peak host memory the sum "
-                     "over the ranks (one host) and its peak GPU memory the largest rank's; each rank's own figures "
-                     "are in results.json's per_rank. Every comparison is with zero3_offload at the same device "
-                     "count.")
+        lines.append("- Data parallel: a row at N devices ran N ranks, one process each; its times are rank 0's, its "
+                     "host peak the ranks' sum, its GPU peak the largest rank's (each rank's: results.json's "
+                     "per_rank); it is compared with zero3_offload at the same device count.")
     return lines
+
+
+def _with_spread(r: dict[str, Any], key: str) -> str:
+    """A median with its p25-p75 spread."""
+    spread = (r.get("spread") or {}).get(key)
+    return _num(r.get(key)) + (f" ({_num(spread['p25'])}-{_num(spread['p75'])})" if spread else "")
 
 
 def _e2e_table(results: Sequence[dict[str, Any]]) -> list[str]:
     """The headline table: end-to-end iteration, tokens/s, peak memory and the end-to-end speedup."""
-    header = ("configuration", "status", "iteration ms (p25-p75)", "tokens/s", "devices", "peak GPU GiB",
-              "peak host GiB", f"vs {BASELINE}")
-    rows = []
-    for r in results:
-        spread = (r.get("spread") or {}).get("e2e_iteration_ms")
-        iteration = _num(r.get("e2e_iteration_ms"))
-        if spread:
-            iteration += f" ({_num(spread['p25'])}-{_num(spread['p75'])})"
-        speedup = (r.get("speedup_vs_zero3_offload") or {}).get("e2e_iteration")
-        rows.append((r["label"], r["status"], iteration, _num(r.get("e2e_tokens_per_s"), 0), str(r.get("devices", 1)),
-                     _num(r["peak_gpu_gib"], 2), _num(r["peak_host_gib"], 2), _ratio(speedup)))
-    return _table(header, rows)
+    return _table(("configuration", "status", "iteration ms (p25-p75)", "tokens/s", "devices", "peak GPU GiB",
+                   "peak host GiB", f"vs {BASELINE}"),
+                  [(r["label"], r["status"], _with_spread(r, "e2e_iteration_ms"), _num(r.get("e2e_tokens_per_s"), 0),
+                    str(r.get("devices", 1)), _num(r["peak_gpu_gib"], 2), _num(r["peak_host_gib"], 2),
+                    _ratio((r.get("speedup_vs_zero3_offload") or {}).get("e2e_iteration"))) for r in results])
 
 
 def _results_table(results: Sequence[dict[str, Any]]) -> list[str]:
-    header = ("configuration", "status", "fwd ms", "bwd ms", "step ms", "iteration ms (p25-p75)", "tokens/s",
-              "devices", "TFLOP/s", "peak GPU GiB", "peak host GiB", "final loss")
-    rows = []
-    for r in results:
-        spread = (r.get("spread") or {}).get("iteration_ms")
-        iteration = _num(r["iteration_ms"])
-        if spread:
-            iteration += f" ({_num(spread['p25'])}-{_num(spread['p75'])})"
-        rows.append((r["label"], r["status"], _num(r["fwd_ms"]), _num(r["bwd_ms"]), _num(r["step_ms"]), iteration,
-                     _num(r["tokens_per_s"], 0), str(r.get("devices", 1)), _sig(r["tflops_per_s"]),
-                     _num(r["peak_gpu_gib"], 2),
-                     _num(r["peak_host_gib"], 2), _num(r["final_loss"], 4)))
-    return _table(header, rows)
+    return _table(("configuration", "status", "fwd ms", "bwd ms", "step ms", "iteration ms (p25-p75)", "tokens/s",
+                   "devices", "TFLOP/s", "peak GPU GiB", "peak host GiB", "final loss"),
+                  [(r["label"], r["status"], _num(r["fwd_ms"]), _num(r["bwd_ms"]), _num(r["step_ms"]),
+                    _with_spread(r, "iteration_ms"), _num(r["tokens_per_s"], 0), str(r.get("devices", 1)),
+                    _sig(r["tflops_per_s"]), _num(r["peak_gpu_gib"], 2), _num(r["peak_host_gib"], 2),
+                    _num(r["final_loss"], 4)) for r in results])
 
 
 def _phase_peak_lines(results: Sequence[dict[str, Any]]) -> list[str]:
@@ -226,11 +225,9 @@ def _phase_peak_lines(results: Sequence[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     lines = ["", "### Peak GPU memory by phase", "",
-             "The largest peak of allocated GPU memory in each phase over the synchronised iterations (the allocator's "
-             "peak is taken and reset at every phase boundary, after the synchronisation): the forward from the "
-             "iteration's start to the backward, the backward, and the step from the end of the backward to the end "
-             "of the iteration. The whole run's peak also covers start-up and the end-to-end iterations. With "
-             "`overlap` the update phase runs beside the next forward and backward, so its memory is in theirs.", ""]
+             "The largest allocated GPU memory in each phase of the synchronised iterations (the peak is reset at "
+             "every phase boundary; the step runs from the backward's end to the iteration's). With `overlap` the "
+             "update's memory is in the next forward's and backward's.", ""]
     return lines + _table(("configuration", "fwd GiB", "bwd GiB", "step GiB", "whole run GiB", "highest phase"),
                           rows)
 
@@ -244,15 +241,16 @@ def _speedup_lines(results: Sequence[dict[str, Any]], base: dict[str, Any] | Non
         if not s:
             continue
         rows.append((r["label"], _ratio(s.get("e2e_iteration")), _ratio(s["iteration"]), _ratio(s["step"]),
-                     _ratio(s["bwd"])))
+                     _ratio(s["bwd"]), _ratio(s.get("peak_gpu"))))
         loss_rows.append((r["label"], _num(r["final_loss"], 6), _sci(loss["final_abs_diff"]),
                           _sci(loss["final_rel_diff"]), _sci(loss["max_abs_diff"]), str(loss["iterations_compared"])))
-    lines = [f"Ratios of `{BASELINE}` time to each configuration's time, both measured in this invocation at the "
-             "same device count (> 1 is faster than vanilla offload): end to end, then synchronised.", ""]
-    lines += _table(("configuration", "e2e iteration", "iteration (sync)", "step (sync)", "bwd (sync)"), rows)
+    lines = [f"`{BASELINE}`'s time over each configuration's at the same device count (> 1: faster than vanilla "
+             f"offload), end to end then synchronised; and its peak GPU memory over `{BASELINE}`'s (< 1: less).", ""]
+    lines += _table(("configuration", "e2e iteration", "iteration (sync)", "step (sync)", "bwd (sync)",
+                     "peak GPU memory"), rows)
     lines += ["", "## Loss agreement vs zero3_offload", "",
-              "Same seed, data and initial weights: any difference comes from the update path (e.g. CPU Adam vs "
-              "fused GPU Adam, or reduced precision).", ""]
+              "Same seed, data and initial weights: a difference comes from the update path (CPU Adam or fused GPU "
+              "Adam, reduced precision).", ""]
     lines += _table(("configuration", "final loss", "abs diff", "rel diff", "max abs diff (all iterations)",
                      "iterations"), loss_rows)
     return lines
@@ -278,10 +276,9 @@ def _dos_lines(results: Sequence[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     lines = ["## DOS update phase", "",
-             "Medians over the update phases of the synchronised iterations, from the strategy's own records "
-             "(update = makespan of both lanes; busy = time each lane computed; GB moved per step; buffers = the "
-             "GPU memory the executor held for the phase: the device lane's slots and scratch and the host lane's "
-             "upload ring; resident = the resident subgroups' state, held for the whole run).", ""]
+             "Medians over the synchronised iterations' update phases, from the strategy's records: update = both "
+             "lanes' makespan, busy = each lane's compute, GB moved per step, buffers = the executor's GPU memory, "
+             "resident = the resident subgroups' state.", ""]
     return lines + _table(("configuration", "plan", "subgroups", "device fraction", "update ms", "host busy ms",
                            "device busy ms", "H2D GB", "D2H GB", "demoted (max)", "buffers GiB", "resident GiB"),
                           rows) + [""]
@@ -297,9 +294,8 @@ def _host_thread_lines(results: Sequence[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     lines = ["## Host threads", "",
-             "Medians over the synchronised iterations, per phase: CPU ms of the process's threads other than the "
-             "training thread, and how often the training thread was switched out involuntarily. The forward and "
-             "backward are bound by the training thread; other threads taking its core slow them.", ""]
+             "Medians over the synchronised iterations, per phase: CPU ms of the threads other than the training "
+             "thread, and the training thread's involuntary switches (other threads taking its core slow it).", ""]
     header = ("configuration", *(key.replace("_other_cpu_ms", " other CPU ms").replace("_", " ") for key in HOST_KEYS))
     return lines + _table(header, rows) + [""]
 
@@ -355,33 +351,17 @@ def _data_parallel_lines(doc: dict[str, Any], rank_timelines: str | None) -> lis
         return []
     ref = section["reference_devices"]
     lines = ["## Data parallel", "",
-             f"Each configuration at N devices against itself at {ref}: its speedup over `{BASELINE}` at the same "
-             f"device count (end to end), at {ref} and at N, and the share of it kept at N (the target: at least "
-             f"0.9); its tokens/s (all ranks) at {ref} and at N, and their ratio (N / {ref} is perfect scaling).", ""]
+             f"Each configuration at N devices against itself at {ref}: its speedup over `{BASELINE}` (end to end) and "
+             f"the share kept at N; its tokens/s (all ranks) and their ratio (N / {ref} is perfect scaling).", ""]
     if section["rows"]:
         lines += _scaling_table(section)
     else:
         lines.append(f"No configuration completed both at {ref} and at a larger device count.")
     ranks = _rank_table(doc["results"])
     if ranks:
-        lines += ["", "Each rank's own figures (medians over the same iterations; DOS update phase from the rank's own "
-                  "records):", ""]
-        lines += ranks
+        lines += ["", "Each rank's own figures:", "", *ranks]
     if rank_timelines:
-        lines += ["", "Every rank's last synchronised iteration of DOS auto at the largest device count, on one time "
-                  "axis (the ranks share the host's clock): forward, backward, step and the update phase's lanes.",
-                  "", f"![every rank's iteration and update lanes]({rank_timelines})"]
-    return lines + [""]
-
-
-def _claim_lines(claims: Sequence[dict[str, Any]]) -> list[str]:
-    if not claims:
-        return []
-    lines = ["## Claims checked in this run", "",
-             "Each a ratio of two configurations measured in this invocation; \"not measured\" when one of them "
-             "did not run or did not complete.", ""]
-    rows = [(c["claim"], c["threshold"], _sig(c["value"]), c["status"], c["detail"]) for c in claims]
-    lines += _table(("claim", "threshold", "measured", "status", "from"), rows)
+        lines += ["", f"![every rank's last synchronised iteration of DOS auto, on one time axis]({rank_timelines})"]
     return lines + [""]
 
 
@@ -404,173 +384,23 @@ def render(doc: dict[str, Any], base: dict[str, Any] | None, chart: str | None =
     lines += ["", "## How it was measured", ""]
     lines += _measurement_lines(doc)
     lines += ["", "## What a user sees: end-to-end time per iteration", "",
-              "Median wall time per iteration with no synchronisation added (as in a training run), pooled over "
-              f"the end-to-end iterations; the last column is the `{BASELINE}` time over each configuration's (at "
-              "the same device count).", ""]
+              "Median wall time per iteration, nothing synchronised (as in a training run); the last column is "
+              f"`{BASELINE}`'s over each configuration's.", ""]
     lines += _e2e_table(results)
     lines += ["", "## Phase by phase (synchronised)", "",
-              "Medians over the synchronised iterations: the device is synchronised at every phase boundary, so "
-              "each phase's work is charged to it; iterations take a little longer than end to end.", ""]
+              "Medians over the synchronised iterations: each phase's device work is charged to it.", ""]
     lines += _results_table(results)
     lines += _phase_peak_lines(results)
     if chart:
         lines += ["", f"![fwd / bwd / step per configuration, and peak memory]({chart})"]
     if timeline:
-        lines += ["", "One synchronised iteration per configuration on one time axis: forward, backward, step and, "
-                  "for DOS, the update phase's host and device lanes.", "",
-                  f"![forward, backward and the update phase's lanes of one iteration]({timeline})"]
+        lines += ["", f"![one synchronised iteration per configuration: phases and DOS's update lanes]({timeline})"]
     lines += ["", f"## Speedup vs {BASELINE}", ""]
     lines += _speedup_lines(results, base)
     lines += [""]
     lines += _data_parallel_lines(doc, rank_timelines)
-    lines += _claim_lines(doc.get("claims") or [])
     lines += _dos_lines(results)
     lines += _host_thread_lines(results)
     lines += _failure_lines(results)
-    lines += ["Raw per-iteration samples, spreads and per-repeat details are in `results.json`; each worker's log is "
-              "under `runs/`.", ""]
-    return "\n".join(lines)
-
-
-# ------------------------------------------------------------------ plan sweep
-
-def _pct(value: float | None, signed: bool = False) -> str:
-    if value is None:
-        return MISSING
-    return f"{value:+.1%}" if signed else f"{value:.1%}"
-
-
-def _target_value(target: dict[str, Any]) -> str:
-    value = target["value"]
-    if value is None:
-        return MISSING
-    if target["target"].startswith("auto within"):
-        return _pct(value, signed=True)
-    if target["target"].startswith("median prediction"):
-        return _pct(value)
-    if target["target"] == "no OOM":
-        return f"{value:.0f} failed"
-    return f"{value:.3f}x"
-
-
-def _targets_table(targets: Sequence[dict[str, Any]], budget: str | None = None) -> list[str]:
-    header = ("target", "threshold", "measured", "status", "from")
-    rows = [(t["target"], t["threshold"], _target_value(t), f"**{t['status']}**", t["detail"]) for t in targets]
-    if budget is not None:
-        header = ("budget", *header)
-        rows = [(budget, *row) for row in rows]
-    return _table(header, rows)
-
-
-def _lanes(value: str | None, width: int = 40) -> str:
-    if not value:
-        return MISSING
-    return f"`{value}`" if len(value) <= width else f"`{value[:width]}...`"
-
-
-def _plan_row(name: str, entry: dict[str, Any], lanes: str | None) -> tuple[str, ...]:
-    """One row of a budget's table: a swept plan's or auto's figures."""
-    spread = entry.get("update_ms_spread")
-    update = _num(entry["update_ms"])
-    if spread and spread["n"] > 1:
-        update += f" ({_num(spread['min'])}-{_num(spread['max'])})"
-    return (name, entry["status"], _lanes(lanes), _num(entry["device_fraction"], 3), update,
-            _num(entry["predicted_ms"]), _pct(entry["median_rel_error"]),
-            MISSING if entry["demoted_max"] is None else str(entry["demoted_max"]), str(entry["measured_steps"]),
-            _num(entry["iteration_ms"]))
-
-
-def _plan_rows(budget: dict[str, Any]) -> list[tuple[str, ...]]:
-    best = (budget.get("best") or {}).get("plan")
-    rows = [_plan_row(f"**{p['plan']}** (best)" if p["plan"] == best else p["plan"], p,
-                      p["lanes_run"][-1] if p["lanes_run"] else p["lanes"]) for p in budget["plans"]]
-    a = budget["auto"]
-    rows.append(_plan_row("auto", a, a.get("final_lanes") or (a.get("chosen") or {}).get("lanes")))
-    return rows
-
-
-def _budget_lines(budget: dict[str, Any]) -> list[str]:
-    b, fixed, a = budget["budget"], budget["fixed"], budget["auto"]
-    limit = "no limit beyond the free device memory" if b["gib"] is None else f"memory_budget_gib = {b['gib']:.3f}"
-    lines = [f"## Budget: {b['label']}", "", f"- DOS device-lane budget: {limit}."]
-    lines.append(f"- One process, fixed plans and auto interleaved: {fixed['status']}"
-                 + (f": {fixed['reason']}" if fixed.get("reason") else "")
-                 + (f" (during plan {fixed['failed_plan']})" if fixed.get("failed_plan") else "")
-                 + f"; {fixed['plans_completed']}/{len(budget['plans'])} plans completed"
-                 + (f"; peak GPU {fixed['peak_gpu_gib']:.2f} GiB" if fixed.get("peak_gpu_gib") is not None else "")
-                 + ".")
-    chosen = a.get("chosen")
-    chosen_text = (f"chose {_lanes(chosen['lanes'], 64)} with {chosen['buffers']} buffer(s), device fraction "
-                   f"{chosen['device_fraction']:.3f}{_host_order_text(chosen)}, after the probe at update "
-                   f"{a['probe_step']}") if chosen else "no plan chosen (no update phase after the probe)"
-    lines.append(f"- auto, started cold, with its own calibration: {a['status']}"
-                 + (f": {a['reason']}" if a.get("reason") else "")
-                 + f"; {chosen_text}; {a['excluded_steps']} leading update phases left out, "
-                 f"{a['replans_measured']} re-plans and {a.get('trial_phases', 0)} update phases of plans on "
-                 "trial among the measured ones; plan at the end: "
-                 f"{a.get('final_plan') or MISSING}.")
-    best = budget.get("best")
-    if best:
-        lines.append(f"- Best swept plan: {best['plan']}, {best['update_ms']:.1f} ms. Median prediction error over "
-                     f"the swept plans' {budget['prediction_steps']} measured update phases: "
-                     f"{_pct(budget['prediction_error_median'])}.")
-    lines += ["", "Update = the update phase's makespan (median; min-max of the measured update phases); predicted = "
-              "the manager's prediction for the same update phases (median); error = median of |predicted - "
-              "measured| / measured; lanes and device fraction as run, after any demotion to fit memory.", ""]
-    lines += _table(("plan", "status", "lanes (as run)", "device fraction", "update ms", "predicted ms", "error",
-                     "demoted (max)", "measured", "iteration ms"), _plan_rows(budget))
-    lines += ["", "Targets for this budget:", ""]
-    lines += _targets_table(budget["targets"])
-    return lines + [""]
-
-
-def _host_order_text(chosen: dict[str, Any]) -> str:
-    """``, host lane in order 17 0 2 ...`` when the plan's host lane does not run in id order (records before the
-    host order was recorded have none)."""
-    order = chosen.get("host_order")
-    lanes = chosen.get("lanes") or ""
-    if not order or order == [i for i, c in enumerate(lanes) if c == "H"]:
-        return ""
-    return ", host lane in order " + " ".join(str(g) for g in order)
-
-
-def render_sweep(doc: dict[str, Any], chart: str | None = "sweep.png") -> str:
-    """sweep.md of a sweep.json document."""
-    hw, cfg, model, sweep = doc["hardware"], doc["config"], doc["model"], doc["sweep"]
-    device = hw.get("gpu_name") or "CPU"
-    lines = [f"# lightning-dos plan sweep: {cfg['model']} on {device}", "", f"Date: {doc['date']}", ""]
-    if doc.get("interrupted"):
-        lines += ["**The sweep was interrupted**: processes after the interruption were not run.", ""]
-    planned = doc.get("budgets_planned") or []
-    if len(planned) > len(doc["budgets"]):
-        rest = ", ".join(b["label"] for b in planned[len(doc["budgets"]):])
-        lines += [f"**Partial**: written after {len(doc['budgets'])} of {len(planned)} budgets; not run yet: {rest}.",
-                  ""]
-    lines += _environment_lines(doc)
-    budgets = ", ".join(b["budget"]["label"] for b in doc["budgets"])
-    m = doc["measurement"]
-    lines += ["", "## Configuration", "",
-              f"- Model: {model['preset']}, {model['params']:,} parameters ({model['n_layer']} layers, n_embd "
-              f"{model['n_embd']}); micro-batch {cfg['micro_batch']} x seq {cfg['seq_len']}, {cfg['precision']}, "
-              f"activation checkpointing {'on' if cfg['activation_checkpointing'] else 'off'}, sub_group_size "
-              f"{cfg['sub_group_size']:,}, data {cfg['data']}, seed {cfg['seed']}",
-              f"- Budgets: {budgets}",
-              f"- Fixed plans, in this order: {', '.join(sweep['plans'])}",
-              f"- Fixed plans: {m['fixed_plans']}.",
-              f"- auto: {m['auto']}.",
-              f"- Update: {m['update_ms']}; predicted: {m['predicted_ms']}; error: {m['prediction_error']}.",
-              f"- {m['timing']}",
-              "", "Full resolved configuration:", "", "```json"]
-    lines += json.dumps({"bench": cfg, "sweep": sweep}, indent=2).splitlines()
-    lines += ["```", "", "## Targets", "",
-              "Over every budget of this invocation: missed if any budget missed it, not measured if any budget "
-              "could not measure it. The value is the worst budget's.", ""]
-    lines += _targets_table(doc["targets"])
-    if chart:
-        lines += ["", f"![update time against device fraction, per budget]({chart})"]
-    lines.append("")
-    for budget in doc["budgets"]:
-        lines += _budget_lines(budget)
-    lines += ["Per-iteration records (plan, lanes, update, prediction, busy times, bytes, demotions) are in each "
-              "process's `result.json` under `runs/`, with its log.", ""]
+    lines += ["Raw samples and per-repeat details: `results.json`; each run's command, config and log: `runs/`.", ""]
     return "\n".join(lines)

@@ -1,27 +1,11 @@
-"""Owns turning workers' raw measurements into figures and the output documents of both modes (pure Python).
+"""Owns turning a strategy comparison's raw measurements into figures and results.json (pure Python).
 
-**Strategy comparison** (results.json): one result per configuration pools the measured iterations (warm-up
-excluded) of all its successful repeats. The headline, what a user sees: ``e2e_iteration_ms``, the median over the
-end-to-end window (``BenchConfig.e2e_iterations``, unsynchronised) of ``end_k - end_(k-1)`` (:func:`e2e_samples`),
-and ``e2e_tokens_per_s``. Then, from the synchronised iterations after that window only
-(``BenchConfig.phase_iterations``): fwd / bwd / step / iteration medians with their spread, throughput, host-thread
-accounting and, for DOS, a summary of the manager's update records of those same iterations. Also peak memory, the
-final loss and the last synchronised iteration's timeline. Comparisons against the vanilla ``zero3_offload`` run of
-the same invocation at the same device count (speedups as ratios, end to end included; loss agreement) are added
-here, so report and chart only format.
-
-**Data parallel** (``--devices``): a row at N devices counts the tokens of all N ranks (micro-batch x seq-len x N per
-iteration), so its tokens/s are totals; its times are rank 0's (the gradient all-reduce keeps the ranks' iterations
-in step), each rank's own figures are under ``per_rank``, ``peak_host_gib`` is the sum over the ranks (they share the
-host) and ``peak_gpu_gib`` the largest rank's. With more than one device count, :func:`scaling` sets each
-configuration's speedup over vanilla at N devices against its speedup at the smallest count, and its tokens/s.
-
-**Plan sweep** (sweep.json): per fixed plan, the median update-phase makespan of its iterations after the first
-(warm-up), the median of the manager's predictions for those same update phases (made just before each, from the
-parameters calibrated so far), the median relative prediction error ``|predicted - measured| / measured``, the
-device fraction as run (after any demotion to fit memory) and the most subgroups demoted. For ``auto``, which runs
-interleaved with the fixed plans in the same process: the same over its update phases after the probe, the first
-step of the plan it chose and its warm-up; then the targets (:mod:`~lightning_dos.bench.claims`).
+A configuration's figures pool the measured iterations of its successful repeats: the headline, the median
+end-to-end iteration (``end_k - end_(k-1)`` over the unsynchronised window, :func:`e2e_samples`), then from the
+synchronised iterations only the phase medians and spreads, throughput, host threads and the DOS update records;
+peaks, losses, the timeline, and each against vanilla ``zero3_offload`` at the same device count, as ratios. A row at
+N devices counts every rank's tokens, takes rank 0's times, sums the ranks' host peaks and keeps each rank's own
+figures under ``per_rank``; :func:`scaling` sets each configuration at N devices against itself at the smallest count.
 """
 
 from __future__ import annotations
@@ -33,23 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning_dos.bench.claims import best_plan, check_targets, overall_targets
-from lightning_dos.bench.config import (
-    AUTO,
-    AUTO_MIN_EXCLUDED,
-    HOST_KEYS,
-    PHASE_PEAKS,
-    PHASES,
-    PLAN_WARMUP,
-    BenchConfig,
-    Budget,
-    SweepConfig,
-    sweep_schedule,
-)
+from lightning_dos.bench.compose import strategy_args
+from lightning_dos.bench.config import HOST_KEYS, PHASE_PEAKS, PHASES, BenchConfig
+from lightning_dos.bench.kinds import BASELINE, RunSpec, base_label, devices_of
 from lightning_dos.bench.stats import median, spread
-from lightning_dos.bench.strategies import BASELINE, RunSpec, base_label, devices_of, plan_argument, strategy_arguments
-from lightning_dos.planning.plan import parse_plan
-from lightning_dos.planning.trials import TRIAL_SOURCE
 
 SCHEMA_VERSION = 1
 #: How the headline was measured, for results.json and the report.
@@ -86,12 +57,8 @@ def _pick(values: Sequence[Any] | None, indices: Sequence[int]) -> list[Any]:
 
 
 def e2e_samples(iterations: dict[str, Any], config: BenchConfig) -> list[float]:
-    """The end-to-end ms of each iteration ``k`` of ``config.e2e_iterations``: ``end_k - end_(k-1)`` from the raw
-    ``end_s`` (seconds since training started, so with no warm-up the first is measured from the training start).
-
-    It includes what runs between two iterations (the next batch's loading, Lightning's bookkeeping), as in any
-    training loop. Empty without ``end_s`` (results from before it was recorded).
-    """
+    """The end-to-end ms of each end-to-end iteration ``k``: ``end_k - end_(k-1)`` (the first from the training
+    start without warm-up), what a training loop sees; empty without end times."""
     ends = iterations.get("end_s") or []
     samples = []
     for k in config.e2e_iterations:
@@ -102,8 +69,8 @@ def e2e_samples(iterations: dict[str, Any], config: BenchConfig) -> list[float]:
 
 
 def _dos_steps(runs: Sequence[dict[str, Any]], indices: Sequence[int]) -> list[dict[str, Any]]:
-    """The DOS update records of iterations ``indices`` of ``runs``, pooled. A run whose records are not one per
-    iteration contributes all of them after the first index's."""
+    """The DOS update records of iterations ``indices``, pooled (all after the first index's where they are not one
+    per iteration)."""
     steps = []
     for r in runs:
         record_steps = r["dos"]["steps"]
@@ -114,8 +81,7 @@ def _dos_steps(runs: Sequence[dict[str, Any]], indices: Sequence[int]) -> list[d
 
 
 def summarize_dos(runs: Sequence[dict[str, Any]], indices: Sequence[int]) -> dict[str, Any] | None:
-    """Medians of the DOS manager's update records of iterations ``indices``, pooled over ``runs``; None without
-    records. A run whose records are not one per iteration contributes all of them after the first index's."""
+    """Medians of the DOS update records of iterations ``indices``, pooled over ``runs``; None without records."""
     with_dos = [r for r in runs if r.get("dos")]
     if not with_dos:
         return None
@@ -123,6 +89,7 @@ def summarize_dos(runs: Sequence[dict[str, Any]], indices: Sequence[int]) -> dic
     first = with_dos[0]["dos"]
     summary: dict[str, Any] = {
         "active": first["active"],
+        "overlapped": first.get("overlapped"),
         "subgroups": first["subgroups"],
         "largest_subgroup": first.get("largest_subgroup"),
         "resident_subgroups": first.get("resident_subgroups", []),
@@ -143,8 +110,8 @@ def summarize_dos(runs: Sequence[dict[str, Any]], indices: Sequence[int]) -> dic
 
 
 def summarize_host_threads(ok: Sequence[dict[str, Any]], indices: Sequence[int]) -> dict[str, float | None]:
-    """Medians over iterations ``indices`` of :class:`~lightning_dos.bench.timing.PhaseTimer`'s host accounting:
-    per phase, the other threads' CPU ms and the training thread's involuntary switches (None where not recorded)."""
+    """Medians over iterations ``indices`` of the other threads' CPU ms and the training thread's involuntary
+    switches, per phase."""
     out: dict[str, float | None] = {}
     for key in HOST_KEYS:
         values = [v for r in ok for v in _pick(r["iterations"].get(key), indices)
@@ -154,8 +121,7 @@ def summarize_host_threads(ok: Sequence[dict[str, Any]], indices: Sequence[int])
 
 
 def summarize_phase_peaks(ok: Sequence[dict[str, Any]], indices: Sequence[int]) -> dict[str, float | None] | None:
-    """The largest peak GPU memory (GiB) of each phase (``fwd``, ``bwd``, ``step``) over the synchronised iterations
-    ``indices`` of every rank of the successful repeats ``ok``; None when no phase's peak was measured (off a GPU)."""
+    """The largest peak GPU GiB of each phase over the synchronised iterations of every rank; None off a GPU."""
     out: dict[str, float | None] = {}
     for key in PHASE_PEAKS:
         values = [v for r in ok for e in rank_entries(r) for v in _pick((e.get("iterations") or {}).get(key), indices)
@@ -165,8 +131,7 @@ def summarize_phase_peaks(ok: Sequence[dict[str, Any]], indices: Sequence[int]) 
 
 
 def rank_entries(run: dict[str, Any]) -> list[dict[str, Any]]:
-    """A raw result's measurements per rank (``per_rank``); a result without them (hand-made, or from before they
-    were recorded) is its own rank 0."""
+    """A raw result's measurements per rank; one without ``per_rank`` is its own rank 0."""
     entries = run.get("per_rank")
     if entries:
         return list(entries)
@@ -181,7 +146,7 @@ def _sum_or_none(values: Sequence[float | None]) -> float | None:
 
 
 def run_peaks(run: dict[str, Any]) -> dict[str, float | None]:
-    """A raw result's peaks over its ranks: host peaks summed (the ranks share the host), GPU peaks the largest."""
+    """A raw result's peaks over its ranks: host peaks summed (one host), GPU peaks the largest."""
     entries = rank_entries(run)
     peaks = {name: _sum_or_none([e.get(name) for e in entries]) for name in HOST_PEAKS}
     peaks.update({name: _max_or_none([e.get(name) for e in entries]) for name in GPU_PEAKS})
@@ -189,9 +154,7 @@ def run_peaks(run: dict[str, Any]) -> dict[str, float | None]:
 
 
 def summarize_ranks(ok: Sequence[dict[str, Any]], config: BenchConfig) -> list[dict[str, Any]]:
-    """Each rank's own figures, pooled over the successful repeats ``ok``: its synchronised and end-to-end iteration
-    samples and medians, its end times and losses (first repeat), peak host and GPU memory, DOS update phases (the
-    medians of :func:`summarize_dos` and ``update_ms`` of every measured update phase) and iteration timeline."""
+    """Each rank's own figures, pooled over the successful repeats ``ok``."""
     by_rank: dict[int, list[dict[str, Any]]] = {}
     for run in ok:
         for entry in rank_entries(run):
@@ -242,14 +205,16 @@ def aggregate(spec: RunSpec, runs: Sequence[dict[str, Any]], config: BenchConfig
         "reason": "; ".join(str(r) for r in reasons) if reasons else None,
         "repeats": len(runs),
         "repeats_ok": len(ok),
-        "strategy_args": strategy_arguments(config, spec),
+        "strategy_config": f"configs/strategy/{spec.fragment}.yaml",
+        "strategy_args": strategy_args(config, spec),
     }
     tokens = config.global_tokens_per_iteration(spec.devices)  # every rank's: the figures below are totals
     result["tokens_per_iteration"] = tokens
     # the headline: end to end, unsynchronised
     e2e = spread([v for r in ok for v in e2e_samples(r["iterations"], config)])
     result["e2e_iteration_ms"] = None if e2e is None else e2e.median
-    result["e2e_tokens_per_s"] = tokens / (e2e.median / 1e3) if e2e is not None and e2e.median > 0 else None
+    result["e2e_tokens_per_s"] = tokens / (e2e.median / 1e3) if tokens and e2e is not None and e2e.median > 0 \
+        else None
     result["e2e_measured_iterations"] = 0 if e2e is None else e2e.n
     # phase by phase: the synchronised iterations only
     phase_indices = config.phase_iterations
@@ -261,7 +226,7 @@ def aggregate(spec: RunSpec, runs: Sequence[dict[str, Any]], config: BenchConfig
     result["spread"]["e2e_iteration_ms"] = None if e2e is None else e2e.to_dict()
     result["measured_iterations"] = 0 if spreads["iteration_ms"] is None else spreads["iteration_ms"].n
     iteration_ms = result["iteration_ms"]
-    result["tokens_per_s"] = tokens / (iteration_ms / 1e3) if iteration_ms else None
+    result["tokens_per_s"] = tokens / (iteration_ms / 1e3) if tokens and iteration_ms else None
     flops = model.get("flops_per_token")
     result["tflops_per_s"] = result["tokens_per_s"] * flops / 1e12 if result["tokens_per_s"] and flops else None
     peaks = [run_peaks(r) for r in ok]
@@ -301,21 +266,16 @@ def skipped(spec: RunSpec, reason: str) -> dict[str, Any]:
     return {**spec.to_dict(), "status": "skipped", "reason": reason}
 
 
-def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or denominator is None or denominator == 0:
         return None
     return numerator / denominator
 
 
 def compare_to_baseline(results: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Add ``speedup_vs_zero3_offload`` and ``loss_vs_zero3_offload`` to every result, each against the baseline at
-    the same device count; return the baseline of the first device count that has one.
-
-    Speedups are ratios baseline time / configuration time (> 1 is faster than vanilla offload): ``e2e_iteration``
-    end to end (None where either has no end-to-end figure), the others synchronised. Loss agreement
-    is the absolute and relative difference of the final loss and the largest absolute difference over all
-    iterations, both runs' first successful repeat (rank 0's losses).
-    """
+    """Add ``speedup_vs_zero3_offload`` (vanilla's time over each row's: end to end, synchronised; and each
+    row's peak GPU memory over vanilla's) and ``loss_vs_zero3_offload`` to every result, against vanilla at the same
+    device count; return the baseline of the first device count that has one."""
     bases: dict[int, dict[str, Any]] = {}
     for r in results:
         if r["strategy"] == BASELINE and r["iteration_ms"] is not None:
@@ -327,10 +287,11 @@ def compare_to_baseline(results: list[dict[str, Any]]) -> dict[str, Any] | None:
             r["loss_vs_zero3_offload"] = None
             continue
         r["speedup_vs_zero3_offload"] = {
-            "e2e_iteration": _ratio(base.get("e2e_iteration_ms"), r.get("e2e_iteration_ms")),
-            "iteration": _ratio(base["iteration_ms"], r["iteration_ms"]),
-            "step": _ratio(base["step_ms"], r["step_ms"]),
-            "bwd": _ratio(base["bwd_ms"], r["bwd_ms"]),
+            "e2e_iteration": ratio(base.get("e2e_iteration_ms"), r.get("e2e_iteration_ms")),
+            "iteration": ratio(base["iteration_ms"], r["iteration_ms"]),
+            "step": ratio(base["step_ms"], r["step_ms"]),
+            "bwd": ratio(base["bwd_ms"], r["bwd_ms"]),
+            "peak_gpu": ratio(r.get("peak_gpu_gib"), base.get("peak_gpu_gib")),  # memory: this row's over vanilla's
         }
         pairs = [(a, b) for a, b in zip(r["losses"], base["losses"]) if a is not None and b is not None]
         final = r["final_loss"]
@@ -346,19 +307,12 @@ def compare_to_baseline(results: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def _scale(at_reference: float | None, at_n: float | None) -> dict[str, float | None]:
-    return {"reference": at_reference, "at_n": at_n, "ratio": _ratio(at_n, at_reference)}
+    return {"reference": at_reference, "at_n": at_n, "ratio": ratio(at_n, at_reference)}
 
 
 def scaling(results: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """The data-parallel section: for each configuration that completed at the smallest device count and at a larger
-    one N, its speedup over ``zero3_offload`` at N against the same at the smallest count (end to end, and
-    synchronised), and its tokens/s at N over its tokens/s there. None with fewer than two device counts.
-
-    Each row: ``label`` (the configuration, without ``@dp<N>``), ``strategy``, ``plan``, ``devices`` (N),
-    ``reference_devices``, and ``{reference, at_n, ratio}`` for ``speedup_e2e``, ``speedup_iteration``,
-    ``e2e_tokens_per_s`` and ``tokens_per_s`` (the ratio is at N over at the reference: for speedups how much of the
-    advantage over vanilla data parallelism keeps, for tokens/s how throughput scales).
-    """
+    """Each configuration at every larger device count N against itself at the smallest: its speedup over vanilla
+    and its tokens/s, each ``{reference, at_n, ratio}``; None with one device count."""
     counts = sorted({devices_of(r) for r in results})
     if len(counts) < 2:
         return None
@@ -387,233 +341,28 @@ def scaling(results: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     return {"device_counts": counts, "reference_devices": reference, "baseline": BASELINE, "rows": rows}
 
 
+def document(kind: str | None, hardware: dict[str, Any], versions: dict[str, Any], config: BenchConfig,
+             model: dict[str, Any], date: str, measurement: dict[str, Any], **rest: Any) -> dict[str, Any]:
+    """A JSON document of any mode: schema, kind (None: a comparison's, which predates kinds), date, host, versions,
+    the settings with the workload resolved, the model, how it measured, then the mode's own entries."""
+    return {"schema_version": SCHEMA_VERSION, **({"kind": kind} if kind else {}), "date": date, "hardware": hardware,
+            "versions": versions, "config": config.to_dict(), "model": model, "measurement": measurement, **rest}
+
+
+def iteration_windows(config: BenchConfig) -> dict[str, list[int]]:
+    """Which iterations (from 1) were warm-up, measured, timed end to end and timed phase by phase."""
+    return {"warmup_iterations": list(range(1, config.warmup + 1)),
+            "measured_iterations": list(range(config.warmup + 1, config.steps + 1)),
+            "e2e_iterations": [k + 1 for k in config.e2e_iterations],
+            "phase_iterations": [k + 1 for k in config.phase_iterations]}
+
+
 def bench_document(hardware: dict[str, Any], versions: dict[str, Any], config: BenchConfig, model: dict[str, Any],
-             results: list[dict[str, Any]], date: str, timing_note: str) -> dict[str, Any]:
+                   results: list[dict[str, Any]], date: str, timing_note: str) -> dict[str, Any]:
     """The results.json document."""
-    measured = list(range(config.warmup + 1, config.steps + 1))
-    e2e = [k + 1 for k in config.e2e_iterations]
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "date": date,
-        "hardware": hardware,
-        "versions": versions,
-        "config": config.to_dict(),
-        "model": model,
-        "measurement": {
-            "warmup_iterations": list(range(1, config.warmup + 1)),
-            "measured_iterations": measured,
-            "e2e_iterations": e2e,
-            "phase_iterations": [k + 1 for k in config.phase_iterations],
-            "statistic": "median over the measured iterations of all successful repeats; spread = min, p25, p75, "
-                         "max",
-            "e2e": E2E_NOTE,
-            "timing": timing_note,
-        },
-        "baseline": BASELINE,
-        "results": results,
-    }
-
-
-# ------------------------------------------------------------------ plan sweep
-
-NOT_RUN = "not run"
-
-
-def plan_kind(plan: str) -> str:
-    """``fraction``, ``host``, ``device``, ``stride`` or ``list`` for a plan as on the command line."""
-    return parse_plan(plan_argument(plan)).kind
-
-
-def relative_error(predicted: float | None, measured: float | None) -> float | None:
-    """``|predicted - measured| / measured``, or None when either is missing or measured is not positive."""
-    if predicted is None or measured is None or measured <= 0:
-        return None
-    return abs(predicted - measured) / measured
-
-
-def _spread_dict(values: Sequence[float]) -> dict[str, Any] | None:
-    s = spread(values)
-    return None if s is None else s.to_dict()
-
-
-def _phase(result: dict[str, Any], phase: str, indices: Sequence[int]) -> float | None:
-    samples = (result.get("iterations") or {}).get(phase) or []
-    return median([samples[i] for i in indices if i < len(samples)])
-
-
-def _update_summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    update = [s["update_ms"] for s in steps]
-    errors = [e for e in (relative_error(s.get("predicted_ms"), s["update_ms"]) for s in steps) if e is not None]
-    return {
-        "measured_steps": len(steps),
-        "update_ms": median(update),
-        "update_ms_spread": _spread_dict(update),
-        "predicted_ms": median([s["predicted_ms"] for s in steps if s.get("predicted_ms") is not None]),
-        "median_rel_error": median(errors),
-        "rel_errors": errors,
-        "device_fraction": median([s["device_fraction"] for s in steps]),
-    }
-
-
-def failed_plan_of(result: dict[str, Any], steps_per_plan: int, plans: Sequence[str],
-                   auto_steps: int = 0) -> str | None:
-    """The plan in force when a sweep process stopped without completing (``auto`` for its part), or None."""
-    if result.get("status") == "ok":
-        return None
-    if result.get("failed_plan"):
-        return str(result["failed_plan"])
-    iterations = (result.get("sweep") or {}).get("iterations") or []
-    if not plans:
-        return None
-    # only completed iterations reach progress.json: the run stopped in the next one
-    schedule = sweep_schedule(plans, steps_per_plan, auto_steps)
-    return schedule[min(len(iterations), len(schedule) - 1)]
-
-
-def summarize_plans(result: dict[str, Any], sweep: SweepConfig) -> list[dict[str, Any]]:
-    """One summary per swept plan of a fixed-plan process's raw result (complete, partial or empty)."""
-    raw = result.get("sweep") or {}
-    iterations = raw.get("iterations") or []
-    resolved = {entry["plan"]: entry for entry in raw.get("resolved") or []}
-    status = result.get("status", "failed")
-    failed = failed_plan_of(result, sweep.steps_per_plan, sweep.plans, sweep.auto_steps)
-    out = []
-    for index, plan in enumerate(sweep.plans):
-        its = [it for it in iterations if it["plan_index"] == index]
-        measured = its[PLAN_WARMUP:]
-        steps = [record for it in measured for record in it["records"]]
-        every = [record for it in its for record in it["records"]]
-        if status == "ok":
-            plan_status = "ok"
-        elif plan == failed:
-            plan_status = status
-        else:  # stopped elsewhere: this plan's completed iterations still count (rounds interleave the plans)
-            plan_status = "ok" if steps else NOT_RUN
-        indices = [it["iteration"] for it in measured]
-        entry = resolved.get(plan, {})
-        out.append({
-            "plan": plan,
-            "kind": plan_kind(plan),
-            "status": plan_status,
-            "iterations": len(its),
-            "lanes": entry.get("lanes") or (its[0]["lanes"] if its else None),
-            "buffers": entry.get("buffers"),
-            "requested_device_fraction": its[0]["device_fraction"] if its else None,
-            "lanes_run": sorted({record["lanes"] for record in steps}),
-            **_update_summary(steps),
-            "demoted_max": max((record["demoted_subgroups"] for record in every), default=None),
-            "iteration_ms": _phase(result, "iteration_ms", indices),
-            "step_ms": _phase(result, "step_ms", indices),
-        })
-    return out
-
-
-def auto_status(result: dict[str, Any], sweep: SweepConfig, ran: int) -> tuple[str, str | None]:
-    """Status and reason of ``auto``'s part of a sweep process that ran ``ran`` of its iterations to the end."""
-    status = result.get("status", "failed")
-    failed = failed_plan_of(result, sweep.steps_per_plan, sweep.plans, sweep.auto_steps)
-    if status == "ok" or failed == AUTO:
-        return status, result.get("reason")
-    if ran:  # stopped during a fixed plan: auto's iterations so far still count, as the fixed plans' do
-        return "ok", f"{ran} of {sweep.auto_steps} iterations: the process stopped during plan {failed} ({status})"
-    return NOT_RUN, f"the process stopped before auto ({status})"
-
-
-def summarize_auto(result: dict[str, Any], sweep: SweepConfig) -> dict[str, Any]:
-    """``auto``'s figures over its update phases after the probe, the first step of its plan and the warm-up.
-
-    ``auto`` ran interleaved with the fixed plans in the same process (its iterations are the sweep's ``auto``
-    entries).
-    """
-    iterations = [it for it in (result.get("sweep") or {}).get("iterations") or [] if it["plan"] == AUTO]
-    tagged = [(it["iteration"], record) for it in iterations for record in it["records"]]
-    steps = [record for _, record in tagged]
-    probe = next((i for i, step in enumerate(steps) if step.get("replanned")), None)  # the probe's last step
-    # the probe's steps and the first step of the plan chosen after them
-    skip = max(sweep.bench.warmup, AUTO_MIN_EXCLUDED if probe is None else probe + 2)
-    measured = steps[skip:]
-    indices = sorted({iteration for iteration, _ in tagged[skip:]})
-    chosen = steps[probe + 1] if probe is not None and probe + 1 < len(steps) else None
-    status, reason = auto_status(result, sweep, len(iterations))
-    final = steps[-1] if steps else None
-    return {
-        "status": status,
-        "reason": reason,
-        "update_phases": len(steps),
-        "excluded_steps": min(skip, len(steps)),
-        "probe_step": None if probe is None else probe + 1,
-        "chosen": None if chosen is None else {key: chosen.get(key) for key in
-                                               ("lanes", "host_order", "source", "buffers", "device_fraction")},
-        "final_plan": None if final is None else f"{final.get('source')}: {final.get('lanes')}",
-        **_update_summary(measured),
-        "replans_measured": sum(bool(step.get("replanned")) for step in measured),
-        "trial_phases": sum(step.get("source") == TRIAL_SOURCE for step in measured),
-        "final_lanes": None if final is None else final.get("lanes"),
-        "lanes_run": sorted({step["lanes"] for step in measured}),
-        "demoted_max": max((step["demoted_subgroups"] for step in measured), default=None),
-        "iteration_ms": _phase(result, "iteration_ms", indices),
-        "step_ms": _phase(result, "step_ms", indices),
-    }
-
-
-def _process(result: dict[str, Any]) -> dict[str, Any]:
-    return {key: result.get(key) for key in ("status", "reason", "elapsed_s", "log", "returncode", "peak_gpu_gib",
-                                             "peak_gpu_reserved_gib", "peak_host_gib", "device")}
-
-
-def summarize_budget(budget: Budget, result: dict[str, Any], sweep: SweepConfig) -> dict[str, Any]:
-    """Everything sweep.json records for one budget, from its process's raw result (fixed plans and auto)."""
-    plans = summarize_plans(result, sweep)
-    auto_summary = summarize_auto(result, sweep)
-    best = best_plan(plans)
-    errors = [e for p in plans for e in p["rel_errors"]]
-    processes = {"sweep process": result.get("status", "failed")}
-    return {
-        "budget": budget.to_dict(),
-        "fixed": {**_process(result),
-                  "failed_plan": failed_plan_of(result, sweep.steps_per_plan, sweep.plans, sweep.auto_steps),
-                  "plans_completed": sum(p["status"] == "ok" for p in plans)},
-        "plans": plans,
-        "auto": auto_summary,
-        "best": None if best is None else {"plan": best["plan"], "update_ms": best["update_ms"]},
-        "prediction_error_median": median(errors),
-        "prediction_steps": len(errors),
-        "targets": check_targets(plans, auto_summary, processes),
-    }
-
-
-def sweep_document(hardware: dict[str, Any], versions: dict[str, Any], sweep: SweepConfig, model: dict[str, Any],
-             budgets: list[dict[str, Any]], date: str, timing_note: str, interrupted: bool = False) -> dict[str, Any]:
-    """The sweep.json document."""
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "plan_sweep",
-        "date": date,
-        "hardware": hardware,
-        "versions": versions,
-        "config": sweep.bench.to_dict(),
-        "sweep": sweep.to_dict(),
-        "model": model,
-        "measurement": {
-            "fixed_plans": f"one process per budget runs every plan for {sweep.steps_per_plan} iterations, in "
-                           f"rounds of one iteration of each plan in the order given; the first round is left out "
-                           "and the rest summarised by their median",
-            "auto": f"the same process runs plan auto for {sweep.auto_steps} iterations spread evenly over the "
-                    "rounds after the first, started cold (the starting cost values, then its probe) and keeping its "
-                    f"own calibration; the first {sweep.auto_excluded} (the probe steps, the first step of the chosen "
-                    "plan, warm-up) are left out",
-            "update_ms": "the DOS update phase's makespan (both lanes), from the manager's records",
-            "predicted_ms": "the manager's prediction for that update phase, made just before it with the cost "
-                            "parameters calibrated on every earlier update phase of the process (earlier plans' "
-                            "included)",
-            "prediction_error": "|predicted - measured| / measured per update phase; median over the measured "
-                                "update phases",
-            "timing": timing_note,
-        },
-        "interrupted": interrupted,
-        "budgets": budgets,
-        "targets": overall_targets(budgets),
-    }
+    measurement = {**iteration_windows(config), "statistic": "median over the measured iterations of all successful "
+                   "repeats; spread = min, p25, p75, max", "e2e": E2E_NOTE, "timing": timing_note}
+    return document(None, hardware, versions, config, model, date, measurement, baseline=BASELINE, results=results)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

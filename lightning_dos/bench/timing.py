@@ -1,40 +1,13 @@
 """Owns the per-iteration phase timer: a Lightning callback that splits each iteration into fwd, bwd and step.
 
-Phase boundaries are Lightning hooks. Under a DeepSpeed strategy Lightning's precision plugin calls
-``on_before_backward`` and ``on_after_backward`` around ``engine.backward`` and ``on_before_optimizer_step``
-after the closure, right before ``engine.step``, so:
-
-* fwd:       ``on_train_batch_start`` -> ``on_before_backward`` (forward and loss)
-* bwd:       ``on_before_backward`` -> ``on_after_backward`` (``engine.backward``: gradients, their
-  reduce-scatter and, when offloading, their copy to the host)
-* step:      ``on_before_optimizer_step`` -> ``on_train_batch_end`` (the update phase: DOS dispatch,
-  ``engine.step``, parameter upload, scheduler)
-* iteration: ``on_train_batch_start`` -> ``on_train_batch_end``
-
-On a GPU every boundary calls ``torch.cuda.synchronize()`` first, so each phase's kernels are charged to it.
-That costs a little and removes any overlap across a boundary; bench mode accepts both.
-
-**End to end** (``e2e_iterations``): those iterations are not split and not synchronised at all. Their only
-timestamp is ``time.perf_counter()`` in ``on_train_batch_end`` (every iteration's end goes to ``ends``, seconds since
-``on_train_start``), their phase and host samples are NaN, and every loss is kept as a detached tensor until
-:attr:`PhaseTimer.losses` is read after training, so nothing waits for the device: the time a user's training
-loop sees. An e2e sample is the difference of consecutive ends (``lightning_dos.bench.results.e2e_samples``).
-
-For the iteration timeline the timer reads when each DOS update phase began (each of the manager's records holds
-its ``LaneTimings.started_s``) and keeps the marks of the last synchronised iteration
-(:meth:`PhaseTimer.last_iteration`).
-
-**Peak GPU memory per phase** (with a :class:`~lightning_dos.telemetry.peak_memory.GpuPeakMeter`): at every mark of a
-synchronised iteration, after the synchronisation, the allocator's peak since the previous mark is taken and reset;
-``<phase>_peak_gpu_gib`` is the forward's (start to ``backward_start``), the backward's, and the step's (from the end
-of the backward to the end of the iteration). What happens between iterations and in the end-to-end ones is in the
-meter's process peak only.
-
-Where the host's time went, per phase (fwd, bwd, step), from the kernel's accounting: ``<phase>_other_cpu_ms``,
-the CPU time of the process's *other* threads (process CPU time minus the training thread's: e.g. an OpenMP pool
-still spinning, copy or logging threads), and ``<phase>_preempted``, how often the training thread was switched
-out involuntarily (``ru_nivcsw`` of ``RUSAGE_THREAD``; Linux only, elsewhere NaN). A forward or backward that is
-bound by the training thread slows down when other threads take its core.
+Phases run between Lightning hooks (under DeepSpeed the backward hooks wrap ``engine.backward`` and
+``on_before_optimizer_step`` comes right before ``engine.step``): fwd ``on_train_batch_start`` ->
+``on_before_backward``, bwd -> ``on_after_backward``, step ``on_before_optimizer_step`` -> ``on_train_batch_end``. On
+a GPU every boundary synchronises first, so each phase's kernels are charged to it. The **end-to-end** iterations
+are neither split nor synchronised: only ``on_train_batch_end``'s ``time.perf_counter()`` is read, and every loss
+stays a tensor until training is over, so nothing waits for the device. Per synchronised phase it also takes the
+allocator's peak (:class:`~lightning_dos.telemetry.peak_memory.GpuPeakMeter`), the CPU time of the process's other
+threads and the training thread's involuntary switches (Linux), and notes when each DOS update phase began.
 """
 
 from __future__ import annotations
@@ -72,15 +45,8 @@ def host_counters() -> tuple[float, float, float]:
 
 
 class PhaseTimer(pl.Callback):
-    """Records fwd / bwd / step / iteration milliseconds, the end time and the loss of every training iteration.
-
-    Args:
-        synchronize: called before each timestamp of a synchronised iteration; ``None`` synchronises the module's
-            device.
-        e2e_iterations: indices (from 0) of the iterations timed end to end: no marks, no synchronisation.
-        memory: if given, the peak GPU memory of each phase of the synchronised iterations is taken from it
-            (``memory_samples``); it is bound to the strategy's device when the fit starts.
-    """
+    """Records fwd / bwd / step / iteration ms, the end time and the loss of every training iteration, leaving
+    ``e2e_iterations`` (indices from 0) unsynchronised and unsplit; ``memory``: each synchronised phase's GPU peak."""
 
     def __init__(self, synchronize: Callable[[], None] | None = None,
                  e2e_iterations: Collection[int] = (), memory: GpuPeakMeter | None = None) -> None:
@@ -201,10 +167,8 @@ class PhaseTimer(pl.Callback):
         return self._marks["end"]
 
     def last_iteration(self) -> dict[str, Any] | None:
-        """The last synchronised iteration: its number (from 1), when it started (``started_s``, ``perf_counter``:
-        comparable between the processes of one host, so the ranks' timelines can share an axis), its marks in ms
-        since it started, and the update phase that began within it (``update_index`` into :attr:`update_starts`,
-        ``update_start_ms``), if any."""
+        """The last synchronised iteration: its number (from 1), its start (``perf_counter``, shared by a host's
+        processes), its marks in ms and the update phase that began in it, if any."""
         if self._last is None:
             return None
         index, marks = self._last

@@ -1,10 +1,5 @@
-"""Owns rok.png: the ROK curve and, when a budget was searched, what the memory buys.
-
-Left: iteration time (the headline) against peak activation memory, one labelled point per completed placement (the
-lower left is better: fast and small). Right, with ``--activation-budget-gib``: every search probe's peak activation
-memory against its micro-batch, one line per placement, the budget as a dashed line, a cross at each micro-batch
-that ran out of memory and a star at each placement's largest fitting micro-batch, labelled with its tokens/s. It
-draws rok.json and computes nothing new; matplotlib's Agg backend, as the bench's other charts.
+"""Owns rok.png: iteration time against peak activation memory, one point per placement, and with a budget, beside it
+every search probe's peak against its micro-batch, the budget line, each placement's largest fitting micro-batch.
 """
 
 from __future__ import annotations

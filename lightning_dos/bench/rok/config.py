@@ -1,9 +1,7 @@
-"""Owns the ROK mode's settings: the bench settings shared with the other modes, the placements, the activation
-offload's knobs, the memory budget of the micro-batch search, and every check they get before anything runs.
-
-:class:`RokConfig` derives what each worker process runs: a placement's run (the bench's ``--steps``, ``--warmup``
-and micro-batch, with the placement's activation checkpointing) and a search probe (``--warmup`` + 2 iterations at
-another micro-batch). Every problem is reported in one ``ValueError`` naming the flag and what to set.
+"""Owns the ROK mode's settings: the placements (activation checkpointing, and where the offload puts the tensors saved
+for backward: TBA's offloading *instead of* recomputation), the offload's knobs, the micro-batch search's budget and
+every check they get, in one ``ValueError`` naming the flags; and what each worker runs: a placement's run, or a
+search probe (``--warmup`` + 2 iterations at another micro-batch). No torch import here.
 """
 
 from __future__ import annotations
@@ -15,10 +13,9 @@ from typing import Any
 
 from lightning_dos.activations.options import DEFAULT_KEEP_LAST_LAYERS, DEFAULT_MIN_TENSOR_BYTES
 from lightning_dos.bench.config import BenchConfig
-from lightning_dos.bench.rok.placements import PLACEMENTS, placement
-from lightning_dos.bench.strategies import RunSpec
+from lightning_dos.bench.kinds import RunSpec, plan_argument
 
-__all__ = ["DEFAULT_STRATEGY", "PROBE_MEASURED_STEPS", "ROK_STRATEGIES", "RokConfig"]
+__all__ = ["DEFAULT_STRATEGY", "PLACEMENTS", "PROBE_MEASURED_STEPS", "ROK_STRATEGIES", "Placement", "RokConfig"]
 
 #: The training strategies a ROK curve may run under (one per invocation).
 ROK_STRATEGIES = ("deep_optimizer_states", "zero3_offload")
@@ -31,27 +28,46 @@ DEFAULT_MAX_MICRO_BATCH = 1024
 DEFAULT_DISK_PROBE_MIB = 256
 
 
+@dataclass(frozen=True)
+class Placement:
+    """One point of the ROK curve."""
+
+    name: str  # what --activations takes
+    checkpointing: bool  # activation checkpointing: each block's internals recomputed in backward
+    offload: str | None  # where the offload moves saved tensors ("host", "nvme"); None: nothing moves
+
+    @property
+    def hook_placement(self) -> str:
+        """The ``ActivationOffloadCallback`` placement of a run with the hooks on: ``"keep"`` measures only."""
+        return self.offload or "keep"
+
+
+#: Every placement, in the order they run and are reported (the reference, ``keep``, first).
+PLACEMENTS: dict[str, Placement] = {p.name: p for p in (
+    Placement("keep", False, None), Placement("recompute", True, None), Placement("offload-host", False, "host"),
+    Placement("offload-nvme", False, "nvme"))}
+
+
+def placement(name: str) -> Placement:
+    """The placement called ``name``; ``ValueError`` naming the known ones otherwise."""
+    try:
+        return PLACEMENTS[name]
+    except KeyError:
+        raise ValueError(f"--activations: unknown placement {name!r}; choose from {', '.join(PLACEMENTS)}") from None
+
+
 @dataclass
 class RokConfig:
     """What one ``lightning-dos bench --activations ...`` invocation runs."""
 
-    bench: BenchConfig
-    """Model, data, batch, steps, warm-up, precision, the strategy (one) and the output directory."""
-    placements: list[str] = field(default_factory=lambda: list(PLACEMENTS))
-    """The placements to run, in the order given: any of ``keep``, ``recompute``, ``offload-host``,
-    ``offload-nvme``."""
-    nvme_path: str | None = None
-    """Directory on a local disk for ``offload-nvme``'s activation files (and the bandwidth test file)."""
-    budget_gib: float | None = None
-    """Peak activation memory budget of the micro-batch search, in GiB; None: no search."""
-    min_tensor_bytes: int = DEFAULT_MIN_TENSOR_BYTES
-    """The offload's ``min_tensor_bytes``: smaller saved storages stay on the device."""
-    keep_last_layers: int = DEFAULT_KEEP_LAST_LAYERS
-    """The offload's ``keep_last_layers``: the last this-many blocks keep their activations on the device."""
-    max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH
-    """The largest micro-batch the search tries."""
-    disk_probe_mib: int = DEFAULT_DISK_PROBE_MIB
-    """MiB written and read back to measure the NVMe directory's bandwidth (``offload-nvme`` only; 0: not measured)."""
+    bench: BenchConfig  # the workload, steps and warm-up, the one strategy and the output directory
+    placements: list[str] = field(default_factory=lambda: list(PLACEMENTS))  # in the order given
+    nvme_path: str | None = None  # a local NVMe directory for offload-nvme's files (and the bandwidth test's)
+    budget_gib: float | None = None  # the micro-batch search's peak activation memory budget; None: no search
+    min_tensor_bytes: int = DEFAULT_MIN_TENSOR_BYTES  # the offload's: smaller saved storages stay on the device
+    keep_last_layers: int = DEFAULT_KEEP_LAST_LAYERS  # the offload's: the last N blocks keep their activations
+    max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH  # the largest micro-batch the search tries
+    disk_probe_mib: int = DEFAULT_DISK_PROBE_MIB  # MiB measuring the NVMe directory's bandwidth (0: not measured)
 
     @property
     def strategy(self) -> str:
@@ -69,7 +85,8 @@ class RokConfig:
     def spec(self, name: str, micro_batch: int | None = None) -> RunSpec:
         """The worker run of placement ``name``: its own run, or a search probe at ``micro_batch``."""
         label = name if micro_batch is None else f"{name}@mb{micro_batch}"
-        return RunSpec(label=label, strategy=self.strategy, plan=self.plan)
+        dos = self.strategy == "deep_optimizer_states" and str(self.plan).lower() != "auto"
+        return RunSpec(label, self.strategy, self.plan, args={"plan": plan_argument(str(self.plan))} if dos else {})
 
     def run_config(self, name: str, micro_batch: int | None = None) -> BenchConfig:
         """The bench settings of placement ``name``'s run, or of a search probe at ``micro_batch`` (the warm-up
@@ -149,7 +166,6 @@ class RokConfig:
 
     def _plan_problems(self) -> list[str]:
         """One DOS plan (any the strategy takes), or none but ``auto`` for ``zero3_offload``."""
-        from lightning_dos.bench.strategies import plan_argument
         from lightning_dos.planning.plan import parse_plan
 
         plans = [str(plan) for plan in self.bench.plans]

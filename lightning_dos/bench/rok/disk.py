@@ -1,9 +1,5 @@
-"""Owns the NVMe directory's measured bandwidth: write a temporary file, fsync it, read it back; no fio needed.
-
-The file is written in 8 MiB chunks and ``fsync``-ed (the write's time includes reaching the disk), then read back
-bypassing the page cache: with ``O_DIRECT`` where the filesystem takes it (as the activation store does), else after
-``posix_fadvise(DONTNEED)`` has dropped the file's cached pages (best effort: the report says which). The file is
-removed afterwards, whatever happens. A progress bar follows the bytes.
+"""Owns the NVMe directory's measured bandwidth: a temporary file written in 8 MiB chunks and fsync-ed, read back
+bypassing the page cache (``O_DIRECT``, else after ``posix_fadvise(DONTNEED)``: the report says which), removed.
 """
 
 from __future__ import annotations
@@ -62,12 +58,8 @@ def _transfer(fd: int, total: int, chunk: mmap.mmap, write: bool, bar: Any) -> f
 
 
 def measure_disk(directory: str | Path, mib: int, progress: bool = True) -> dict[str, Any]:
-    """Write ``mib`` MiB to a temporary file under ``directory`` (fsync), read it back, remove it.
-
-    Returns ``write_mb_s`` and ``read_mb_s`` (MB/s, 10^6 bytes), the seconds, the bytes, ``direct`` (``O_DIRECT``
-    both ways), ``read_cache`` (how the read avoided the page cache) and ``error`` (None, or why nothing was
-    measured).
-    """
+    """Write ``mib`` MiB to a temporary file under ``directory`` (fsync), read it back, remove it: ``write_mb_s`` and
+    ``read_mb_s`` (10^6 bytes), the seconds, ``direct``, ``read_cache`` (how the cache was avoided), ``error``."""
     total = max(1, -(-mib * 2**20 // CHUNK_BYTES)) * CHUNK_BYTES  # whole chunks
     path = Path(directory) / f".lightning-dos-bandwidth-{uuid.uuid4().hex}"
     out: dict[str, Any] = {"directory": str(directory), "bytes": total, "write_mb_s": None, "read_mb_s": None,

@@ -1,98 +1,41 @@
-"""Owns one ROK invocation end to end: the placements' worker processes, the micro-batch search, the outputs.
-
-The host and the model are described, text data prepared and worker processes launched one at a time under a
-progress bar exactly as in the bench's other modes (:mod:`lightning_dos.bench.harness`,
-:func:`~lightning_dos.bench.launcher.launch`). With ``offload-nvme``, the NVMe directory's bandwidth is measured
-first (:mod:`~lightning_dos.bench.rok.disk`). Then each placement runs in its own worker; with a budget, each
-placement's largest fitting micro-batch is searched for (:mod:`~lightning_dos.bench.rok.search`), its own run
-standing for the starting micro-batch and every other micro-batch a short worker run. rok.json, rok.md and rok.png
-are written after every placement and every search, so an interrupted invocation still leaves what it measured.
-With ``resume``, a run that finished in ``--out`` with exactly the same settings (placement runs and probes alike)
-is reused rather than run again: a budget can be searched after the curve was measured.
+"""Owns one ROK invocation end to end: the placements' runs on the :class:`~lightning_dos.bench.pipeline.Pipeline`
+(the NVMe directory's bandwidth first, with ``offload-nvme``), then with a budget each placement's micro-batch search,
+its own run standing for the starting micro-batch; rok.json, rok.md and rok.png after every run and search.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from lightning_dos.bench.harness import (
-    Launcher,
-    WorkerProcesses,
-    elapsed_note,
-    phase_timing_note,
-    prepare_invocation,
-    relative_path,
-    uses_gpu,
-    worker_processes,
-)
 from lightning_dos.bench.launcher import launch
+from lightning_dos.bench.pipeline import Launcher, Pipeline, elapsed_note, prepare, timing_note, uses_gpu
 from lightning_dos.bench.results import write_json
 from lightning_dos.bench.rok import chart, report
-from lightning_dos.bench.rok.config import RokConfig
+from lightning_dos.bench.rok.config import PLACEMENTS, RokConfig
 from lightning_dos.bench.rok.disk import measure_disk
-from lightning_dos.bench.rok.placements import PLACEMENTS
 from lightning_dos.bench.rok.report import format_bytes
 from lightning_dos.bench.rok.results import GIB, compare_to_keep, placement_summary, probe_of, rok_document
 from lightning_dos.bench.rok.search import Probe, search_micro_batch
-from lightning_dos.bench.rok.worker import ACTIVATIONS_KEY
-from lightning_dos.bench.workload import describe_model
 from lightning_dos.telemetry.environment import versions
 
-__all__ = ["default_out_dir", "dry_run_text", "run_rok", "write_outputs"]
-
-#: Bench settings that do not change what a run measures: a run finished under other values is still reused.
-NOT_MEASUREMENT = ("timeout_s", "out", "recipe")
-
-
-def default_out_dir(rok: RokConfig, now: datetime) -> Path:
-    """``runs/rok/<model>_<YYYYmmdd-HHMMSS>`` under the current directory."""
-    return Path("runs") / "rok" / f"{rok.bench.model}_{now:%Y%m%d-%H%M%S}"
-
-
-def _payload(rok: RokConfig, name: str, micro_batch: int | None, on_gpu: bool) -> dict[str, Any]:
-    """What a worker's config file holds for placement ``name`` (its run, or a probe at ``micro_batch``)."""
-    return {"bench": rok.run_config(name, micro_batch).to_dict(), "run": rok.spec(name, micro_batch).to_dict(),
-            ACTIVATIONS_KEY: rok.worker_settings(name, on_gpu)}
-
-
-def _comparable(payload: dict[str, Any]) -> dict[str, Any]:
-    bench = {key: value for key, value in payload.get("bench", {}).items() if key not in NOT_MEASUREMENT}
-    return {**payload, "bench": bench}
-
-
-def reusable(run_dir: Path, payload: dict[str, Any]) -> dict[str, Any] | None:
-    """The result a finished earlier run left in ``run_dir``, if it ran exactly ``payload`` (but for
-    :data:`NOT_MEASUREMENT`) and completed; else None."""
-    try:
-        earlier = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
-        result = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-    if result.get("status") != "ok" or _comparable(earlier) != _comparable(payload):
-        return None
-    return {**result, "reused": True, "log": str(run_dir / "worker.log")}
+__all__ = ["dry_run_text", "run_rok", "write_outputs"]
 
 
 class _Runs:
-    """Launches (or reuses) the worker runs of one invocation."""
+    """The worker runs of one invocation: a placement's, or a search probe's at another micro-batch."""
 
-    def __init__(self, rok: RokConfig, out_dir: Path, on_gpu: bool, launcher: Launcher, resume: bool) -> None:
-        self.rok, self.out_dir, self.on_gpu, self.launcher, self.resume = rok, out_dir, on_gpu, launcher, resume
+    def __init__(self, rok: RokConfig, out_dir: Path, on_gpu: bool) -> None:
+        self.rok, self.out_dir, self.on_gpu = rok, out_dir, on_gpu
 
-    def run(self, processes: WorkerProcesses, name: str, micro_batch: int | None = None) -> dict[str, Any]:
-        rok = self.rok
-        spec, config = rok.spec(name, micro_batch), rok.run_config(name, micro_batch)
-        run_dir = self.out_dir / "runs" / spec.slug
-        payload = _payload(rok, name, micro_batch, self.on_gpu)
-        processes.begin(spec)
-        if self.resume and not processes.interrupted and (prior := reusable(run_dir, payload)):
-            return {**prior, "log": relative_path(prior["log"], self.out_dir)}
-        extra = {ACTIVATIONS_KEY: payload[ACTIVATIONS_KEY]}
-        return processes.run(spec, lambda: self.launcher(config, spec, run_dir, extra=extra))
+    def run(self, pipeline: Pipeline, name: str, micro_batch: int | None = None) -> dict[str, Any]:
+        spec = self.rok.spec(name, micro_batch)
+        return pipeline.run(self.rok.run_config(name, micro_batch), spec, self.out_dir / "runs" / spec.slug,
+                            {"activations": self.rok.worker_settings(name, self.on_gpu)})
 
 
 def placement_line(index: int, total: int, summary: dict[str, Any]) -> str:
@@ -120,16 +63,15 @@ def probe_line(name: str, probe: Probe, budget_gib: float) -> str:
             f"{probe.tokens_per_s or 0:,.0f} tokens/s{elapsed_note(probe.to_dict())}")
 
 
-def _search(rok: RokConfig, runs: _Runs, processes: WorkerProcesses, name: str, own: dict[str, Any]) -> dict[str, Any]:
+def _search(rok: RokConfig, runs: _Runs, pipeline: Pipeline, name: str, own: dict[str, Any]) -> dict[str, Any]:
     """The micro-batch search of placement ``name``; ``own`` is its run's raw result (the starting micro-batch)."""
     assert rok.budget_gib is not None
     budget = rok.budget_gib * GIB
     known = probe_of(own, rok.run_config(name), budget, source="placement run")
 
     def probe(micro_batch: int) -> Probe:
-        result = runs.run(processes, name, micro_batch)
-        answer = probe_of(result, rok.run_config(name, micro_batch), budget)
-        processes.done(probe_line(name, answer, rok.budget_gib or 0.0))
+        answer = probe_of(runs.run(pipeline, name, micro_batch), rok.run_config(name, micro_batch), budget)
+        pipeline.done(probe_line(name, answer, rok.budget_gib or 0.0))
         return answer
 
     return {"placement": name, **search_micro_batch(rok.bench.micro_batch, probe, rok.max_micro_batch, known=known)}
@@ -155,13 +97,16 @@ def run_rok(rok: RokConfig, out_dir: Path, launcher: Launcher = launch, progress
     rok.png under ``out_dir``; return the JSON document."""
     now = now or datetime.now(timezone.utc)
     out_dir.mkdir(parents=True, exist_ok=True)
-    hardware, model = prepare_invocation(rok.bench)
+    hardware, resolved, model = prepare(rok.bench)
+    # the search starts from the recipe's micro-batch; tokens per iteration need its sequence length too
+    rok = dataclasses.replace(rok, bench=dataclasses.replace(rok.bench, micro_batch=resolved.micro_batch,
+                                                             seq_len=resolved.seq_len))
     software = versions()
-    on_gpu = uses_gpu(rok.bench, hardware)
+    on_gpu = uses_gpu(resolved, hardware)
     disk = None
     if "offload-nvme" in rok.placements and rok.nvme_path and rok.disk_probe_mib > 0:
         disk = disk_meter(rok.nvme_path, rok.disk_probe_mib, progress=progress)
-    runs = _Runs(rok, out_dir, on_gpu, launcher, resume)
+    runs = _Runs(rok, out_dir, on_gpu)
     summaries: list[dict[str, Any]] = []
     raw: dict[str, dict[str, Any]] = {}
     searches: list[dict[str, Any]] = []
@@ -171,30 +116,30 @@ def run_rok(rok: RokConfig, out_dir: Path, launcher: Launcher = launch, progress
         compare_to_keep(summaries)
         measure = next((s["measure"] for s in summaries if s.get("measure")), None)
         doc = rok_document(hardware, software, rok, model, summaries, now.isoformat(timespec="seconds"),
-                           phase_timing_note(rok.bench, hardware, devices), disk,
-                           budget_section(rok, searches, measure), interrupted)
+                           timing_note(resolved, hardware, devices), disk, budget_section(rok, searches, measure),
+                           interrupted, resolved)
         doc["placements_planned"] = list(rok.placements)
         write_outputs(doc, out_dir)
         return doc
 
     total = len(rok.placements)
-    with worker_processes(total, "rok", "placement", out_dir, progress) as processes:
+    with Pipeline("rok", "placement", out_dir, total, launcher, resume, progress) as pipeline:
         for index, name in enumerate(rok.placements, start=1):
-            result = runs.run(processes, name)
+            result = runs.run(pipeline, name)
             raw[name] = result
             if result.get("device"):
                 devices.append(result["device"])
             summary = placement_summary(name, result, rok.run_config(name))
             summaries.append(summary)
-            processes.done(placement_line(index, total, summary))
-            document(processes.interrupted)
-        interrupted = processes.interrupted
+            pipeline.done(placement_line(index, total, summary))
+            document(pipeline.interrupted)
+        interrupted = pipeline.interrupted
     if rok.budget_gib is not None and not interrupted:
-        with worker_processes(None, "budget search", "probe", out_dir, progress) as processes:
+        with Pipeline("budget search", "probe", out_dir, None, launcher, resume, progress) as pipeline:
             for name in rok.placements:
-                searches.append(_search(rok, runs, processes, name, raw[name]))
-                document(processes.interrupted)
-            interrupted = processes.interrupted
+                searches.append(_search(rok, runs, pipeline, name, raw[name]))
+                document(pipeline.interrupted)
+            interrupted = pipeline.interrupted
     return document(interrupted)
 
 
@@ -207,17 +152,13 @@ def write_outputs(doc: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     return paths
 
 
-def dry_run_text(rok: RokConfig, on_gpu: bool | None = None) -> str:
+def dry_run_text(rok: RokConfig) -> str:
     """The resolved settings and the worker runs the invocation would make, for ``--dry-run``."""
-    from lightning_dos.telemetry.environment import hardware_info
-
-    if on_gpu is None:
-        on_gpu = uses_gpu(rok.bench, hardware_info())
-    config = rok.bench
-    model = describe_model(config)
+    hardware, config, model = prepare(rok.bench)
+    on_gpu = uses_gpu(config, hardware)
     lines = ["resolved configuration:", json.dumps({"bench": config.to_dict(), "rok": rok.to_dict()}, indent=2), "",
-             f"model: {model['preset']}, {model['params']:,} parameters, {model['n_layer']} blocks", "",
-             f"every placement under {rok.strategy} (plan {rok.spec('keep').plan}), micro-batch {config.micro_batch} "
+             f"model: {model['preset']}, {model['params'] or 'unknown'} parameters", "",
+             f"every placement under {rok.strategy} (plan {rok.plan}), micro-batch {config.micro_batch} "
              f"x seq {config.seq_len}, {config.steps} iterations: {config.warmup} warm-up, {config.e2e_count} end to "
              f"end, {len(config.phase_iterations)} synchronised", "",
              f"peak activation memory: {'the GPU allocator (device)' if on_gpu else 'the offload hooks accounting'}",

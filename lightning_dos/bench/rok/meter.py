@@ -1,21 +1,10 @@
-"""Owns the activation memory of every training iteration inside a worker: a Lightning callback.
+"""Owns a ROK worker's run (:func:`execute_placement`) and the activation memory of every iteration, measured by a
+Lightning callback placed after the :class:`~lightning_dos.activations.ActivationOffloadCallback`.
 
-Two measures, each per iteration:
-
-* **device** (on a GPU): the caching allocator's peak over the forward and backward, less what was allocated when the
-  forward started: the peak is reset at every ``on_train_batch_start`` and read at ``on_after_backward``, so the
-  figure is what the iteration's forward and backward added on top of the model and optimizer state (activations,
-  and the transient buffers of both passes). Resetting the peak would lose the process's own peak, which the bench
-  reports too: the meter keeps it (:meth:`ActivationMemoryMeter.process_peaks`).
-* **accounting** (wherever the activation offload's hooks run): the offload's ``act/device_peak_bytes``, the most
-  bytes of saved activations the hooks held on the device at once (kept storages plus restored ones). It is the only
-  measure off a GPU, where there are no allocator statistics. It sees what autograd saves for backward; under
-  activation checkpointing that is each block's input, not the internals a block recomputes in backward.
-
-The meter also keeps every iteration's ``act/*`` counters (:meth:`ActivationOffload.metrics`). Put it after the
-:class:`~lightning_dos.activations.ActivationOffloadCallback` in the trainer's callbacks: the offload ends its step
-in its own ``on_train_batch_end``, before the meter reads it. Reading the counters and the allocator's statistics
-waits for nothing on the device.
+Two measures: **device** (on a GPU), the allocator's peak over forward and backward less what was allocated when the
+forward started (the peak is reset at every batch's start; the process's own peak is kept aside); **accounting**
+(wherever the offload's hooks run, the only one off a GPU), the offload's ``act/device_peak_bytes``: the saved tensors
+held on the device at once, which under checkpointing sees each block's input, not what a block recomputes.
 """
 
 from __future__ import annotations
@@ -25,16 +14,18 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-__all__ = ["ActivationMemoryMeter"]
+from lightning_dos.bench.config import BenchConfig
+from lightning_dos.bench.kinds import RunSpec
+from lightning_dos.bench.measure import dos_records, fit_and_measure
+
+__all__ = ["ActivationMemoryMeter", "execute_placement"]
+
+GIB = 1024**3
 
 
 class ActivationMemoryMeter(pl.Callback):
-    """Records each training iteration's peak activation memory and ``act/*`` counters.
-
-    Args:
-        offload: the run's :class:`~lightning_dos.activations.ActivationOffloadCallback`, or None (no hooks: no
-            accounting, no counters).
-    """
+    """Records each iteration's peak activation memory and ``act/*`` counters (``offload``: the run's
+    :class:`~lightning_dos.activations.ActivationOffloadCallback`, or None without hooks)."""
 
     def __init__(self, offload: Any = None) -> None:
         self.offload = offload
@@ -93,3 +84,26 @@ class ActivationMemoryMeter(pl.Callback):
         """Everything recorded, per iteration, for the worker's result."""
         return {"device_bytes": list(self.device_bytes), "accounting_bytes": list(self.accounting_bytes),
                 "counters": list(self.counters)}
+
+
+def execute_placement(payload: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
+    """Train the placement of ``payload`` and return the bench's measurements plus the activation memory and the
+    ``act/*`` counters of every iteration (and, under DOS, the manager's update records)."""
+    from lightning_dos.activations import ActivationOffloadCallback
+
+    config = BenchConfig.from_dict(payload["bench"])
+    settings = payload["activations"]
+    offload = None
+    if settings["hooks"]:
+        offload = ActivationOffloadCallback(settings["offload"], nvme_path=settings.get("nvme_path"),
+                                            min_tensor_bytes=settings["min_tensor_bytes"],
+                                            keep_last_layers=settings["keep_last_layers"], log_metrics=False)
+    meter = ActivationMemoryMeter(offload)
+    trainer, result = fit_and_measure(payload, spec, callbacks=[offload, meter] if offload is not None else [meter])
+    peaks = meter.process_peaks()
+    if peaks is not None:  # the meter resets the allocator's peak every iteration: the process's is its own
+        result["peak_gpu_gib"] = max(peaks["allocated"] / GIB, result.get("peak_gpu_gib") or 0.0)
+        result["peak_gpu_reserved_gib"] = max(peaks["reserved"] / GIB, result.get("peak_gpu_reserved_gib") or 0.0)
+    result["dos"] = dos_records(trainer.strategy)  # the plan of every update phase (None for zero3_offload)
+    result["activations"] = {**settings, "micro_batch": config.micro_batch, **meter.raw()}
+    return result

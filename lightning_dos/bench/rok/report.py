@@ -1,7 +1,4 @@
-"""Owns rok.md, the ROK curve's markdown report, and the byte formatting its figures share.
-
-It formats rok.json (:func:`~lightning_dos.bench.rok.results.rok_document`) and computes nothing new; the header,
-hardware and versions sections and the number formats are the bench reports' own (:mod:`lightning_dos.bench.report`).
+"""Owns rok.md, the ROK curve's markdown report (it formats rok.json), and the byte formatting its figures share.
 """
 
 from __future__ import annotations
@@ -10,8 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_dos.bench.report import MISSING, _environment_lines, _num, _sig, _table
-from lightning_dos.bench.rok.placements import PLACEMENTS
+from lightning_dos.bench.report import MISSING, _environment_lines, _model_text, _num, _sig, _table
 
 __all__ = ["format_bytes", "render"]
 
@@ -121,14 +117,6 @@ def _budget_lines(budget: dict[str, Any] | None) -> list[str]:
                     "their probe's (end to end where timed so).", ""]
 
 
-def _claim_lines(claims: Sequence[dict[str, Any]]) -> list[str]:
-    lines = ["## Claims", "", "From the placements of this invocation; \"not measured\" when one of them did not "
-             "complete.", ""]
-    lines += _table(("claim", "threshold", "measured", "status", "from"),
-                    [(c["claim"], c["threshold"], _sig(c["value"]), c["status"], c["detail"]) for c in claims])
-    return lines + [""]
-
-
 def render(doc: dict[str, Any], chart: str | None = "rok.png") -> str:
     """rok.md of a rok.json document."""
     cfg, rok, model, m = doc["config"], doc["rok"], doc["model"], doc["measurement"]
@@ -143,12 +131,11 @@ def render(doc: dict[str, Any], chart: str | None = "rok.png") -> str:
     lines += _environment_lines(doc)
     measures = m.get("memory_measures") or {}
     lines += ["", "## Configuration", "",
-              f"- Model: {model['preset']}, {model['params']:,} parameters ({model['n_layer']} blocks, n_embd "
-              f"{model['n_embd']}); micro-batch {cfg['micro_batch']} x seq {cfg['seq_len']} = "
+              f"- Model: {_model_text(model)}; micro-batch {cfg['micro_batch']} x seq {cfg['seq_len']} = "
               f"{cfg['micro_batch'] * cfg['seq_len']:,} tokens per iteration, {cfg['precision']}, data {cfg['data']}, "
               f"seed {cfg['seed']}",
-              f"- Strategy: {rok['strategy']} (plan {rok['plan']}), sub_group_size {cfg['sub_group_size']:,}, the same "
-              "for every placement; each placement in a fresh worker process",
+              f"- Strategy: {rok['strategy']} (plan {rok['plan']}), sub_group_size "
+              f"{cfg['sub_group_size'] or 'of its fragment'}, the same for every placement, each in a fresh process",
               f"- Activation offload: min_tensor_bytes {rok['min_tensor_bytes']:,}, keep_last_layers "
               f"{rok['keep_last_layers']}" + (f", NVMe path `{rok['nvme_path']}`" if rok.get("nvme_path") else ""),
               f"- Iterations: {cfg['steps']} per run; warm-up {m['warmup_iterations'] or 'none'}, end to end "
@@ -180,10 +167,7 @@ def render(doc: dict[str, Any], chart: str | None = "rok.png") -> str:
     lines += [""]
     lines += _disk_lines(doc.get("disk"))
     lines += _budget_lines(doc.get("budget"))
-    lines += _claim_lines(doc["claims"])
-    lines += ["## Placements", ""]
-    lines += [f"- **{name}**: {p.summary}." for name, p in PLACEMENTS.items() if name in rok["placements"]]
-    lines += ["", "Full resolved configuration:", "", "```json"]
+    lines += ["Full resolved configuration:", "", "```json"]
     lines += json.dumps({"bench": cfg, "rok": rok}, indent=2).splitlines()
     lines += ["```", "", "Per-iteration figures (activation memory, act/* counters, phase times, losses) are in each "
               "run's `result.json` under `runs/`, with its log.", ""]

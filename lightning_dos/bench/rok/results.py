@@ -1,12 +1,8 @@
-"""Owns turning ROK workers' raw measurements into figures, the claims and the rok.json document (pure Python).
+"""Owns turning ROK workers' raw measurements into figures and rok.json (pure Python).
 
-A placement's summary: its headline iteration time (the median end-to-end iteration, unsynchronised, as the bench's
-headline: :func:`~lightning_dos.bench.results.e2e_samples`; the synchronised median when no iteration was timed end
-to end), the synchronised phase medians, tokens/s, the peak activation memory (the largest over the measured
-iterations of the measure the run has: the GPU allocator's, else the offload's accounting, see
-:mod:`~lightning_dos.bench.rok.meter`), the ``act/*`` counters (per-iteration medians over the measured iterations;
-``late_restores`` also summed), and against ``keep``: the overhead in time, the reduction in peak activation memory
-and the loss agreement. A search probe's result becomes a :class:`~lightning_dos.bench.rok.search.Probe`.
+A placement's headline is the median end-to-end iteration (the synchronised one without an end-to-end window); its
+peak activation memory the largest over the measured iterations of the measure it has (device, else accounting);
+its ``act/*`` counters per-iteration medians; against ``keep`` its overhead, memory reduction and loss agreement.
 """
 
 from __future__ import annotations
@@ -15,11 +11,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_dos.bench.claims import rok_claims
 from lightning_dos.bench.config import PHASES, BenchConfig
-from lightning_dos.bench.results import SCHEMA_VERSION, e2e_samples
-from lightning_dos.bench.rok.config import RokConfig
-from lightning_dos.bench.rok.placements import placement
+from lightning_dos.bench.results import document, e2e_samples, iteration_windows
+from lightning_dos.bench.rok.config import RokConfig, placement
 from lightning_dos.bench.rok.search import Probe
 from lightning_dos.bench.stats import median, spread
 
@@ -170,32 +164,15 @@ def probe_of(result: dict[str, Any], config: BenchConfig, budget_bytes: float, s
 
 def rok_document(hardware: dict[str, Any], versions: dict[str, Any], rok: RokConfig, model: dict[str, Any],
                  placements: list[dict[str, Any]], date: str, timing_note: str, disk: dict[str, Any] | None,
-                 budget: dict[str, Any] | None, interrupted: bool) -> dict[str, Any]:
-    """The rok.json document: the settings, the host, every placement's figures, the search and the claims."""
-    config = rok.bench
-    measures = sorted({p["measure"] for p in placements if p.get("measure")})
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "rok_curve",
-        "date": date,
-        "hardware": hardware,
-        "versions": versions,
-        "config": config.to_dict(),
-        "rok": rok.to_dict(),
-        "model": model,
-        "measurement": {
-            "warmup_iterations": list(range(1, config.warmup + 1)),
-            "measured_iterations": list(range(config.warmup + 1, config.steps + 1)),
-            "e2e_iterations": [k + 1 for k in config.e2e_iterations],
-            "phase_iterations": [k + 1 for k in config.phase_iterations],
-            "headline": "the median end-to-end iteration (unsynchronised, as the bench's headline); the "
-                        "synchronised median where no iteration was timed end to end",
-            "memory_measures": {m: MEASURES[m] for m in measures},
-            "timing": timing_note,
-        },
-        "interrupted": interrupted,
-        "disk": disk,
-        "placements": placements,
-        "budget": budget,
-        "claims": rok_claims(placements, budget),
-    }
+                 budget: dict[str, Any] | None, interrupted: bool, resolved: BenchConfig | None = None
+                 ) -> dict[str, Any]:
+    """The rok.json document: the settings (``config``: ``resolved``, the workload resolved), the host, every
+    placement's figures and the search."""
+    config = resolved or rok.bench
+    measurement = {**iteration_windows(config), "headline": "the median end-to-end iteration (unsynchronised, as the "
+                   "bench's headline); the synchronised median where no iteration was timed end to end",
+                   "memory_measures": {m: MEASURES[m] for m in sorted({p["measure"] for p in placements
+                                                                     if p.get("measure")})},
+                   "timing": timing_note}
+    return document("rok_curve", hardware, versions, config, model, date, measurement, rok=rok.to_dict(),
+                    interrupted=interrupted, disk=disk, placements=placements, budget=budget)

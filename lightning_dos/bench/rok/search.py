@@ -1,10 +1,6 @@
-"""Owns the search for the largest micro-batch that fits a memory budget: doubling, then bisection (pure Python).
-
-From the micro-batch the placement ran with: while it fits, double it (up to ``max_micro_batch``); once one does
-not fit, bisect between the largest that fitted and the smallest that did not. If the starting micro-batch does not
-fit, bisect between 0 and it. Whether a micro-batch fits is the probe function's answer (:class:`Probe`): ``True``,
-``False``, or ``None`` when the run could not tell (it failed for another reason, timed out, or was not run), which
-stops the search with what it knows so far. Every probe is kept, in the order run.
+"""Owns the search for the largest micro-batch that fits a memory budget (pure Python): from the placement's own,
+double while it fits (up to ``max_micro_batch``), then bisect between the largest that fitted and the smallest that did
+not (from 0 when the first does not fit). A probe that cannot tell (:class:`Probe` ``fits=None``) stops the search.
 """
 
 from __future__ import annotations
@@ -25,33 +21,24 @@ class Probe:
     """One micro-batch tried."""
 
     micro_batch: int
-    fits: bool | None
-    """Whether its peak activation memory fits the budget (and it did not run out of memory); None: unknown."""
-    peak_bytes: int | None = None
-    """Its peak activation memory, when it completed."""
+    fits: bool | None  # within the budget (and not out of memory); None: the run could not tell
+    peak_bytes: int | None = None  # its peak activation memory, when it completed
     tokens_per_s: float | None = None
-    """Its throughput, when it completed."""
-    status: str = "ok"
-    """The worker's status: ``ok``, ``oom``, ``failed``, ``timeout``, ``skipped``."""
+    status: str = "ok"  # the worker's: ok, oom, failed, timeout, skipped
     reason: str | None = None
-    source: str = "probe"
-    """``probe`` (a short run of its own) or ``placement run`` (the placement's own, at the starting micro-batch)."""
+    source: str = "probe"  # a run of its own, or "placement run" (the placement's, at the starting micro-batch)
     elapsed_s: float | None = None
     log: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable copy."""
         return asdict(self)
 
 
 def search_micro_batch(start: int, probe: Callable[[int], Probe], max_micro_batch: int,
                        known: Probe | None = None) -> dict[str, Any]:
-    """The largest micro-batch that fits, searched from ``start`` with ``probe``; ``known`` is the answer for a
-    micro-batch already measured (the placement's own run), used instead of probing it again.
-
-    Returns ``status`` (one of :data:`SEARCH_STATUSES`), ``largest_micro_batch`` (0 when none fits, the largest
-    known to fit when incomplete), its ``peak_bytes`` and ``tokens_per_s``, ``reason`` and every probe in order.
-    """
+    """The largest micro-batch that fits, searched from ``start`` with ``probe`` (``known``: the answer already
+    measured for one); ``status`` (:data:`SEARCH_STATUSES`), ``largest_micro_batch`` (0: none fits), its peak and
+    tokens/s, ``reason`` and every probe in order."""
     if start < 1 or max_micro_batch < start:
         raise ValueError(f"micro-batch search: start {start} must be >= 1 and <= max_micro_batch {max_micro_batch}")
     probes: list[Probe] = []

@@ -1,33 +1,57 @@
-"""Owns what each mode checks: the strategy comparison's claims and the plan sweep's targets, met / missed / not
-measured.
+"""The project's own targets for ``lightning-dos bench`` reports: met / missed / not measured, from a report's JSON.
 
-**Claims** (``lightning-dos bench``): every claim is a ratio of two figures from the same invocation (never against
-numbers from elsewhere): first the headline, DOS's best end-to-end iteration (unsynchronised, what a user sees)
-against vanilla ZeRO-3 offload's; then, synchronised, DOS's best iteration against vanilla's and against the static
-split at ratio 0.5 (at lower peak GPU memory than that split), its step (the update phase) against vanilla's, and its
-final loss against vanilla's. A claim whose configurations did not both complete is "not measured", never "met".
-Results from before the end-to-end figures were recorded (no ``e2e_iteration_ms`` key) get no end-to-end claim.
-These are checked at the smallest device count that ran (one GPU, unless ``--devices`` says otherwise). With
-``--devices`` the data-parallel claims are added, each only where the device counts it needs ran: at every larger
-count N, DOS ``auto``'s speedup over vanilla keeps at least 90% of what it is at the smallest count, and DOS ``auto``
-is faster than the static split 0.5 at N at lower peak GPU memory (both end to end where every figure has it, else
-synchronised).
+A bench report states what was measured (figures side by side, and ratios of configurations measured in the same
+invocation); whether those ratios meet what this project aims for on its reference GPU host is a question for the
+project, not for a user's report, so the thresholds live here, outside the package::
 
-**ROK claims** (``--activations``): offload-host against keep (peak activation memory at least 40% lower, at most
-5% more time per iteration) and against recompute (faster, at no more peak activation memory).
+    python scripts/targets.py runs/bench/<run>/results.json    # strategy comparison: the claims
+    python scripts/targets.py runs/sweep/<run>/sweep.json      # plan sweep: the four targets, per budget and overall
+    python scripts/targets.py runs/rok/<run>/rok.json          # ROK curve: the curve's claims
 
-**Targets** (``--sweep``), per budget and over the invocation: ``auto`` within 5% of the best swept plan, the median
+``tests/test_bench_claims.py`` checks the committed reports under docs/benchmarks with these functions (their JSON
+carries the statuses the bench printed when they were measured).
+
+**Claims** (a comparison): every claim is a ratio of two figures from the same invocation (never against numbers from
+elsewhere): first the headline, DOS's best end-to-end iteration (unsynchronised, what a user sees) against vanilla
+ZeRO-3 offload's; then, synchronised, DOS's best iteration against vanilla's and against the static split at ratio
+0.5 (at lower peak GPU memory than that split), its step (the update phase) against vanilla's, and its final loss
+against vanilla's. A claim whose configurations did not both complete is "not measured", never "met". Results from
+before the end-to-end figures were recorded (no ``e2e_iteration_ms`` key) get no end-to-end claim. These are checked
+at the smallest device count that ran; with several device counts the data-parallel claims are added, each only where
+the device counts it needs ran: at every larger count N, DOS ``auto``'s speedup over vanilla keeps at least 90% of
+what it is at the smallest count, and DOS ``auto`` is faster than the static split 0.5 at N at lower peak GPU memory
+(both end to end where every figure has it, else synchronised).
+
+**ROK claims**: offload-host against keep (peak activation memory at least 40% lower, at most 5% more time per
+iteration) and against recompute (faster, at no more peak activation memory); with a budget, the placement fitting
+the largest micro-batch against keep's tokens/s.
+
+**Targets** (a plan sweep), per budget and over the invocation: ``auto`` within 5% of the best swept plan, the median
 prediction error of the swept plans' update phases at most 10%, no process out of memory, failed or timed out, and
 ``auto`` faster than every ``stride:K``.
 """
 
 from __future__ import annotations
 
+import json
+import statistics
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from lightning_dos.bench.stats import median
-from lightning_dos.bench.strategies import OVERLAP_SUFFIX, devices_of
+#: What a DOS row's label says when it asked for its update overlapped with the next forward: ``dos(auto,overlap)``.
+OVERLAP_SUFFIX = ",overlap"
+
+
+def devices_of(result: dict[str, Any]) -> int:
+    """The device count of a result (1 for those from before ``--devices``)."""
+    return int(result.get("devices") or 1)
+
+
+def median(values: Sequence[float]) -> float | None:
+    """The median of ``values``; None when there are none."""
+    return statistics.median(values) if values else None
 
 #: the claims, with their thresholds (from the project's targets for the reference GPU host)
 ITERATION_VS_VANILLA = 2.5
@@ -212,8 +236,13 @@ def _e2e_best(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def _without_overlap(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The DOS rows that ran without ``overlap``: their synchronised phases hold the whole update in the step."""
-    return [r for r in rows if OVERLAP_SUFFIX not in r["label"]]
+    """The DOS rows that ran without ``overlap`` (their ``dos`` summary says so; older reports: their label): their
+    synchronised phases hold the whole update in the step."""
+    def overlapped(row: dict[str, Any]) -> bool:
+        flag = (row.get("dos") or {}).get("overlapped")
+        return OVERLAP_SUFFIX in row["label"] if flag is None else bool(flag)
+
+    return [r for r in rows if not overlapped(r)]
 
 
 def peer_claims(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -360,14 +389,20 @@ def check_targets(plans: Sequence[dict[str, Any]], auto: dict[str, Any],
     return targets
 
 
+def budget_targets(budget: dict[str, Any]) -> list[dict[str, Any]]:
+    """The four targets of one budget of a sweep.json (its plans, auto and its process's status)."""
+    return check_targets(budget["plans"], budget["auto"], {"sweep process": budget["fixed"]["status"]})
+
+
 def overall_targets(budgets: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each target over all budgets: missed if any budget missed it, else not measured if any did not measure it.
 
     The value is the worst budget's (largest: excess, error, failed processes, ratio).
     """
     out = []
+    per_budget = [(b["budget"]["label"], {t["target"]: t for t in budget_targets(b)}) for b in budgets]
     for name in TARGETS:
-        per = [(b["budget"]["label"], next(t for t in b["targets"] if t["target"] == name)) for b in budgets]
+        per = [(label, targets[name]) for label, targets in per_budget]
         statuses = [t["status"] for _, t in per]
         if not per:
             status = "not measured"
@@ -461,3 +496,34 @@ def _budget_claim(budget: dict[str, Any]) -> dict[str, Any]:
         return _claim(ROK_BUDGET, threshold, None, True, detail)
     ratio = min(s["tokens_per_s"] for s in leaders) / keep_tps
     return _claim(ROK_BUDGET, threshold, ratio, ratio > 1.0, detail)
+
+
+def targets_of(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The project's targets for a report's JSON: a comparison's claims, a sweep's targets over its budgets, or a
+    ROK curve's claims (each entry names its target as ``claim`` or ``target``)."""
+    if doc.get("kind") == "plan_sweep":
+        return overall_targets(doc["budgets"])
+    if doc.get("kind") == "rok_curve":
+        return rok_claims(doc["placements"], doc.get("budget"))
+    return check_claims(doc["results"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print every target of each report given (results.json, sweep.json or rok.json); 0 when none was missed."""
+    paths = sys.argv[1:] if argv is None else argv
+    if not paths:
+        print("usage: python scripts/targets.py REPORT.json [...]", file=sys.stderr)
+        return 2
+    missed = False
+    for path in paths:
+        print(path)
+        for entry in targets_of(json.loads(Path(path).read_text(encoding="utf-8"))):
+            value = "-" if entry["value"] is None else f"{entry['value']:.3g}"
+            print(f"  {entry['status']:<13} {entry.get('claim') or entry.get('target')} ({entry['threshold']}): "
+                  f"{value}; {entry['detail']}")
+            missed |= entry["status"] == "missed"
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

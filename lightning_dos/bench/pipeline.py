@@ -1,0 +1,145 @@
+"""Owns what every mode's invocation shares: the host and workload resolved once, then worker processes one at a time.
+
+A comparison, a sweep and a ROK curve give :class:`Pipeline` their runs; each is reused (``--resume``: an earlier one
+that ran exactly the same ``lightning-dos fit`` and settings, :func:`reusable`), skipped with its reason, or launched
+in a fresh worker process, under a progress bar. After Ctrl-C or SIGTERM the rest are reported as not run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from lightning_dos.bench.compose import describe, payload
+from lightning_dos.bench.config import BenchConfig
+from lightning_dos.bench.kinds import RunSpec
+from lightning_dos.bench.launcher import launch
+from lightning_dos.bench.results import skipped
+from lightning_dos.telemetry.environment import hardware_info, merge_worker_device
+
+GPU_TIMING = ("GPU: torch.cuda.synchronize() is called at every phase boundary (bench mode), so each phase's "
+              "kernels are charged to it; this costs a little and removes overlap across boundaries, so these "
+              "iteration times are slightly above the unsynchronised end-to-end ones.")
+CPU_TIMING = "CPU: no device to synchronise; phase times are host wall-clock between the Lightning hooks."
+#: ``launcher(config, spec, run_dir)`` (with ``extra=`` for a sweep's or a ROK curve's runs): :func:`launch`.
+Launcher = Callable[..., dict[str, Any]]
+#: Bench settings that choose which runs there are or how long they may take, not what one measures.
+NOT_MEASUREMENT = ("strategies", "ratios", "plans", "overlap", "leaf_blocks", "resident_gib", "repeats",
+                   "force_no_offload", "timeout_s", "out", "recipe", "devices")
+
+
+def default_out_dir(mode: str, config: BenchConfig, now: datetime) -> Path:
+    """``runs/<mode>/<model or recipe>_<YYYYmmdd-HHMMSS>`` under the current directory."""
+    name = config.model or (Path(config.recipe).stem if config.recipe else "gpt-2.7b")
+    return Path("runs") / mode / f"{name}_{now:%Y%m%d-%H%M%S}"
+
+
+def prepare(config: BenchConfig) -> tuple[dict[str, Any], BenchConfig, dict[str, Any]]:
+    """The host, ``config`` with its workload resolved (the recipe's value wherever no flag was given) and the
+    model of an invocation; its data prepared once first (a corpus tokenised)."""
+    workload, model = describe(config)
+    resolved = {key: value for key, value in workload.items() if getattr(config, key) is None}
+    return hardware_info(), dataclasses.replace(config, **resolved), model
+
+
+def uses_gpu(config: BenchConfig, hardware: dict[str, Any]) -> bool:
+    """Whether the workers of a resolved ``config`` will run on a GPU."""
+    if config.accelerator in ("gpu", "cuda"):
+        return True
+    return config.accelerator == "auto" and bool(hardware.get("gpu_count"))
+
+
+def timing_note(config: BenchConfig, hardware: dict[str, Any], devices: list[dict[str, Any]]) -> str:
+    """How phases were timed, from the devices the workers reported (merged into ``hardware``)."""
+    merge_worker_device(hardware, devices[0] if devices else None)
+    on_gpu = any(d.get("type") == "cuda" for d in devices) or (not devices and uses_gpu(config, hardware))
+    return GPU_TIMING if on_gpu else CPU_TIMING
+
+
+def relative_path(path: str | None, root: Path) -> str | None:
+    """``path`` relative to ``root`` where it lies under it."""
+    if path is None:
+        return None
+    try:
+        return str(Path(path).resolve().relative_to(root.resolve()))
+    except ValueError:
+        return path
+
+
+def elapsed_note(result: dict[str, Any]) -> str:
+    return f" ({result['elapsed_s']:.0f} s)" if result.get("elapsed_s") is not None else ""
+
+
+def _comparable(entry: dict[str, Any]) -> dict[str, Any]:
+    """A worker's ``config.json`` as ``--resume`` compares it: the config files by content, not by path."""
+    fit = entry.get("fit") or {}
+    args = fit.get("args") or []
+    bench = {key: value for key, value in (entry.get("bench") or {}).items() if key not in NOT_MEASUREMENT}
+    return {**{key: value for key, value in entry.items() if key not in ("bench", "fit")}, "bench": bench,
+            "args": [a for i, a in enumerate(args) if not (i and args[i - 1] == "--config")],
+            "configs": list((fit.get("configs") or {}).values())}
+
+
+def reusable(config: BenchConfig, spec: RunSpec, run_dir: Path,
+             extra: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The result an earlier run left in ``run_dir``, if it completed and ran exactly what ``spec`` would now (the same
+    ``lightning-dos fit``, row and measurement settings) with every end time its headline needs; else None."""
+    try:
+        earlier = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+        result = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    if result.get("status") != "ok" or (config.e2e_count and "end_s" not in (result.get("iterations") or {})):
+        return None
+    if _comparable(earlier) != _comparable(payload(config, spec, run_dir, extra, write=False)):
+        return None
+    return {**result, "reused": True, "log": str(run_dir / "worker.log")}
+
+
+class Pipeline:
+    """An invocation's worker processes, one at a time under a progress bar (a context manager)."""
+
+    def __init__(self, mode: str, unit: str, out_dir: Path, total: int | None = None, launcher: Launcher = launch,
+                 resume: bool = False, progress: bool = True) -> None:
+        self.mode, self.out_dir, self.launcher, self.resume = mode, out_dir, launcher, resume
+        self.bar = tqdm(total=total, desc=mode, unit=unit, disable=not progress, dynamic_ncols=True)
+        self.interrupted = False
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.bar.close()
+
+    def run(self, config: BenchConfig, spec: RunSpec, run_dir: Path, extra: dict[str, Any] | None = None,
+            skip: str | None = None,
+            complete: Callable[[dict[str, Any]], dict[str, Any]] = lambda result: result) -> dict[str, Any]:
+        """The result of ``spec``: reused (``--resume``, even after an interruption: it is on disk), ``skipped``
+        (after an interruption, or for ``skip``'s reason) or launched (``complete`` then fills it in)."""
+        self.bar.set_postfix_str(spec.label)
+        prior = reusable(config, spec, run_dir, extra) if self.resume else None
+        if prior is not None:
+            result = prior
+        elif self.interrupted:
+            result = skipped(spec, f"not run: the {self.mode} was interrupted")
+        elif skip is not None:
+            result = skipped(spec, skip)
+        else:
+            try:
+                result = complete(self.launcher(config, spec, run_dir, **({"extra": extra} if extra else {})))
+            except KeyboardInterrupt:  # the worker is already stopped; report what ran
+                self.interrupted = True
+                result = complete(skipped(spec, "interrupted while running"))
+        result["log"] = relative_path(result.get("log"), self.out_dir)
+        return result
+
+    def done(self, line: str) -> None:
+        """Print ``line`` above the progress bar and count the process done."""
+        self.bar.write(line)
+        self.bar.update(1)

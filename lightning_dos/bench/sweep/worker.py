@@ -1,0 +1,188 @@
+"""Owns a plan sweep's worker process: the callback that switches the DOS plan every iteration and records what ran.
+
+Its result adds every iteration's plan and DOS update records; the records so far also go to ``progress.json`` after
+every iteration, and a failure still reports what was measured before it and the plan in force.
+"""
+
+from __future__ import annotations
+
+import copy
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+
+from lightning_dos.bench.config import BenchConfig
+from lightning_dos.bench.kinds import RunSpec, plan_argument
+from lightning_dos.bench.measure import dos_records, failure, fit_and_measure, record_dict
+from lightning_dos.bench.results import write_json
+from lightning_dos.bench.sweep.config import AUTO, PROGRESS_FILE, sweep_schedule
+from lightning_dos.planning.plan import Plan, parse_plan, resolve_plan
+
+
+class PlanSweep(pl.Callback):
+    """Runs each of ``plans`` for ``steps_per_plan`` iterations, in rounds, and records what each one did.
+
+    It sets the manager's plan at every batch's start (before the backward, so the device lane's gradients stay on the
+    device) and keeps the update records of each iteration under the plan that ran. The fixed plans share one planning
+    state; ``auto``'s ``auto_steps`` iterations (:func:`~lightning_dos.bench.sweep.config.sweep_schedule`) start cold
+    and keep their own, so ``auto`` learns only from its own update phases. ``progress_path``: where the records so
+    far go after every iteration."""
+
+    def __init__(self, plans: Sequence[str], steps_per_plan: int,
+                 progress_path: str | Path | None = None, auto_steps: int = 0) -> None:
+        if not plans:
+            raise ValueError("plan sweep: give at least one plan")
+        if isinstance(steps_per_plan, bool) or not isinstance(steps_per_plan, int) or steps_per_plan < 1:
+            raise ValueError(f"plan sweep: steps_per_plan {steps_per_plan!r} must be an integer >= 1")
+        self.plans = [str(plan).strip() for plan in plans]
+        self.specs = [parse_plan(plan_argument(plan)) for plan in self.plans]
+        if any(spec.kind == "auto" for spec in self.specs):
+            raise ValueError("plan sweep: 'auto' is not a fixed plan (it probes and re-plans); set auto_steps to "
+                             "run it between the fixed plans")
+        self.steps_per_plan = steps_per_plan
+        if isinstance(auto_steps, bool) or not isinstance(auto_steps, int) or auto_steps < 0:
+            raise ValueError(f"plan sweep: auto_steps {auto_steps!r} must be an integer >= 0")
+        self.auto_steps = auto_steps
+        self.schedule = sweep_schedule(self.plans, steps_per_plan, auto_steps)
+        self.progress_path = None if progress_path is None else Path(progress_path)
+        self.resolved: list[Plan] = []
+        self.iterations: list[dict[str, Any]] = []
+        self._first_record = 0
+        self._fixed_state: Any = None  # the manager's planning state for the fixed plans, while auto runs
+        self._auto_state: Any = None  # auto's, while a fixed plan runs (None: auto has not started)
+        self._in_auto = False
+
+    @property
+    def fixed_steps(self) -> int:
+        """Iterations of the fixed plans: ``steps_per_plan`` each."""
+        return len(self.plans) * self.steps_per_plan
+
+    @property
+    def total_steps(self) -> int:
+        """Iterations of the whole sweep: the fixed plans' and ``auto``'s (the length of its schedule)."""
+        return len(self.schedule)
+
+    def plan_at(self, iteration: int) -> str:
+        """The plan of ``iteration`` (from 0; :data:`AUTO` for ``auto``'s); the last one past the end."""
+        return self.schedule[min(iteration, len(self.schedule) - 1)]
+
+    @property
+    def current_plan(self) -> str | None:
+        """The plan of the iteration that started last, or None before the first."""
+        return self.iterations[-1]["plan"] if self.iterations else None
+
+    @staticmethod
+    def _manager(trainer: pl.Trainer) -> Any:
+        manager = getattr(trainer.strategy, "manager", None)
+        if manager is None:
+            raise RuntimeError("plan sweep: the strategy has no optimizer-state manager; run the sweep under "
+                               "strategy='deep_optimizer_states'")
+        if not manager.active:
+            raise RuntimeError("plan sweep: the interleaved update is not active for this configuration (DeepSpeed's "
+                               "own host-only update runs), so fixed plans cannot be compared")
+        return manager
+
+    def _resolve(self, manager: Any) -> list[Plan]:
+        from lightning_dos.update.manager import DEFAULT_BUFFERS
+
+        buffers = manager.buffers or DEFAULT_BUFFERS
+        return [resolve_plan(spec, manager.sizes, buffers=buffers) for spec in self.specs]
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        manager = self._manager(trainer)
+        if not self.resolved:  # subgroup sizes are known once the engine exists
+            self.resolved = self._resolve(manager)
+        iteration = len(self.iterations)
+        self._first_record = len(manager.records)
+        name = self.plan_at(iteration)
+        if name == AUTO:
+            if not self._in_auto:
+                self._fixed_state = manager.planning_state()
+                if self._auto_state is None:
+                    manager.start_auto()  # cold: starting cost values, then the probe, as a new run
+                else:
+                    manager.restore(self._auto_state)  # where auto left off: its calibration, plan and counts
+                self._in_auto = True
+            plan, index = manager.base_plan, None
+        else:
+            if self._in_auto:
+                self._auto_state = manager.planning_state()
+                manager.restore(self._fixed_state)
+                self._in_auto = False
+            index = self.plans.index(name)
+            plan = self.resolved[index]
+            manager.set_plan(plan)  # every iteration: whatever ran before, this iteration runs this plan
+        self.iterations.append({
+            "iteration": iteration,
+            "plan": name,
+            "plan_index": index,
+            "step_in_plan": sum(it["plan"] == name for it in self.iterations),
+            "lanes": plan.lane_letters(),
+            "device_fraction": plan.device_fraction(manager.sizes),
+            "records": [],
+        })
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        manager = self._manager(trainer)
+        entry = self.iterations[-1]
+        entry["records"] = [record_dict(record) for record in manager.records[self._first_record:]]
+        if self.progress_path is not None:
+            write_json(self.progress_path, self.raw())
+
+    def raw(self) -> dict[str, Any]:
+        """What the sweep ran so far, JSON-serialisable: the plans, their lanes, and every iteration's records."""
+        return {
+            "plans": list(self.plans),
+            "steps_per_plan": self.steps_per_plan,
+            "auto_steps": self.auto_steps,
+            "resolved": [{"plan": name, "lanes": plan.lane_letters(), "buffers": plan.buffers, "source": plan.source}
+                         for name, plan in zip(self.plans, self.resolved)],
+            "iterations": copy.deepcopy(self.iterations),
+        }
+
+
+class SweepRun:
+    """The parts of one sweep process, kept so that a failure can still report what was measured."""
+
+    def __init__(self, plans: list[str], steps_per_plan: int, workdir: Path, auto_steps: int = 0) -> None:
+        self.sweep = PlanSweep(plans, steps_per_plan, progress_path=workdir / PROGRESS_FILE, auto_steps=auto_steps)
+        self.strategy: Any = None
+
+    def partial(self) -> dict[str, Any]:
+        """What ran before a failure: the sweep's records and the plan in force."""
+        return {"sweep": self.sweep.raw(), "failed_plan": self.sweep.current_plan,
+                "dos": dos_records(self.strategy) if self.strategy is not None else None}
+
+
+def run_sweep(payload: dict[str, Any], spec: RunSpec, state: SweepRun) -> dict[str, Any]:
+    """Train every plan of the sweep in turn and return the raw measurements."""
+    config = BenchConfig.from_dict(payload["bench"])
+    sweep = state.sweep
+    if config.steps != sweep.total_steps:
+        raise ValueError(f"steps: {config.steps} does not hold {len(sweep.plans)} plans for {sweep.steps_per_plan} "
+                         f"iterations each and {sweep.auto_steps} of auto ({sweep.total_steps})")
+
+    def keep(strategy: Any) -> None:
+        state.strategy = strategy
+
+    trainer, result = fit_and_measure(payload, spec, callbacks=[sweep], on_strategy=keep)
+    return {**result, "sweep": sweep.raw(), "failed_plan": None, "dos": dos_records(trainer.strategy)}
+
+
+def execute_sweep(payload: dict[str, Any], spec: RunSpec, workdir: Path) -> dict[str, Any]:
+    """The sweep of ``payload``; a failure still reports the plans measured before it."""
+    settings = payload["sweep"]
+    state = SweepRun(list(settings["plans"]), int(settings["steps_per_plan"]), workdir,
+                     auto_steps=int(settings.get("auto_steps", 0)))
+    try:
+        return run_sweep(payload, spec, state)
+    except Exception as err:  # every failure becomes a result; the traceback goes to the log
+        traceback.print_exc()
+        return {**failure(spec, err), **state.partial()}
+
+
