@@ -22,10 +22,11 @@ from typing import Any
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support" / "scripts"))
 import fsdp_offload_run as run_script  # noqa: E402
-from parity import rel, subprocess_env  # noqa: E402
+
+from tests.support.parity import rel, subprocess_env  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from parity import (  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.integration.test_overlap import _HoldOneSubgroup  # noqa: E402
+from tests.support.parity import (  # noqa: E402
     RandomPlanEveryStep,  # noqa: E402
     make_strategy,
     rel,
     train,
 )
-from test_overlap import _HoldOneSubgroup  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from own_model import OwnModel, fit, max_loss_rel, rel  # noqa: E402
-from parity import make_strategy  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.support.own_model import OwnModel, fit, max_loss_rel, rel  # noqa: E402
+from tests.support.parity import make_strategy  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_two_ranks import _run  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.system.test_two_ranks import _run  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

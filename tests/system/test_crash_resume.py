@@ -1,0 +1,171 @@
+"""Crashes and resume: a run SIGKILLed between checkpoints or while writing one continues from the last *complete*
+checkpoint with ``--ckpt_path last``, with exactly the losses of a run that never stopped (CPU, fp32); a half-written
+checkpoint is never taken, and a checkpoint that cannot be resumed is refused with one clear error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lightning_dos.strategies.checkpoint import (
+    COMPLETE_MARKER,
+    describe,
+    newest_complete,
+    partial_path,
+    publish,
+    remove_partials,
+    validate_resume_path,
+)
+from tests.support.recipe_run import debug_with_checkpoints, fit, metrics, run_fit, series
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "support" / "scripts"
+STEPS = 6
+
+
+# ------------------------------------------------------------------------------------------------ the pieces
+def _shard(folder: Path, name: str = "zero_pp_rank_0_mp_rank_00_model_states.pt") -> Path:
+    (folder / "checkpoint").mkdir(parents=True, exist_ok=True)
+    (folder / "checkpoint" / name).write_bytes(b"shard")
+    return folder
+
+
+def test_publish_is_one_rename_and_marks_complete(tmp_path: Path) -> None:
+    final = tmp_path / "step=2.ckpt"
+    partial = _shard(partial_path(final))
+    assert describe(partial) == "incomplete" and describe(final) == "missing"
+    publish(partial, final, {"global_step": 2})
+    assert not partial.exists() and describe(final) == "complete"
+    assert json.loads((final / COMPLETE_MARKER).read_text()) == {"global_step": 2}
+    # publishing over a checkpoint of the same name replaces it whole
+    partial = _shard(partial_path(final), "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    publish(partial, final, {"global_step": 4})
+    assert json.loads((final / COMPLETE_MARKER).read_text()) == {"global_step": 4}
+    assert not (final / "checkpoint" / "zero_pp_rank_0_mp_rank_00_model_states.pt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step=2.ckpt"]
+
+
+def test_newest_complete_skips_what_a_crash_left(tmp_path: Path) -> None:
+    publish(_shard(partial_path(tmp_path / "step=2.ckpt")), tmp_path / "step=2.ckpt", {"global_step": 2})
+    publish(_shard(partial_path(tmp_path / "step=4.ckpt")), tmp_path / "step=4.ckpt", {"global_step": 4})
+    _shard(partial_path(tmp_path / "step=6.ckpt"))  # killed while writing
+    _shard(tmp_path / "step=8.ckpt")  # written in place by something else, unfinished: no latest file
+    (tmp_path / "last.ckpt").symlink_to("step=9.ckpt")  # dangling: its target was removed
+    assert newest_complete([tmp_path, tmp_path / "absent"]) == (tmp_path / "step=4.ckpt").resolve()
+    (tmp_path / "last.ckpt").unlink()
+    (tmp_path / "last.ckpt").symlink_to("step=2.ckpt")  # a link is followed; the step decides, not the name
+    assert newest_complete([tmp_path]) == (tmp_path / "step=4.ckpt").resolve()
+    # a ZeRO-3 checkpoint DeepSpeed finished without this module (its latest file) is resumable too
+    legacy = _shard(tmp_path / "old" / "epoch=0.ckpt")
+    (legacy / "latest").write_text("checkpoint")
+    assert describe(legacy) == "deepspeed" and newest_complete([tmp_path / "old"]) == legacy.resolve()
+    assert sorted(p.name for p in remove_partials(tmp_path)) == ["step=6.ckpt.partial"]
+    assert newest_complete([tmp_path / "nothing-here"]) is None
+
+
+@pytest.mark.parametrize(
+    ("make", "kind", "words"),
+    [
+        (lambda p: p, "missing", ["does not exist", "'last'"]),
+        (lambda p: (p.write_bytes(b"x"), p)[1], "file", ["single file", "load_full_weights"]),
+        (lambda p: _shard(Path(f"{p}.partial")), "incomplete", ["unfinished", "'last'"]),
+        (lambda p: _shard(p, "mp_rank_00_model_states.pt"), "zero12", ["ZeRO stage 1/2", "zero_to_fp32"]),
+        (lambda p: (p.mkdir(), p)[1], "incomplete", ["unfinished"]),  # DeepSpeed made the folder, then the crash
+        (lambda p: ((p.parent / "weights").mkdir(), p.parent / "weights")[1], "other", ["not a DeepSpeed checkpoint"]),
+    ],
+)
+def test_a_checkpoint_that_cannot_be_resumed_is_one_clear_error(tmp_path: Path, make, kind: str,
+                                                                 words: list[str]) -> None:
+    path = make(tmp_path / "step=2.ckpt")
+    assert describe(path) == kind, path
+    with pytest.raises((FileNotFoundError, ValueError)) as info:
+        validate_resume_path(path)
+    assert str(info.value).startswith(f"ckpt_path: {path} ")
+    for word in words:
+        assert word in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------- the crashes, for real
+def _ok(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
+    out = tmp_path_factory.mktemp("whole")
+    _ok(fit(debug_with_checkpoints(out, max_steps=STEPS, every=1)))
+    losses = series(metrics(out, "debug"), "train/loss")
+    assert sorted(losses) == list(range(STEPS))
+    return losses
+
+
+def _resume_and_compare(out: Path, uninterrupted: dict[int, float]) -> int:
+    """Resume with --ckpt_path last to the end; the losses of every step it trained equal the uninterrupted run's.
+    Returns the first step it trained (0: nothing was resumable)."""
+    result = fit(debug_with_checkpoints(out, max_steps=STEPS, every=1), "--ckpt_path", "last")
+    _ok(result)
+    try:
+        resumed = series(metrics(out, "debug"), "train/loss")
+    except FileNotFoundError:  # the resumed run logged nothing: there was nothing left to train
+        resumed = {}
+    if not resumed:  # the stopped run had finished: its last checkpoint is the end
+        assert newest_complete([out / "checkpoints"]).name == f"step={STEPS}.ckpt"
+        return STEPS
+    first = min(resumed)
+    assert sorted(resumed) == list(range(first, STEPS))
+    assert resumed == {step: uninterrupted[step] for step in resumed}  # bit for bit
+    return first
+
+
+@pytest.mark.slow
+def test_killed_while_writing_a_checkpoint(tmp_path: Path, uninterrupted: dict[int, float]) -> None:
+    config = debug_with_checkpoints(tmp_path, max_steps=STEPS, every=1)
+    killed = run_fit([sys.executable, str(SCRIPTS / "fit_killed_during_save.py")], config,
+                     env={"KILL_AT_SAVE": "3"})
+    assert killed.returncode == -signal.SIGKILL
+    folder = tmp_path / "checkpoints"
+    # the third checkpoint (step 3) was being written: its shard is there, unpublished; steps 1 and 2 are complete
+    assert describe(folder / "step=3.ckpt.partial") == "incomplete" and not (folder / "step=3.ckpt").exists()
+    assert newest_complete([folder]).name == "step=2.ckpt"
+    assert _resume_and_compare(tmp_path, uninterrupted) == 2
+    assert not (folder / "step=3.ckpt.partial").exists()  # cleared by the next save
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1])
+def test_killed_at_a_random_point(tmp_path: Path, uninterrupted: dict[int, float], seed: int) -> None:
+    """SIGKILL at a seeded point: once the checkpoint of a seeded step k (1 .. STEPS - 2) has appeared, after a seeded
+    delay of up to 50 ms, so between checkpoints or inside the next one's save, with at least two steps left. The kill
+    must hit a live run and the resume must have steps left to train (a point fixed in seconds, as it was, let a fast
+    machine finish the run first)."""
+    rng = random.Random(seed)
+    k, delay = rng.randint(1, STEPS - 2), rng.uniform(0.0, 0.05)
+    config = debug_with_checkpoints(tmp_path, max_steps=STEPS, every=1)
+    command = [sys.executable, "-m", "lightning_dos", "fit", "--config", str(config)]
+    process = subprocess.Popen(command, cwd=config.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               stdin=subprocess.DEVNULL, env=dict(os.environ))
+    folder = tmp_path / "checkpoints"
+
+    def reached() -> bool:
+        steps = [int(m.group(1)) for p in (folder.iterdir() if folder.is_dir() else ())
+                 if (m := re.fullmatch(r"step=(\d+)\.ckpt", p.name))]  # published
+        return any(step >= k for step in steps)
+
+    deadline = time.monotonic() + 300
+    while not reached() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(delay)
+    assert process.poll() is None, f"the run ended before the kill at step {k}: nothing was interrupted"
+    process.send_signal(signal.SIGKILL)
+    assert process.wait(timeout=60) == -signal.SIGKILL
+    first = _resume_and_compare(tmp_path, uninterrupted)
+    assert k <= first < STEPS  # resumed from checkpoint k or the next one, with steps left
