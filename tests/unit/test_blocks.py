@@ -7,8 +7,6 @@ offload refuses in one error naming what to set.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 from torch import nn
@@ -18,8 +16,7 @@ from lightning_dos.activations import ActivationOffload, ActivationOffloadCallba
 from lightning_dos.blocks import find_blocks, repeated_blocks
 from lightning_dos.models.gpt import GPT, GPTConfig
 from lightning_dos.zero.leaf_blocks import mark_leaf_blocks
-from tests.support.own_model import OwnModel, fit
-from tests.support.parity import TinyLM, make_strategy
+from tests.support.parity import TinyLM
 
 
 def _names(found: list[tuple[str, nn.Module]]) -> list[str]:
@@ -169,37 +166,3 @@ def test_bad_overrides_are_refused_when_the_strategy_is_made(kwargs: dict, messa
         DeepOptimizerStatesStrategy(**kwargs)
     with pytest.raises(ValueError, match=message):
         ActivationOffloadCallback("host", **kwargs)
-
-
-# ---------------------------------------------------------------------- under the strategy
-def _offload(trainer: Any) -> Any:
-    return next(cb for cb in trainer.callbacks if isinstance(cb, ActivationOffloadCallback)).offload
-
-
-@pytest.fixture(scope="module")
-def without_offload() -> Any:
-    return fit(make_strategy(0.5, sub_group_size=3000), steps=3)
-
-
-@pytest.mark.parametrize("override", [{}, {"layers": "blocks"}, {"layer_types": ["TransformerEncoderLayer"]}],
-                         ids=["found", "layers", "layer_types"])
-def test_a_model_of_ones_own_offloads_its_activations_and_hooks_its_blocks_as_leaves(
-        override: dict, without_offload: Any) -> None:
-    """Torch's TransformerEncoderLayer blocks in a ModuleList: activation offload on the host finds them (it refused
-    every model but this package's GPT before), ZeRO-3 hooks them as leaves, and training is bit for bit the same."""
-    strategy = make_strategy(0.5, sub_group_size=3000, activation_offload="host", activation_min_tensor_bytes=0,
-                             **override)
-    run = fit(strategy, steps=3)
-    assert run.losses == without_offload.losses
-    assert torch.equal(run.flat, without_offload.flat)
-    offload = _offload(run.trainer)
-    assert offload.n_layers == 2 and offload.total.offloaded_bytes > 0
-    assert run.trainer.strategy.leaf_block_names == ["blocks.0", "blocks.1"]
-    assert without_offload.trainer.strategy.leaf_block_names == ["blocks.0", "blocks.1"]
-
-
-def test_layers_that_name_nothing_in_the_model_fail_before_training() -> None:
-    module = OwnModel()
-    with pytest.raises(ValueError, match="layers: OwnModel has no module named 'model.layers'"):
-        fit(make_strategy(0.5, sub_group_size=3000, layers="model.layers"), module=module, steps=1)
-    assert module.steps_run == 0
