@@ -1,4 +1,5 @@
-"""A Hugging Face ``transformers`` model trains under DOS through ``lightning-dos fit``, its torch AdamW taken as is.
+"""A Hugging Face ``transformers`` model trains under DOS, its torch AdamW taken as is (through ``lightning-dos fit``
+in a fresh process: tests/system/test_hf_recipe.py).
 
 ``transformers`` comes with the test extra (pyproject.toml, installed by scripts/setup.sh): these tests import it, they
 do not skip without it.
@@ -12,40 +13,20 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
 
 from lightning_dos.activations import ActivationOffloadCallback
 from lightning_dos.models import HFCausalLMModule
 from lightning_dos.models.hf import hf_num_params, import_transformers
 from tests.support.own_model import fit
 from tests.support.parity import make_strategy
-from tests.support.recipe_run import ROOT, finite, metrics, recipe_copy, series
-from tests.support.recipe_run import fit as fit_recipe
 
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
-RECIPE = ROOT / "recipes" / "hf-debug.yaml"
 
 
 def _module(**kwargs: Any) -> HFCausalLMModule:
     torch.manual_seed(0)
     return HFCausalLMModule(config=TINY, vocab_size=61, block_size=12, learning_rate=1e-2, warmup_steps=2,
                             max_steps=6, **kwargs)
-
-
-def test_the_hf_recipe_trains_through_lightning_dos_fit(tmp_path: Path) -> None:
-    """The CPU tier's run of recipes/hf-debug.yaml as a user launches it (a fresh process, the recipe as written but
-    for where its logs go): torch's AdamW taken, both lanes, the decoder layers hooked as leaves, validation."""
-    config = recipe_copy(RECIPE, tmp_path, max_steps=yaml.safe_load(RECIPE.read_text())["trainer"]["max_steps"])
-    result = fit_recipe(config, timeout=900)
-    assert result.returncode == 0, result.stderr[-6000:]
-    output = result.stdout + result.stderr
-    assert "ZeRO-3 hooks 2 blocks as leaves" in output
-    assert "plan fraction:0.5" in output and "on device" in output
-    rows = metrics(tmp_path, "hf-debug")
-    assert len(series(rows, "train/loss")) == 4 and finite(series(rows, "train/loss"))
-    assert finite(series(rows, "val/loss")) and finite(series(rows, "dos/update_ms"))
-    lrs = series(rows, "train/lr")
-    assert len(set(lrs.values())) == len(lrs) > 1  # the user's warm-up + cosine schedule drives the engine's optimizer
 
 
 def test_the_module_returns_plain_torch_adamw_with_norms_undecayed() -> None:
