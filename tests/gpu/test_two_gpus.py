@@ -16,7 +16,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.system.test_two_ranks import _run  # noqa: E402
+from tests.support.ranks import run_two_ranks as _run  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

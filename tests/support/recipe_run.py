@@ -1,4 +1,5 @@
-"""Runs a recipe as a user would (``lightning-dos fit --config ...`` in a fresh process), with small overrides.
+"""Runs a recipe as a user would (``lightning-dos fit --config ...`` in a fresh process, or in this one), with small
+overrides.
 
 Shared by the CPU resume tests and the GPU tier: a recipe is copied with a few values changed (steps, validation
 interval, checkpoint interval, where logs and checkpoints go) and everything else kept, so the recipe's own code
@@ -60,6 +61,20 @@ def fit(config: Path, *extra: str, timeout: float = 600,
         env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``lightning-dos fit --config config extra...`` in a fresh process, from the config's folder."""
     return run_fit([sys.executable, "-m", "lightning_dos"], config, *extra, timeout=timeout, env=env)
+
+
+def fit_here(config: Path, *extra: str) -> None:
+    """``lightning-dos fit --config config extra...`` in this process, from the config's folder: for the runs that
+    need no process of their own (the one killed does; what resumes after it, or the run it is compared with, do
+    not). Its log lines reach this process's standard error."""
+    from lightning_dos.cli import main
+
+    cwd = Path.cwd()
+    os.chdir(config.parent)
+    try:
+        main(["fit", "--config", str(config), *extra])
+    finally:
+        os.chdir(cwd)
 
 
 def run_fit(program: list[str], config: Path, *extra: str, timeout: float = 600,

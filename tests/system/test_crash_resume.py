@@ -1,6 +1,8 @@
 """Crashes and resume: a run SIGKILLed between checkpoints or while writing one continues from the last *complete*
 checkpoint with ``--ckpt_path last``, with exactly the losses of a run that never stopped (CPU, fp32); a half-written
-checkpoint is never taken (the checkpoint files on hand-made folders: tests/unit/test_checkpoint_files.py).
+checkpoint is never taken (the checkpoint files on hand-made folders: tests/unit/test_checkpoint_files.py). The
+killed runs have a process of their own; the resumes, and the uninterrupted run they are compared with (shared with
+tests/system/test_resume.py), run in this one.
 """
 
 from __future__ import annotations
@@ -17,30 +19,21 @@ from pathlib import Path
 import pytest
 
 from lightning_dos.strategies.checkpoint import describe, newest_complete
-from tests.support.recipe_run import debug_with_checkpoints, fit, metrics, run_fit, series
+from tests.support.recipe_run import debug_with_checkpoints, fit_here, metrics, run_fit, series
+from tests.system.conftest import DEBUG_STEPS
+
+# the runs in this process pass their arguments while pytest's own sit in sys.argv
+pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "support" / "scripts"
-STEPS = 6
-
-
-def _ok(result: subprocess.CompletedProcess) -> None:
-    assert result.returncode == 0, result.stderr[-4000:]
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
-    out = tmp_path_factory.mktemp("whole")
-    _ok(fit(debug_with_checkpoints(out, max_steps=STEPS, every=1)))
-    losses = series(metrics(out, "debug"), "train/loss")
-    assert sorted(losses) == list(range(STEPS))
-    return losses
+STEPS = DEBUG_STEPS
 
 
 def _resume_and_compare(out: Path, uninterrupted: dict[int, float]) -> int:
-    """Resume with --ckpt_path last to the end; the losses of every step it trained equal the uninterrupted run's.
-    Returns the first step it trained (0: nothing was resumable)."""
-    result = fit(debug_with_checkpoints(out, max_steps=STEPS, every=1), "--ckpt_path", "last")
-    _ok(result)
+    """Resume with --ckpt_path last to the end (in this process: only the killed run needs its own); the losses of
+    every step it trained equal the uninterrupted run's. Returns the first step it trained (0: nothing was
+    resumable)."""
+    fit_here(debug_with_checkpoints(out, max_steps=STEPS, every=1), "--ckpt_path", "last")
     try:
         resumed = series(metrics(out, "debug"), "train/loss")
     except FileNotFoundError:  # the resumed run logged nothing: there was nothing left to train
@@ -54,8 +47,8 @@ def _resume_and_compare(out: Path, uninterrupted: dict[int, float]) -> int:
     return first
 
 
-@pytest.mark.slow
-def test_killed_while_writing_a_checkpoint(tmp_path: Path, uninterrupted: dict[int, float]) -> None:
+def test_killed_while_writing_a_checkpoint(tmp_path: Path, debug_uninterrupted: tuple[dict, dict]) -> None:
+    uninterrupted, _ = debug_uninterrupted
     config = debug_with_checkpoints(tmp_path, max_steps=STEPS, every=1)
     killed = run_fit([sys.executable, str(SCRIPTS / "fit_killed_during_save.py")], config,
                      env={"KILL_AT_SAVE": "3"})
@@ -68,13 +61,13 @@ def test_killed_while_writing_a_checkpoint(tmp_path: Path, uninterrupted: dict[i
     assert not (folder / "step=3.ckpt.partial").exists()  # cleared by the next save
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
-def test_killed_at_a_random_point(tmp_path: Path, uninterrupted: dict[int, float], seed: int) -> None:
+def test_killed_at_a_random_point(tmp_path: Path, debug_uninterrupted: tuple[dict, dict], seed: int) -> None:
     """SIGKILL at a seeded point: once the checkpoint of a seeded step k (1 .. STEPS - 2) has appeared, after a seeded
     delay of up to 50 ms, so between checkpoints or inside the next one's save, with at least two steps left. The kill
     must hit a live run and the resume must have steps left to train (a point fixed in seconds, as it was, let a fast
     machine finish the run first)."""
+    uninterrupted, _ = debug_uninterrupted
     rng = random.Random(seed)
     k, delay = rng.randint(1, STEPS - 2), rng.uniform(0.0, 0.05)
     config = debug_with_checkpoints(tmp_path, max_steps=STEPS, every=1)

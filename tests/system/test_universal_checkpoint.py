@@ -4,8 +4,7 @@ moments as they were (CPU, gloo: two ranks to one, and one to two)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,17 +13,8 @@ from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_st
 
 from lightning_dos.cli import main
 from lightning_dos.strategies.checkpoint import describe
-from tests.support.parity import subprocess_env, train
-
-SCRIPT = Path(__file__).resolve().parents[1] / "support" / "scripts" / "two_ranks.py"
-pytestmark = pytest.mark.slow
-
-
-def _two_ranks(out: Path, *ckpt: str) -> dict:
-    proc = subprocess.run([sys.executable, str(SCRIPT), "0.5", str(out), *ckpt], env=subprocess_env(),
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return torch.load(out / "masters_rank0.pt")
+from tests.support.parity import train
+from tests.support.ranks import run_two_ranks
 
 
 def _full_state(run) -> dict[str, torch.Tensor]:
@@ -33,11 +23,13 @@ def _full_state(run) -> dict[str, torch.Tensor]:
             "exp_avg": torch.cat([safe_get_full_optimizer_state(p, "exp_avg").float().flatten() for p in params])}
 
 
-def test_two_ranks_to_one_and_one_to_two(tmp_path: Path) -> None:
-    # two ranks train 4 steps and save; the universal copy resumes on one rank with the same state
-    saved = _two_ranks(tmp_path / "dp2")
+def test_two_ranks_to_one_and_one_to_two(tmp_path: Path, two_ranks: Callable[..., tuple[Path, list[dict]]]) -> None:
+    # two ranks train 4 steps and save (the run tests/system/test_two_ranks.py compares with vanilla); the universal
+    # copy resumes on one rank with the same state
+    dp2, _ = two_ranks("0.5")
+    saved = torch.load(dp2 / "masters_rank0.pt")
     universal = tmp_path / "dp2-universal"
-    assert main(["to-universal", str(tmp_path / "dp2" / "step=4.ckpt"), str(universal)]) == 0
+    assert main(["to-universal", str(dp2 / "step=4.ckpt"), str(universal)]) == 0
     assert describe(universal) == "universal"
     resumed = train(0.5, steps=4, clip=0.05, ckpt_path=str(universal))  # at step 4 already: loads, trains nothing
     state = _full_state(resumed)
@@ -47,7 +39,8 @@ def test_two_ranks_to_one_and_one_to_two(tmp_path: Path) -> None:
     one = train(0.5, steps=4, clip=0.05, save_to=str(tmp_path / "dp1" / "step=4.ckpt"))
     expected = _full_state(one)
     assert main(["to-universal", str(tmp_path / "dp1" / "step=4.ckpt"), str(tmp_path / "dp1-universal")]) == 0
-    loaded = _two_ranks(tmp_path / "dp2-resumed", str(tmp_path / "dp1-universal"))
+    run_two_ranks("0.5", tmp_path / "dp2-resumed", str(tmp_path / "dp1-universal"))
+    loaded = torch.load(tmp_path / "dp2-resumed" / "masters_rank0.pt")
     assert torch.equal(loaded["full"], expected["full"]) and torch.equal(loaded["exp_avg"], expected["exp_avg"])
 
 
