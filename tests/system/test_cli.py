@@ -1,11 +1,12 @@
-"""The ``lightning-dos`` command line end to end, its ``bench`` dispatch, the W&B/CSV logger fallbacks and
-the callbacks the CLI adds (validation-loss report, ``dos/*`` metrics)."""
+"""The ``lightning-dos`` command line end to end (one run in a fresh process, as a user runs it), its ``bench``
+dispatch, the W&B/CSV logger fallbacks and the callbacks the CLI adds (validation-loss report, ``dos/*`` metrics)."""
 
 from __future__ import annotations
 
 import csv
 import importlib.util
 import io
+import logging
 import math
 import os
 import subprocess
@@ -32,20 +33,34 @@ pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 
 
 # ---------------------------------------------------------------------------------------------- end to end
-@pytest.mark.parametrize("overlap", [[], ["--trainer.strategy.init_args.overlap", "true"]], ids=["default", "overlap"])
-def test_fit_debug_recipe_end_to_end(tmp_path: Path, overlap: list[str]) -> None:
-    """``python -m lightning_dos fit --config recipes/debug.yaml`` trains through the real ZeRO-3 DOS strategy; with
-    ``overlap`` (the default on one GPU) each phase's record is logged a step later and the last one at the end."""
+def test_fit_debug_recipe_end_to_end(tmp_path: Path) -> None:
+    """``python -m lightning_dos fit --config recipes/debug.yaml`` in a fresh process, as a user runs it, trains
+    through the real ZeRO-3 DOS strategy."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     command = [sys.executable, "-m", "lightning_dos", "fit", "--config", str(ROOT / "recipes" / "debug.yaml"),
-               "--trainer.enable_progress_bar", "false", *overlap]
+               "--trainer.enable_progress_bar", "false"]
     # no standard input: nothing on the path may prompt
     result = subprocess.run(command, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    _check_debug_run(tmp_path, result.stdout, result.stdout + result.stderr, overlap=False)
 
+
+def test_fit_debug_recipe_overlapped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    """The same with ``overlap`` (the default on one GPU), through the CLI in this process: each phase's record is
+    logged a step later and the last one at the end."""
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.INFO):
+        main(["fit", "--config", str(ROOT / "recipes" / "debug.yaml"), "--trainer.enable_progress_bar", "false",
+              "--trainer.strategy.init_args.overlap", "true"])
+    _check_debug_run(tmp_path, capsys.readouterr().out, caplog.text, overlap=True)
+
+
+def _check_debug_run(cwd: Path, stdout: str, output: str, overlap: bool) -> None:
+    """What a run of the debug recipe leaves: its CSV log, the plan it described, the validation-loss report."""
     # the run logged under the recipe's runs/debug, relative to the working directory
-    log_dir = tmp_path / "runs" / "debug" / "version_0"
+    log_dir = cwd / "runs" / "debug" / "version_0"
     with open(log_dir / "metrics.csv") as handle:
         rows = list(csv.DictReader(handle))
     train = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
@@ -57,11 +72,11 @@ def test_fit_debug_recipe_end_to_end(tmp_path: Path, overlap: list[str]) -> None
     assert len(device_fraction) == 4 and all(0.0 < f < 1.0 for f in device_fraction)  # plan 0.5: both lanes
     assert all(float(r["dos/update_ms"]) > 0 for r in rows if r.get("dos/update_ms"))
     assert (log_dir / "config.yaml").is_file()  # SaveConfigCallback wrote the resolved config
-    assert "deep_optimizer_states:" in result.stdout + result.stderr  # the strategy's manager described its plan
-    said = "each update phase overlaps the next forward" in result.stdout + result.stderr
-    assert said == bool(overlap)  # the default runs serially where the host stands in for the device
-    report = [line for line in result.stdout.splitlines() if line.startswith("validation loss: first ")]
-    assert len(report) == 1, result.stdout[-2000:]
+    assert "deep_optimizer_states:" in output  # the strategy's manager described its plan
+    said = "each update phase overlaps the next forward" in output
+    assert said == overlap  # the default runs serially where the host stands in for the device
+    report = [line for line in stdout.splitlines() if line.startswith("validation loss: first ")]
+    assert len(report) == 1, stdout[-2000:]
 
 
 def test_bench_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,6 +1,8 @@
-"""``scripts/profile_phase.py`` end to end on the CPU: a tiny GPT, the last iteration's backward or forward profiled.
+"""``scripts/profile_phase.py`` end to end on the CPU: a tiny GPT, windows of the last iteration profiled.
 
-The script runs in its own process, as on a GPU host, with the same tiny model settings as the bench's CPU tests.
+The script runs in its own process, as on a GPU host, with the same tiny model settings as the bench's CPU tests:
+once under DOS profiling the forward, the backward and the step together (each window's tests read that run), once
+under ``plain``.
 It must write the summary, the operator table and the gzipped Chrome trace, and report a positive time for the
 phase; under DOS the backward shows the per-parameter gradient work (the norms taken on the way from backward to the
 optimizer). ``plain`` (no ZeRO) runs too, with no ZeRO-3 settings to report. The analysis of CUDA events, which a
@@ -30,15 +32,16 @@ TINY = ["--model", "debug", "--n-layer", "2", "--n-embd", "64", "--vocab-size", 
         "--sub-group-size", "40000"]
 
 
-def _run(tmp_path: Path, *flags: str, sub: str = "") -> tuple[subprocess.CompletedProcess[str], Path, dict[str, Any]]:
-    """The script on the tiny model with ``flags``; its process, output directory (``sub``: the folder of one phase,
-    when several were profiled) and summary."""
-    out = tmp_path / "profile"
+def _run(out: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """The script on the tiny model with ``flags``, writing under ``out``."""
     proc = subprocess.run([sys.executable, str(SCRIPT), *TINY, *flags, "--out", str(out)], env=subprocess_env(),
-                          cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+                          cwd=out.parent, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = out / sub if sub else out
+    return proc
 
+
+def _phase(out: Path) -> dict[str, Any]:
+    """What one profiled window left in ``out``: the summary (returned), the operator table, the gzipped trace."""
     for name in ("summary.json", "ops_by_self_cpu.txt", "trace.json.gz"):
         assert (out / name).is_file(), name
     assert not (out / "ops_by_self_device.txt").exists()  # no CUDA here
@@ -54,7 +57,7 @@ def _run(tmp_path: Path, *flags: str, sub: str = "") -> tuple[subprocess.Complet
                                            "cudaMemcpy", "cudaStreamWaitEvent"}
     assert analysis["kernel_launches"] == 0 and analysis["device_busy_ms"] == 0.0  # CPU only
     assert analysis["device_idle_ms"] is None  # no device events at all
-    return proc, out, summary
+    return summary
 
 
 def _printed_ms(printed: str, row: str) -> float:
@@ -62,48 +65,59 @@ def _printed_ms(printed: str, row: str) -> float:
     return float(line.split()[-2])
 
 
-def test_profile_backward_on_cpu(tmp_path: Path) -> None:
-    proc, _, summary = _run(tmp_path, "--strategy", "dos", "--plan", "device")
-    assert summary["label"] == "dos(device)" and summary["plan"] == "device"
+@pytest.fixture(scope="module")
+def dos_profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """One run under DOS, plan 0.5 (both lanes), profiling three windows of the last iteration, each into its own
+    folder, with ``--dos`` reaching the strategy: what it printed, and its output directory."""
+    out = tmp_path_factory.mktemp("dos_profile") / "profile"
+    proc = _run(out, "--strategy", "dos", "--plan", "0.5", "--phase", "forward", "backward", "step",
+                "--dos", "leaf_blocks=false")
+    assert sorted(p.name for p in out.iterdir()) == ["backward", "forward", "step"]
+    return proc.stdout, out
+
+
+def test_profile_backward_on_cpu(dos_profile: tuple[str, Path]) -> None:
+    printed, out = dos_profile
+    summary = _phase(out / "backward")
+    assert summary["label"] == "dos(0.5)" and summary["plan"] == "0.5"
     assert summary["phase"] == "backward" and summary["window"] == "on_before_backward -> on_after_backward"
     assert summary["zero3_in_effect"]["max_param_reduce_events"] >= 1  # read back from DOS's ZeRO-3 optimizer
     # offloaded optimizer state: each parameter's gradient norm is taken during backward
     counts = summary["analysis"]["op_counts"]
     assert counts["aten::linalg_vector_norm"] + counts["aten::_foreach_norm"] >= 1
 
-    printed = proc.stdout
-    assert "\nbackward profile: dos(device) on cpu" in "\n" + printed
-    assert "backward (profiled)" in printed and "kernel launches" in printed and "forward (profiled)" not in printed
+    assert "\nbackward profile: dos(0.5) on cpu" in "\n" + printed
+    assert "backward (profiled)" in printed and "kernel launches" in printed
     assert _printed_ms(printed, "backward (profiled)") > 0
 
 
-def test_profile_forward_on_cpu(tmp_path: Path) -> None:
-    """``--phase forward``: the window from the batch's start to ``on_before_backward`` (forward and loss); with a
-    second window (``--phase forward step``) each gets its own folder, and ``--dos`` reaches the strategy."""
-    proc, out, summary = _run(tmp_path, "--strategy", "dos", "--plan", "device", "--phase", "forward", "step",
-                              "--dos", "leaf_blocks=false", sub="forward")
-    step = json.loads((out.parent / "step" / "summary.json").read_text())
-    assert step["phase"] == "step" and step["window"] == "on_before_optimizer_step -> on_train_batch_end"
+def test_profile_forward_on_cpu(dos_profile: tuple[str, Path]) -> None:
+    """``--phase forward``: the window from the batch's start to ``on_before_backward`` (forward and loss); with
+    other windows each gets its own folder, and ``--dos`` reaches the strategy."""
+    printed, out = dos_profile
+    summary, step = _phase(out / "forward"), _phase(out / "step")
     assert summary["dos_arguments"] == step["dos_arguments"] == {"leaf_blocks": False}
     assert summary["devices"] == 1 and summary["rank"] == 0
-    assert summary["label"] == "dos(device)"
+    assert summary["label"] == "dos(0.5)"
     assert summary["phase"] == "forward" and summary["window"] == "on_train_batch_start -> on_before_backward"
     assert "backward_ms" not in summary
 
-    printed = proc.stdout
-    assert "\nforward profile: dos(device) on cpu" in "\n" + printed
-    assert "forward (profiled)" in printed and "step (profiled)" in printed and "backward (profiled)" not in printed
+    assert "\nforward profile: dos(0.5) on cpu" in "\n" + printed
+    assert "forward (profiled)" in printed and "step (profiled)" in printed
     assert _printed_ms(printed, "forward (profiled)") > 0
 
 
 def test_profile_plain_on_cpu(tmp_path: Path) -> None:
-    """``--strategy plain``: no ZeRO, no DeepSpeed config, no ZeRO-3 optimizer to read back; ``--plan`` ignored."""
-    proc, _, summary = _run(tmp_path, "--strategy", "plain", "--phase", "backward", "--plan", "host")
+    """``--strategy plain``: no ZeRO, no DeepSpeed config, no ZeRO-3 optimizer to read back; ``--plan`` ignored; only
+    the window asked for is profiled, into the output directory itself."""
+    proc = _run(tmp_path / "profile", "--strategy", "plain", "--phase", "backward", "--plan", "host")
+    summary = _phase(tmp_path / "profile")
     assert summary["label"] == "plain" and summary["strategy"] == "plain" and summary["plan"] is None
     assert summary["config"]["plans"] == []
     assert summary["phase"] == "backward"
     assert summary["zero3_in_effect"] is None and summary["zero_optimization"] is None
     assert _printed_ms(proc.stdout, "backward (profiled)") > 0
+    assert "forward (profiled)" not in proc.stdout and "step (profiled)" not in proc.stdout
 
 
 @pytest.mark.parametrize(("flags", "message"), [
@@ -179,10 +193,11 @@ def test_analysis_of_cuda_events() -> None:
                             "gap_ms_total": pytest.approx(2.0)}
 
 
-def test_profile_step_on_cpu(tmp_path: Path) -> None:
+def test_profile_step_on_cpu(dos_profile: tuple[str, Path]) -> None:
     """``--phase step``: the window from ``on_before_optimizer_step`` to the batch's end, the update phase."""
-    proc, out, summary = _run(tmp_path, "--strategy", "dos", "--plan", "host", "--phase", "step")
+    printed, out = dos_profile
+    summary = _phase(out / "step")
     assert summary["phase"] == "step" and summary["window"] == "on_before_optimizer_step -> on_train_batch_end"
-    assert _printed_ms(proc.stdout, "step (profiled)") > 0
+    assert _printed_ms(printed, "step (profiled)") > 0
     # the update ran inside the window: the host lane's CPU Adam is among the profiled operators
-    assert PROFILE_NAME in (out / "ops_by_self_cpu.txt").read_text()
+    assert PROFILE_NAME in (out / "step" / "ops_by_self_cpu.txt").read_text()
