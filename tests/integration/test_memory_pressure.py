@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import pytest
 
 from lightning_dos.update.manager import OptimizerStateManager
-from tests.support.parity import train
+from tests.support.parity import shared_run, train
 
 PRESSED = 2  # the update phase (0-based) before which the memory is taken
 
@@ -32,7 +32,7 @@ def test_a_step_without_free_memory_runs_on_the_host_and_the_plan_comes_back(mon
         calls["n"] += 1
         return 0 if calls["n"] == PRESSED + 1 else None  # None: no limit (the host stands in for the device)
 
-    vanilla = train(None, steps=6, clip=0.05)
+    vanilla = shared_run(None, steps=6, clip=0.05)
     monkeypatch.setattr(OptimizerStateManager, "free_device_bytes", free_device_bytes)
     seen = _DosMetrics()
     run = train(0.5, steps=6, clip=0.05, every_step=seen)

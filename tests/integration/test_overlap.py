@@ -28,7 +28,7 @@ from lightning_dos.update.executor import UpdateExecutor
 from lightning_dos.update.phase import Phase
 from lightning_dos.zero.cpu_adam_nogil import HostAdam
 from lightning_dos.zero.optimizer import InterleavedZeroOptimizer
-from tests.support.parity import RandomPlanEveryStep, TinyLM, assert_tracks, make_strategy, rel, train
+from tests.support.parity import RandomPlanEveryStep, TinyLM, assert_tracks, make_strategy, rel, shared_run, train
 
 CLIP = 0.05
 TOL = 1e-5
@@ -52,14 +52,14 @@ def _assert_identical(run: Any, ref: Any) -> None:
 
 @pytest.fixture(scope="module")
 def vanilla() -> Any:
-    return train(None, steps=6, clip=CLIP)
+    return shared_run(None, steps=6, clip=CLIP)
 
 
 @pytest.mark.parametrize("plan", PLANS, ids=_ids)
 def test_every_plan_matches_vanilla_and_is_bit_identical_to_no_overlap(plan: Any, vanilla: Any) -> None:
     run = train(plan, steps=6, clip=CLIP, strategy=_overlap(plan))
     assert_tracks(run, vanilla, TOL)
-    _assert_identical(run, train(plan, steps=6, clip=CLIP))
+    _assert_identical(run, shared_run(plan, steps=6, clip=CLIP))  # test_parity.py's serial runs
     manager = run.strategy.manager
     assert manager.overlap and len(manager.records) == 6  # the last one recorded at the end of the run
     assert manager._in_flight is None and run.strategy.model.optimizer.in_flight is None
@@ -425,7 +425,7 @@ def test_auto_where_overlap_is_on_overlaps_exactly_and_logs_every_phase(monkeypa
     assert "each update phase overlaps the next forward" in strategy.manager.describe()
     assert strategy.config["timers"] == {"throughput": {"synchronized": False}}
     assert_tracks(run, vanilla, TOL)
-    _assert_identical(run, train(0.5, steps=6, clip=CLIP))
+    _assert_identical(run, shared_run(0.5, steps=6, clip=CLIP))
     assert len(strategy.manager.records) == 6 and logger._logged_phases == 6
 
 
@@ -483,7 +483,7 @@ def test_both_lanes_issue_their_subgroups_in_the_order_the_forward_first_reads_t
         for lane in (Lane.HOST, Lane.DEVICE):
             in_lane = [i for i in each if lanes[i] is lane]
             assert in_lane == [i for i in first_reads if lanes[i] is lane], lane
-    assert_tracks(run, train(None, steps=4, clip=CLIP), TOL)
+    assert_tracks(run, shared_run(None, steps=4, clip=CLIP), TOL)
 
 
 def test_a_plan_put_in_force_at_a_join_runs_from_the_next_step_with_no_gradient_moved(
@@ -517,7 +517,7 @@ def test_a_plan_put_in_force_at_a_join_runs_from_the_next_step_with_no_gradient_
     # each join answers the phase before it; its plan runs from the step after the one it dispatches
     assert ran == [Lane.DEVICE, Lane.DEVICE, Lane.HOST, Lane.HOST, Lane.DEVICE, Lane.DEVICE]
     assert moved == []
-    assert_tracks(run, train(None, steps=6, clip=CLIP), TOL)
+    assert_tracks(run, shared_run(None, steps=6, clip=CLIP), TOL)
 
 
 def _kept_gradient_subgroups(sizes: list[int]) -> list[Any]:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lightning_dos.planning.plan import Lane
-from tests.support.parity import RandomPlanEveryStep, TinyLM, assert_tracks, make_strategy, rel, train
+from tests.support.parity import RandomPlanEveryStep, TinyLM, assert_tracks, make_strategy, rel, shared_run, train
 
 CLIP = 0.05
 FP32_TOL = 1e-5
@@ -26,27 +26,27 @@ def _ids(plan: object) -> str:
 
 @pytest.fixture(scope="module")
 def vanilla_fp32() -> dict[int, object]:
-    return {acc: train(None, steps=6, accumulate=acc, clip=CLIP) for acc in (1, 2)}
+    return {acc: shared_run(None, steps=6, accumulate=acc, clip=CLIP) for acc in (1, 2)}
 
 
 @pytest.mark.parametrize("accumulate", [1, 2])
 @pytest.mark.parametrize("plan", PLANS, ids=_ids)
 def test_fp32_parity_with_vanilla(plan: object, accumulate: int, vanilla_fp32: dict[int, object]) -> None:
     ref = vanilla_fp32[accumulate]
-    run = train(plan, steps=6, accumulate=accumulate, clip=CLIP)
+    run = shared_run(plan, steps=6, accumulate=accumulate, clip=CLIP)  # the serial runs test_overlap.py reads too
     assert len(run.masters) == len(ref.masters)
     assert len(run.losses) == len(ref.losses) == 6 * accumulate
     assert_tracks(run, ref, FP32_TOL)
     # the run really changed the weights (a no-op update would also "match" a broken control)
     assert rel(run.masters, train_init_masters()) > 1e-3
-    manager = run.strategy.manager
-    assert len(manager.records) == 6
-    n_device = sum(1 for lane in manager.records[-1].plan.lanes if lane == Lane.DEVICE)
-    expected = {"host": 0, "device": len(manager.sizes)}.get(plan if isinstance(plan, str) else "", None)
+    records, sizes = run.extra["records"], run.extra["sizes"]
+    assert len(records) == 6
+    n_device = sum(1 for lane in records[-1].plan.lanes if lane == Lane.DEVICE)
+    expected = {"host": 0, "device": len(sizes)}.get(plan if isinstance(plan, str) else "", None)
     if expected is not None:
         assert n_device == expected
     elif plan is RANDOM_LIST:
-        assert [lane.value for lane in manager.records[-1].plan.lanes] == RANDOM_LIST
+        assert [lane.value for lane in records[-1].plan.lanes] == RANDOM_LIST
 
 
 _INIT: dict[str, torch.Tensor] = {}
@@ -90,7 +90,6 @@ def test_random_plan_every_step_matches_vanilla(vanilla_fp32: dict[int, object])
     assert any(list(r.plan.host_order) != sorted(r.plan.host_order) for r in records)
 
 
-@pytest.mark.slow
 def test_bf16_losses_track_vanilla_over_30_steps() -> None:
     ref = train(None, steps=30, precision="bf16-mixed", clip=CLIP)
     for plan in ("device", 0.5, RANDOM_LIST):

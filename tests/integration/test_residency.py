@@ -24,7 +24,7 @@ from lightning_dos.planning.residency import (
     residents_to_release,
 )
 from lightning_dos.update.manager import OptimizerStateManager
-from tests.support.parity import RandomPlanEveryStep, assert_tracks, make_strategy, train
+from tests.support.parity import RandomPlanEveryStep, assert_tracks, make_strategy, shared_run, train
 
 CLIP = 0.05
 TOL = 1e-5
@@ -85,7 +85,7 @@ def sizes() -> list[int]:
 
 @pytest.fixture(scope="module")
 def vanilla() -> Any:
-    return train(None, steps=6, clip=CLIP)
+    return shared_run(None, steps=6, clip=CLIP)
 
 
 def _budget_gib(sizes: list[int], n: int) -> float:
@@ -218,5 +218,5 @@ def test_the_budget_covers_the_residents_and_leaves_the_rest_to_the_device_lane(
     manager = run.strategy.manager
     assert manager.resident == tuple(range(RESIDENT))
     assert manager.lane_budget_bytes == int(budget * GIB) - 12 * sum(sizes[:RESIDENT])
-    vanilla4 = train(None, steps=4, clip=CLIP)
+    vanilla4 = shared_run(None, steps=4, clip=CLIP)
     assert_tracks(run, vanilla4, TOL)

@@ -15,7 +15,7 @@ import torch
 
 from lightning_dos import DeepOptimizerStatesStrategy
 from lightning_dos.planning.planner import resident_subgroups
-from tests.support.parity import assert_tracks, make_strategy, train
+from tests.support.parity import assert_tracks, make_strategy, shared_run, train
 
 CLIP = 0.05
 TOL = 1e-5
@@ -36,7 +36,7 @@ def gib() -> float:
 
 @pytest.fixture(scope="module")
 def vanilla() -> dict[int, Any]:
-    return {acc: train(None, steps=6, accumulate=acc, clip=CLIP) for acc in (1, 2)}
+    return {acc: shared_run(None, steps=6, accumulate=acc, clip=CLIP) for acc in (1, 2)}
 
 
 def test_resident_subgroups_fill_the_budget_in_id_order() -> None:

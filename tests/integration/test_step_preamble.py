@@ -18,7 +18,7 @@ from deepspeed.runtime.zero import partition_parameters
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
 from lightning_dos.zero.optimizer import _VanillaStage3
-from tests.support.parity import assert_tracks, make_strategy, train
+from tests.support.parity import make_strategy, train
 
 FP32_TOL = 1e-5
 
@@ -139,12 +139,6 @@ def test_vanilla_releases_and_gathers_them_every_step(monkeypatch: pytest.Monkey
     # the first iteration records ZeRO-3's trace and releases most parameters after their modules already
     assert probe.freed[0] > 0 and probe.freed[1:] == [persistent] * 2
     assert probe.whole == [True] * 3 and probe.own_partition == [True] * 3  # gathered back as views, as here
-
-
-def test_training_is_unchanged_with_clipping_and_validation() -> None:
-    vanilla = train(None, steps=5, clip=0.05, val_batches=2)
-    dos = train(0.5, steps=5, clip=0.05, val_batches=2)
-    assert_tracks(dos, vanilla, FP32_TOL)
 
 
 def test_without_persistence_every_parameter_is_released() -> None:

@@ -143,6 +143,24 @@ def train(
     return RunResult(rec.losses, masters_of(trainer.strategy), rec.lrs, trainer.strategy, {"trainer": trainer})
 
 
+_SHARED: dict[tuple, RunResult] = {}
+
+
+def shared_run(plan: Any | None, steps: int = 6, accumulate: int = 1, clip: float | None = 0.05) -> RunResult:
+    """``train(plan, ...)`` under the default strategy, run once per test session for each setting: the vanilla
+    controls and the serial DOS runs that several modules compare with (the same seed, data and steps every time, so
+    one run serves them all; plan auto's choices depend on timings, so only one test may read its run). Keeps the
+    losses, fp32 masters, learning rates and, under DOS, the manager's ``records`` and subgroup ``sizes`` in
+    ``extra``; not the engine."""
+    key = (tuple(plan) if isinstance(plan, list) else plan, steps, accumulate, clip)
+    if key not in _SHARED:
+        run = train(plan, steps=steps, accumulate=accumulate, clip=clip)
+        manager = getattr(run.strategy, "manager", None)
+        extra = {} if manager is None else {"records": list(manager.records), "sizes": list(manager.sizes)}
+        _SHARED[key] = RunResult(run.losses, run.masters, run.lrs, None, extra)
+    return _SHARED[key]
+
+
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
 

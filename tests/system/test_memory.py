@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 from tests.support.parity import subprocess_env, train
@@ -53,7 +52,6 @@ def _growth(plan: str) -> int:
     return int(out["growth"]) - int(out["device_standin"])
 
 
-@pytest.mark.slow
 def test_peak_host_rss_within_5_percent_of_vanilla() -> None:
     """~100M params (1.6 GB of fp32 state and grads); one run each, with the allocator made deterministic.
 
