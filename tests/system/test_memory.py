@@ -53,7 +53,7 @@ def _growth(plan: str) -> int:
 
 
 def test_peak_host_rss_within_5_percent_of_vanilla() -> None:
-    """~100M params (1.6 GB of fp32 state and grads); one run each, with the allocator made deterministic.
+    """~34M params (0.54 GB of fp32 state and grads); one run each, with the allocator made deterministic.
 
     On a GPU host DOS's host memory is larger than vanilla's by more than this; see
     docs/optimizer-state-manager.md (measured +7.9% on the 2.78B GPT). This CPU test cannot see that.
