@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.parity import subprocess_env
 from tests.support.script_loader import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "soak.py"
@@ -23,16 +20,16 @@ def test_slope_is_per_1000_steps_past_the_warmup() -> None:
     assert soak.slope_per_1000([None, None, 1.0], warmup=0) is None  # one point: no slope
 
 
-def test_soak_runs_both_strategies_and_reports_slopes(tmp_path: Path) -> None:
+def test_soak_runs_both_strategies_and_reports_slopes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The script's parent here, its three runs each in a fresh process as it starts them."""
     out = tmp_path / "soak"
-    command = [sys.executable, str(SCRIPT), "--steps", "30", "--warmup", "5", "--model", "debug", "--seq-len", "32",
-               "--micro-batch", "2", "--vocab-size", "512", "--sub-group-size", "20000", "--precision", "32-true",
-               "--accelerator", "cpu", "--lr", "0.01", "--out", str(out)]
-    proc = subprocess.run(command, env=subprocess_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "| dos-random-plan | 30 |" in proc.stdout and "| dos-random-plan-overlap | 30 |" in proc.stdout
-    assert "loss, dos-random-plan-overlap vs vanilla over 30 steps" in proc.stdout
+    arguments = ["--steps", "30", "--warmup", "5", "--model", "debug", "--seq-len", "32", "--micro-batch", "2",
+                 "--vocab-size", "512", "--sub-group-size", "20000", "--precision", "32-true", "--accelerator", "cpu",
+                 "--lr", "0.01", "--out", str(out)]
+    assert soak.main(arguments) == 0
+    printed = capsys.readouterr().out
+    assert "| dos-random-plan | 30 |" in printed and "| dos-random-plan-overlap | 30 |" in printed
+    assert "loss, dos-random-plan-overlap vs vanilla over 30 steps" in printed
     summary = json.loads((out / "soak.json").read_text())
     dos, overlapped, vanilla = (summary["runs"][label] for label in ("dos-random-plan", "dos-random-plan-overlap",
                                                                       "vanilla"))
@@ -50,6 +47,5 @@ def test_soak_runs_both_strategies_and_reports_slopes(tmp_path: Path) -> None:
         assert loss["steps_compared"] == 30 and loss["max_rel_diff"] <= 1e-4
     assert (out / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the analysis alone redraws from the runs already there
-    again = subprocess.run([*command, "--analyse-only"], env=subprocess_env(), stdin=subprocess.DEVNULL,
-                           capture_output=True, text=True, timeout=120)
-    assert again.returncode == 0 and json.loads((out / "soak.json").read_text()) == summary
+    (out / "soak.json").unlink()
+    assert soak.main([*arguments, "--analyse-only"]) == 0 and json.loads((out / "soak.json").read_text()) == summary
