@@ -1,8 +1,9 @@
 """GPU tier (``pytest -m gpu`` on a GPU host): a module returning ``torch.optim.AdamW`` under DOS on a real GPU.
 
-The CPU tier's comparisons (tests/test_torch_optimizers.py) with the device lane on CUDA: the host lane is DeepSpeed's
-CPU Adam on pinned host state, the device lane torch's fused AdamW on the GPU, with and without overlap, and vanilla
-ZeRO-3 offload. Bit for bit against the same module returning DeepSpeed's CPU Adam, under the same strategy; against
+The CPU tier's comparisons (tests/integration/test_torch_optimizers.py) with the device lane on CUDA: the host lane is
+DeepSpeed's CPU Adam on pinned host state, the device lane torch's fused AdamW on the GPU, with and without overlap, and
+vanilla ZeRO-3 offload. Bit for bit against the same module returning DeepSpeed's CPU Adam, under the same strategy;
+against
 plain torch AdamW on the GPU (no DeepSpeed) within the project's GPU parity bound (1e-5; the CPU tier's is 2e-7, and
 this tier prints what it measured, to tighten the bound once seen).
 """

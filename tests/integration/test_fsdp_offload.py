@@ -3,7 +3,7 @@ before the model is built, the optimizer it gives the model, and the weight-deca
 
 It cannot train here: torch FSDP needs an accelerator to compute on, and its CPU offload pins the host copies of the
 parameters and gradients (``pin_memory``, which needs CUDA), so on a CPU it is refused when ``fit`` starts, and the
-bench records that row with the reason (``tests/test_bench.py``'s data-parallel bench, at one and two devices).
+bench records that row with the reason (``tests/system/test_bench.py``'s data-parallel bench, at one and two devices).
 Training, and its losses against torch AdamW without FSDP, are the GPU tier's: ``tests/gpu/test_fsdp_offload_gpu.py``.
 """
 

@@ -400,7 +400,7 @@ def test_overlap_must_be_auto_or_a_bool() -> None:
 
 def test_auto_turns_overlap_on_with_cuda_devices_at_any_rank_count() -> None:
     assert overlap_by_default(1, "cuda")
-    assert overlap_by_default(4, "cuda")  # several ranks overlap too (tests/test_two_ranks.py checks them exact)
+    assert overlap_by_default(4, "cuda")  # several ranks overlap too (tests/system/test_two_ranks.py checks them exact)
     assert not overlap_by_default(1, "cpu")  # the host stands in for the device: the same cores would run both
     assert not overlap_by_default(2, "cpu")
 

@@ -180,8 +180,8 @@ def test_backward_may_queue_more_reduce_buckets_than_vanilla() -> None:
 
 
 def test_dispatch_starts_the_device_lane_prefetches_before_the_update_phase() -> None:
-    """From the second step on (the moments' homes exist after the first update phase) dispatch issues the device
-    lane's first prefetches, and the update phase uses them; parity with vanilla holds (tests/test_parity.py)."""
+    """From the second step on (the moments' homes exist after the first update phase) dispatch issues the device lane's
+    first prefetches, and the update phase uses them; parity with vanilla holds (tests/integration/test_parity.py)."""
     from lightning_dos.update.executor import PREFETCH_WINDOW
 
     run = train(0.5, steps=3)

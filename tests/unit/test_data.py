@@ -1,6 +1,6 @@
 """CPU tests of the data pipeline: corpus resolution, BPE tokenizer and its cache, the token cache and
 split, (x, y) windows and shuffling, pre-tokenised shards, and the synthetic benchmark module.
-(``lightning-dos prepare``, ``data.dataset`` and the resumable train order: tests/test_prepare.py.)"""
+(``lightning-dos prepare``, ``data.dataset`` and the resumable train order: tests/integration/test_prepare.py.)"""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Train a small GPT a few steps on CUDA under ``fsdp_offload`` or, as the reference, ``plain`` (torch AdamW, no FSDP,
 one device); each rank writes its losses and what it saw of the strategy, rank 0 the whole trained weights.
 
-Usage: python tests/scripts/fsdp_offload_run.py STRATEGY DEVICES PRECISION CHECKPOINTING OUT_DIR
+Usage: python tests/support/scripts/fsdp_offload_run.py STRATEGY DEVICES PRECISION CHECKPOINTING OUT_DIR
 (STRATEGY ``fsdp_offload`` or ``plain``; CHECKPOINTING 1: the model's own activation checkpointing, 0: none).
 Lightning re-runs this script for every rank above 0. The global batch is the same at every device count: each of
 DEVICES ranks trains on ``BATCH // DEVICES`` of its sequences, so the mean of the ranks' losses is the loss ``plain``

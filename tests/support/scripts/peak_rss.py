@@ -1,6 +1,6 @@
 """Peak host RSS of 3 training steps of a ~34M-parameter MLP LM under one strategy; prints one JSON line.
 
-Usage: python tests/scripts/peak_rss.py PLAN   (PLAN "vanilla" for ZeRO-3 offload, else a DOS plan)
+Usage: python tests/support/scripts/peak_rss.py PLAN   (PLAN "vanilla" for ZeRO-3 offload, else a DOS plan)
 """
 
 from __future__ import annotations

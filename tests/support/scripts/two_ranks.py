@@ -1,8 +1,8 @@
 """Train the tiny LM with two CPU ranks (gloo) under one strategy; each rank saves its losses and fp32 masters, and
 together they save a sharded checkpoint.
 
-Usage: python tests/scripts/two_ranks.py PLAN OUT_DIR [CKPT]   (PLAN "vanilla" for ZeRO-3 offload, else a DOS plan;
-CKPT: a checkpoint to resume from; in the environment, RESIDENT_GIB=G: the DOS run keeps G GiB of each rank's
+Usage: python tests/support/scripts/two_ranks.py PLAN OUT_DIR [CKPT] (PLAN "vanilla" for ZeRO-3 offload, else a DOS
+plan; CKPT: a checkpoint to resume from; in the environment, RESIDENT_GIB=G: the DOS run keeps G GiB of each rank's
 subgroups on the device, ``resident_gib``; OVERLAP=1: each update phase overlaps the next forward; RANDOM_PLAN=S: a
 random plan every step, drawn from seed S, the same on both ranks; PERSIST=1: every 16-bit parameter persists
 (``param_persistence=True``, and so leaf blocks); FLAT_GATHER=1/0: the seam's gather per subgroup of the persistent
