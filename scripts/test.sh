@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Install what the tests need (scripts/setup.sh), then run the CPU test tier. GPU tests: `-m gpu` on a GPU host.
+# Install what the tests need (scripts/setup.sh), then run the CPU tiers: tests/unit, tests/integration, tests/system
+# (what CI runs). --fast: the unit tier alone, for development. Other arguments go to pytest (a path picks a tier).
+# GPU tests: `pytest -m gpu tests/gpu` on a GPU host.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  set -- tests/unit "$@"
+fi
 bash scripts/setup.sh
 # one DeepSpeed JIT build of each op for the whole run (tests/conftest.py uses the same folder), made before the
 # tests so that no test's time includes it

@@ -373,11 +373,11 @@ class ZenFlowStrategy(CPUSupportMixin):
     ``overlap_step`` the optimizer process re-imports the launching script: keep a script's training under
     ``if __name__ == "__main__":``, and note that ZenFlow pins this process to part of its CPU cores.
 
-    A defect of DeepSpeed 0.19.8 at stage 2, observed on a CPU (``tests/test_peers.py``) and in code that is the same
-    on a GPU; a warning repeats it when the engine is built: ZenFlow's flatten lays every 2-D parameter out transposed
-    in the flat buffer, and ``DeepSpeedZeroOptimizer._update_model_bit16_weights`` views it back without transposing,
-    so the weights that train are each matrix's initial values in transposed order (weights loaded before ``fit``,
-    such as pretrained ones, are not the weights trained), and the deferred host updates land on the transposed
+    A defect of DeepSpeed 0.19.8 at stage 2, observed on a CPU (``tests/integration/test_peers.py``) and in code that is
+    the same on a GPU; a warning repeats it when the engine is built: ZenFlow's flatten lays every 2-D parameter out
+    transposed in the flat buffer, and ``DeepSpeedZeroOptimizer._update_model_bit16_weights`` views it back without
+    transposing, so the weights that train are each matrix's initial values in transposed order (weights loaded before
+    ``fit``, such as pretrained ones, are not the weights trained), and the deferred host updates land on the transposed
     positions of the weights the forward uses: overfitting one batch for 40 steps, AdamW went from a loss of 4.7 to
     0.7, ZenFlow with every column updated every step (``update_interval: 1``) to 3.7. Read its row as DeepSpeed's
     ZenFlow as shipped, not as what the method can do.

@@ -17,11 +17,10 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from parity import make_strategy, train  # noqa: E402
-from test_overflow_skip import INF_AT, _InfGradAt, _StateAround  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from lightning_dos.update.manager import SAFETY_MARGIN_BYTES  # noqa: E402
+from tests.integration.test_overflow_skip import INF_AT, _InfGradAt, _StateAround  # noqa: E402
+from tests.support.parity import make_strategy, train  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,8 +1,9 @@
 """GPU tier (``pytest -m gpu`` on a GPU host): the peer ``fsdp_offload`` trains a small GPT on one and on two GPUs.
 
-Each run is ``tests/scripts/fsdp_offload_run.py`` in its own process (Lightning starts the second rank by running it
-again), with the model's own activation checkpointing on; the reference is the same model trained with torch AdamW
-and no FSDP (``plain``) on one GPU over the same global batches, in this process. At ``32-true`` the two are the same
+Each run is ``tests/support/scripts/fsdp_offload_run.py`` in its own process (Lightning starts the second rank by
+running it again), with the model's own activation checkpointing on; the reference is the same model trained with torch
+AdamW and no FSDP (``plain``) on one GPU over the same global batches, in this process. At ``32-true`` the two are the
+same
 arithmetic up to rounding: the gradients summed across ranks in another order, AdamW fused on the host instead of on
 the GPU, and the block's forward recomputed in the backward; after 6 steps at a learning rate of 1e-2 that leaves the
 losses and the weights within ``FP32_TOL`` (relative) of the reference, while a missing weight decay (6 steps of
@@ -22,10 +23,11 @@ from typing import Any
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support" / "scripts"))
 import fsdp_offload_run as run_script  # noqa: E402
-from parity import rel, subprocess_env  # noqa: E402
+
+from tests.support.parity import rel, subprocess_env  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from recipe_run import ROOT, finite, fit, metrics, recipe_copy, series, summary  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.support.recipe_run import ROOT, finite, fit, metrics, recipe_copy, series, summary  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

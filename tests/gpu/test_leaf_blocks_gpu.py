@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from parity import make_strategy, rel, train  # noqa: E402
-from test_leaf_blocks import BLOCKS, BlockLM, _block_layers_hooked  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.integration.test_leaf_blocks import BLOCKS, BlockLM, _block_layers_hooked  # noqa: E402
+from tests.support.parity import make_strategy, rel, train  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,8 +1,9 @@
 """GPU tier (``pytest -m gpu`` on a GPU host): ``overlap=True`` with real CUDA streams.
 
-The same parity as the CPU tier's ``tests/test_overlap.py``, for 200 steps: the worker thread issues the device lane
-on its own streams and the host lane's uploads on ``h2d``/``convert``, and the next forward's kernels wait for each
-subgroup's write through stream waits on its event. The control runs are DeepSpeed's own ZeRO-3 optimizer offload
+The same parity as the CPU tier's ``tests/integration/test_overlap.py``, for 200 steps: the worker thread issues the
+device lane on its own streams and the host lane's uploads on ``h2d``/``convert``, and the next forward's kernels wait
+for each subgroup's write through stream waits on its event. The control runs are DeepSpeed's own ZeRO-3 optimizer
+offload
 and the same plan without overlap, in the same process.
 """
 
@@ -16,14 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from parity import (  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.integration.test_overlap import _HoldOneSubgroup  # noqa: E402
+from tests.support.parity import (  # noqa: E402
     RandomPlanEveryStep,  # noqa: E402
     make_strategy,
     rel,
     train,
 )
-from test_overlap import _HoldOneSubgroup  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

@@ -23,11 +23,10 @@ import pytest
 import torch
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from recipe_run import ROOT, finite, fit, metrics, recipe_copy, series, summary  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from lightning_dos.models.gpt import GPTConfig, num_params  # noqa: E402
 from lightning_dos.models.hf import hf_num_params  # noqa: E402
+from tests.support.recipe_run import ROOT, finite, fit, metrics, recipe_copy, series, summary  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

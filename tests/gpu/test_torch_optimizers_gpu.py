@@ -1,8 +1,9 @@
 """GPU tier (``pytest -m gpu`` on a GPU host): a module returning ``torch.optim.AdamW`` under DOS on a real GPU.
 
-The CPU tier's comparisons (tests/test_torch_optimizers.py) with the device lane on CUDA: the host lane is DeepSpeed's
-CPU Adam on pinned host state, the device lane torch's fused AdamW on the GPU, with and without overlap, and vanilla
-ZeRO-3 offload. Bit for bit against the same module returning DeepSpeed's CPU Adam, under the same strategy; against
+The CPU tier's comparisons (tests/integration/test_torch_optimizers.py) with the device lane on CUDA: the host lane is
+DeepSpeed's CPU Adam on pinned host state, the device lane torch's fused AdamW on the GPU, with and without overlap, and
+vanilla ZeRO-3 offload. Bit for bit against the same module returning DeepSpeed's CPU Adam, under the same strategy;
+against
 plain torch AdamW on the GPU (no DeepSpeed) within the project's GPU parity bound (1e-5; the CPU tier's is 2e-7, and
 this tier prints what it measured, to tighten the bound once seen).
 """
@@ -16,9 +17,9 @@ from typing import Any
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from own_model import OwnModel, fit, max_loss_rel, rel  # noqa: E402
-from parity import make_strategy  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.support.own_model import OwnModel, fit, max_loss_rel, rel  # noqa: E402
+from tests.support.parity import make_strategy  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

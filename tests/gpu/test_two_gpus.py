@@ -1,8 +1,9 @@
 """GPU tier on a host of two or more GPUs (``pytest -m gpu``): data parallelism on real NCCL collectives.
 
-The CPU tier's two gloo ranks (tests/test_two_ranks.py) again on two GPUs: every 16-bit parameter persisting, a random
-plan every step, the seam's gather per subgroup against DeepSpeed's per-parameter gather, serially and with the update
-overlapped (the gathers wait on the stream for each subgroup's update), with the residents ``resident_gib="auto"``
+The CPU tier's two gloo ranks (tests/system/test_two_ranks.py) again on two GPUs: every 16-bit parameter persisting, a
+random plan every step, the seam's gather per subgroup against DeepSpeed's per-parameter gather, serially and with the
+update overlapped (the gathers wait on the stream for each subgroup's update), with the residents
+``resident_gib="auto"``
 chooses, against vanilla ZeRO-3 offload. The backward's reductions may sum in another order from one run to the next
 on a GPU, so the runs are compared within 1e-5, as the CPU tier compares them with vanilla.
 """
@@ -15,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_two_ranks import _run  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.support.ranks import run_two_ranks as _run  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

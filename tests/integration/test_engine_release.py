@@ -1,0 +1,52 @@
+"""A finished fit leaves nothing of its DeepSpeed engine behind once the user drops the trainer and the module.
+
+DeepSpeed 0.19.8 keeps every engine alive for the life of the process (a module-level stack, a class-level memo and
+a hook cycle through autograd's C++ nodes; lightning_dos/zero/engine_release.py). Each engine holds a reduce bucket
+of ``reduce_bucket_size`` elements (800 MB here) and, on a GPU host, pinned host buffers: a notebook or a sweep that
+fits several times would run out of host memory.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from deepspeed.runtime.zero import parameter_offload
+from torch.utils.checkpoint import checkpoint
+
+from tests.support.parity import TinyLM, train
+
+
+class CheckpointedTinyLM(TinyLM):
+    """TinyLM with its hidden layers under activation checkpointing (the recomputation pushes submodules on
+    DeepSpeed's forward-module stack and leaves them there)."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        h = self.net[0](x)
+        h = checkpoint(lambda t: self.net[3](self.net[2](self.net[1](t))), h, use_reentrant=False)
+        logits = self.net[5](self.net[4](h))
+        return torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))
+
+
+def _fit_and_drop(plan: Any, **kw: Any) -> tuple[weakref.ref, weakref.ref]:
+    run = train(plan, steps=2, **kw)
+    engine = run.strategy.model
+    refs = weakref.ref(engine), weakref.ref(engine.optimizer)
+    del run, engine
+    return refs
+
+
+@pytest.mark.parametrize("plan", [0.5, None], ids=["dos", "vanilla"])
+def test_engine_is_freed_after_fit(plan: Any, tmp_path: Path) -> None:
+    stack_before = len(parameter_offload.FWD_MODULE_STACK)
+    refs = [_fit_and_drop(plan), _fit_and_drop(plan, save_to=str(tmp_path / "after_fit.ckpt")),
+            _fit_and_drop(plan, model=CheckpointedTinyLM())]
+    gc.collect()
+    assert [(engine(), optimizer()) for engine, optimizer in refs] == [(None, None)] * 3
+    assert len(parameter_offload.FWD_MODULE_STACK) == stack_before
+    assert (tmp_path / "after_fit.ckpt" / "checkpoint").is_dir()  # saving after fit still works

@@ -1,0 +1,149 @@
+"""``leaf_blocks``: ZeRO-3 hooks each repeated block once instead of every layer in it, and training is unchanged.
+
+The control is DeepSpeed's own ZeRO-3 offload with its hooks on every layer (``ZeRO3OffloadStrategy``); DOS runs with
+the blocks as leaves (its default on one rank). Both see the same data, seed, clipping and a learning rate that
+changes every step, with the blocks under activation checkpointing.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from lightning_dos import DeepOptimizerStatesStrategy
+from lightning_dos.models.gpt import GPT, GPTConfig
+from lightning_dos.optim import adamw, weight_decay_groups
+from lightning_dos.zero.leaf_blocks import repeated_blocks
+from tests.support.parity import VOCAB, TinyLM, assert_tracks, make_strategy, rel, train
+
+CLIP = 0.05
+FP32_TOL = 1e-5
+BLOCKS = 3
+
+
+class ResidualBlock(torch.nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(hidden)
+        self.up = torch.nn.Linear(hidden, 2 * hidden)
+        self.down = torch.nn.Linear(2 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+class BlockLM(TinyLM):
+    """Embedding -> a ``ModuleList`` of residual blocks, each under activation checkpointing (non-reentrant, or the
+    reentrant kind many model libraries default to) -> head."""
+
+    def __init__(self, freeze_embedding: bool = False, reentrant: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.freeze_embedding, self.reentrant = freeze_embedding, reentrant
+
+    def configure_model(self) -> None:
+        if self.net is not None:
+            return
+        torch.manual_seed(0)
+        h = self.hidden
+        self.net = torch.nn.ModuleDict({
+            "embed": torch.nn.Embedding(VOCAB, h),
+            "blocks": torch.nn.ModuleList(ResidualBlock(h) for _ in range(BLOCKS)),
+            "head": torch.nn.Linear(h, VOCAB),
+        })
+        self.net["embed"].weight.requires_grad_(not self.freeze_embedding)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        h = self.net["embed"](x)
+        for block in self.net["blocks"]:
+            h = checkpoint(block, h, use_reentrant=self.reentrant)
+        logits = self.net["head"](h)
+        return torch.nn.functional.cross_entropy(logits.float().view(-1, VOCAB), y.view(-1))
+
+    def configure_optimizers(self) -> Any:
+        params = [p for p in self.net.parameters() if p.requires_grad]
+        return adamw(self.trainer, weight_decay_groups(params, 0.1), lr=self.lr, betas=(0.9, 0.95), eps=1e-8,
+                     weight_decay=0.1)
+
+
+def _block_layers_hooked(module: BlockLM) -> list[bool]:
+    """Whether ZeRO-3 registered its hooks on each block's inner layers (it gives every module it hooks a ds_id)."""
+    return [hasattr(block.up, "ds_id") for block in module.net["blocks"]]
+
+
+def test_the_blocks_are_the_modules_of_a_module_list() -> None:
+    gpt = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=16, block_size=8, vocab_size=32))
+    assert [name for name, _ in repeated_blocks(gpt)] == ["blocks.0", "blocks.1", "blocks.2"]
+
+    class Experts(torch.nn.Module):  # a block holding its own list: only the outer list's modules are blocks
+        def __init__(self) -> None:
+            super().__init__()
+            self.experts = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(2))
+
+    outer = torch.nn.ModuleList(Experts() for _ in range(2))
+    assert [name for name, _ in repeated_blocks(outer)] == ["0", "1"]
+    mixed = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)])
+    parameterless = torch.nn.ModuleList(torch.nn.GELU() for _ in range(3))
+    single = torch.nn.ModuleList([torch.nn.Linear(4, 4)])
+    for model in (mixed, parameterless, single):
+        assert repeated_blocks(model) == []
+
+
+@pytest.mark.parametrize(("accumulate", "reentrant"), [(1, False), (2, False), (1, True)],
+                         ids=["non-reentrant", "accumulate-2", "reentrant"])
+def test_leaf_blocks_train_like_vanilla_zero3_hooking_every_layer(accumulate: int, reentrant: bool) -> None:
+    vanilla = train(None, steps=5, accumulate=accumulate, clip=CLIP, model=BlockLM(reentrant=reentrant))
+    dos = train(0.5, steps=5, accumulate=accumulate, clip=CLIP, model=BlockLM(reentrant=reentrant))
+    assert _block_layers_hooked(vanilla.strategy.lightning_module) == [True] * BLOCKS
+    assert _block_layers_hooked(dos.strategy.lightning_module) == [False] * BLOCKS
+    assert dos.strategy.leaf_block_names == [f"net.blocks.{i}" for i in range(BLOCKS)]
+    assert len(dos.losses) == len(vanilla.losses) == 5 * accumulate
+    assert_tracks(dos, vanilla, FP32_TOL)
+    initial = BlockLM()
+    initial.configure_model()
+    assert rel(dos.masters, torch.cat([p.detach().flatten() for p in initial.net.parameters()])) > 1e-3  # they moved
+
+
+def test_leaf_blocks_false_keeps_zero3_hooks_on_every_layer() -> None:
+    run = train(0.5, steps=1, model=BlockLM(), strategy=make_strategy(0.5, leaf_blocks=False))
+    assert run.strategy.leaf_block_names == []
+    assert _block_layers_hooked(run.strategy.lightning_module) == [True] * BLOCKS
+
+
+def test_a_leaf_module_entry_in_the_deepspeed_config_wins() -> None:
+    config = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "sub_group_size": 2000,
+                                    "leaf_module": {"names": []}}}
+    run = train(0.5, steps=1, model=BlockLM(), strategy=make_strategy(0.5, config=config))
+    assert run.strategy.leaf_block_names == []
+    assert _block_layers_hooked(run.strategy.lightning_module) == [True] * BLOCKS
+
+
+def test_a_block_whose_inputs_need_no_gradient_is_refused() -> None:
+    with pytest.raises(RuntimeError, match=r"leaf_blocks: block 'net.blocks.0'.*set leaf_blocks: false"):
+        train(0.5, steps=1, model=BlockLM(freeze_embedding=True))
+    # without leaves the same model trains (ZeRO-3's per-parameter hooks need no input gradient)
+    run = train(0.5, steps=2, model=BlockLM(freeze_embedding=True),
+                strategy=make_strategy(0.5, leaf_blocks=False))
+    assert len(run.losses) == 2
+
+
+def test_the_blocks_backward_hooks_go_with_the_engine() -> None:
+    module = BlockLM()
+    run = train(0.5, steps=2, model=module)
+    assert run.strategy.leaf_block_names
+    # DeepSpeed reduced each block's gradients from a full backward hook on it; the teardown removed them
+    assert [len(block._backward_hooks) for block in module.net["blocks"]] == [0] * BLOCKS
+    refs = weakref.ref(run.strategy.model), weakref.ref(run.strategy.model.optimizer)
+    del run, module
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None]
+
+
+def test_leaf_blocks_rejects_other_values() -> None:
+    with pytest.raises(ValueError, match="leaf_blocks: 'yes'; set 'auto', true or false"):
+        DeepOptimizerStatesStrategy(leaf_blocks="yes")
