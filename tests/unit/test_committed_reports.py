@@ -43,6 +43,7 @@ MULTI, ACT, REL, CONV = "docs/multi-node.md", "docs/activation-offload.md", "doc
 V, S, D, O, P, T, N = ("zero3_offload", "static_split(0.5)", "dos(auto)", "dos(auto,overlap)", "plain",  # noqa: E741
                        "torchao_offload", "no_offload")
 V4, D4, O4 = "zero3_offload@dp4", "dos(auto)@dp4", "dos(auto,overlap)@dp4"  # the rows at four ranks
+V2, O2 = "zero3_offload@dp2", "dos(auto,overlap)@dp2"  # and at two
 R3, RO3 = "dos(auto,resident=3.85GiB)", "dos(auto,overlap,resident=3.85GiB)"
 R5, RO5 = "dos(auto,resident=5.05GiB)", "dos(auto,overlap,resident=5.05GiB)"
 E2E = "end-to-end iteration vs zero3_offload"
@@ -359,27 +360,6 @@ QUOTES: dict[str, list[tuple[str, str]]] = {
                 "+ backward); static split {e2e(S):.0f} ms at {gpu(S):.2f} GiB"),
     ],
     "gpt-2.7b_H100x4_2026-11-27_runAB": [
-        (README, "| gpt-2.7b ({model.params/1e9:.2f}B) | H100 | {e2e(V):.0f} ms, {gpu(V):.2f} GiB | not run | "
-                 "{e2e(O):.0f} ms, {gpu(O):.2f} GiB (no options: all state resident, `overlap`) | "
-                 "{claim(E2E).value:.2f}x |"),
-        (README, "| gpt-2.7b, 4 GPUs (data parallel) | 4 x H100 | {e2e(V4):.0f} ms, {gpu(V4):.2f} GiB | not "
-                 "run | {e2e(O4):.0f} ms, {gpu(O4):.2f} GiB ({tps(O4):,.0f} tokens/s:"
-                 " {tps(O4)/tps(O):.2f}x one GPU's) | "
-                 "{e2e(V4)/e2e(O4):.2f}x |"),
-        (MULTI, "| 1 | {e2e(V):.1f} ms | {e2e(O):.1f} ms | {fwd(D):.1f} / {bwd(D):.1f} / {step(D):.1f} ms | "
-                "{e2e(V)/e2e(O):.2f}x | {tps(O):,.0f} | {gpu(O):.2f} GiB |"),
-        (MULTI, "| 4 | {e2e(V4):.1f} ms | {e2e(O4):.1f} ms | {fwd(D4):.1f} / {bwd(D4):.1f} / "
-                "{step(D4):.1f} ms | {e2e(V4)/e2e(O4):.2f}x | "
-                "{tps(O4):,.0f} ({tps(O4)/tps(O):.2f}x "
-                "of one GPU) | {gpu(O4):.2f} GiB |"),
-        (MULTI, "Losses after 10 steps: {row(O4).final_loss:.4f} (DOS) and {row(V4).final_loss:.4f} "
-                "(vanilla) at four GPUs, {row(O).final_loss:.4f} and {row(V).final_loss:.4f} at one."),
-        (MULTI, "DOS at four GPUs is **{e2e(V4)/e2e(O4):.2f}x** vanilla at four (3.0x aimed: met); it keeps "
-                "**{(e2e(V4)/e2e(O4))/(e2e(V)/e2e(O)):.0%}** of its one-GPU ratio (85% aimed: missed) and "
-                "gives **{tps(O4)/tps(O):.2f}x** its one-GPU tokens/s"),
-        (MULTI, "(its step is {step(D):.0f} ms)"),
-        (MULTI, "The {e2e(O4)-e2e(O):.0f} ms it adds at four GPUs ({e2e(O4):.0f} vs {e2e(O):.0f} ms) are the "
-                "step's collectives above (step {step(D4):.1f} vs {step(D):.1f} ms, serial)"),
         (OSM, "four H100s took {e2e(O4):.0f} ms end to end against {e2e(D4):.0f} serial"),
         (OSM, "{12*row(D).dos.resident_params/2**30:.2f} GiB at one GPU, {12*row(D4).dos.resident_params/2**30:.2f}"
               " GiB per rank at four"),
@@ -388,6 +368,43 @@ QUOTES: dict[str, list[tuple[str, str]]] = {
                 "at four ({e2e(O4):.0f} vs {e2e(V4):.0f} ms, {gpu(O4):.2f} GiB); four GPUs give "
                 "**{tps(O4)/tps(O):.2f}x** one GPU's tokens/s and keep "
                 "{(e2e(V4)/e2e(O4))/(e2e(V)/e2e(O)):.0%} of its ratio"),
+        (MULTI, "on four H100s the step went from {step(D4):.1f} ms (serial, run AB)"),
+        (MULTI, "Earlier the same day (run AB, before the gather per subgroup) four GPUs gave {e2e(O4):.0f} ms"),
+    ],
+    "gpt-2.7b_H100x4_2026-11-27_runAC": [
+        (README, "| gpt-2.7b ({model.params/1e9:.2f}B) | H100 | {e2e(V):.0f} ms, {gpu(V):.2f} GiB | not run | "
+                 "{e2e(O):.0f} ms, {gpu(O):.2f} GiB (no options: all state resident, `overlap`) | "
+                 "{e2e(V)/e2e(O):.2f}x |"),
+        (README, "| gpt-2.7b, 4 GPUs (data parallel) | 4 x H100 | {e2e(V4):.0f} ms, {gpu(V4):.2f} GiB | not "
+                 "run | {e2e(O4):.0f} ms, {gpu(O4):.2f} GiB ({tps(O4):,.0f} tokens/s: {tps(O4)/tps(O):.2f}x one "
+                 "GPU's) | {e2e(V4)/e2e(O4):.2f}x |"),
+        (README, "(at two GPUs: {e2e(O2):.0f} ms, {e2e(V2)/e2e(O2):.2f}x)"),
+        (MULTI, "to {step(O4):.1f} ms (run AC,"),
+        (MULTI, "| 1 | {e2e(V):.1f} ms | {e2e(O):.1f} ms | {fwd(O):.1f} / {bwd(O):.1f} / {step(O):.1f} ms | "
+                "{e2e(V)/e2e(O):.2f}x | | {tps(O):,.0f} | {gpu(O):.2f} GiB |"),
+        (MULTI, "| 2 | {e2e(V2):.1f} ms | {e2e(O2):.1f} ms | {fwd(O2):.1f} / {bwd(O2):.1f} / {step(O2):.1f} ms | "
+                "{e2e(V2)/e2e(O2):.2f}x | {(e2e(V2)/e2e(O2))/(e2e(V)/e2e(O)):.0%} | {tps(O2):,.0f} "
+                "({tps(O2)/tps(O):.2f}x of one GPU) | {gpu(O2):.2f} GiB |"),
+        (MULTI, "| 4 | {e2e(V4):.1f} ms | {e2e(O4):.1f} ms | {fwd(O4):.1f} / {bwd(O4):.1f} / {step(O4):.1f} ms | "
+                "{e2e(V4)/e2e(O4):.2f}x | {(e2e(V4)/e2e(O4))/(e2e(V)/e2e(O)):.0%} | {tps(O4):,.0f} "
+                "({tps(O4)/tps(O):.2f}x of one GPU) | {gpu(O4):.2f} GiB |"),
+        (MULTI, "Losses after 10 steps, DOS against vanilla: {row(O).final_loss:.4f} / {row(V).final_loss:.4f} at "
+                "one GPU, {row(O2).final_loss:.4f} / {row(V2).final_loss:.4f} at two, {row(O4).final_loss:.4f} / "
+                "{row(V4).final_loss:.4f} at four."),
+        (MULTI, "DOS at four GPUs is **{e2e(V4)/e2e(O4):.2f}x** vanilla at four (3.0x aimed: met) and gives "
+                "**{tps(O4)/tps(O):.2f}x** its one-GPU tokens/s (3.4x aimed: met); at two GPUs it keeps "
+                "**{(e2e(V2)/e2e(O2))/(e2e(V)/e2e(O)):.0%}** of its one-GPU ratio (90% aimed: met); at four it keeps "
+                "**{(e2e(V4)/e2e(O4))/(e2e(V)/e2e(O)):.0%}** (85% aimed: **missed**)."),
+        (MULTI, "({e2e(O):.0f} → {e2e(O4):.0f} ms, each rank doing one GPU's work), but vanilla's shrinks "
+                "({e2e(V):.0f} → {e2e(V4):.0f} ms: its update, on the CPU, shrinks with its partition, "
+                "{step(V):.0f} → {step(V4):.0f} ms of step), and DOS at one GPU has little left to shrink (a "
+                "{step(O):.0f} ms step;"),
+        (MULTI, "Four GPUs cost DOS {e2e(O4)-e2e(O):.0f} ms per iteration: {bwd(O4)-bwd(O):.0f} ms more backward"),
+        (INDEX, "end to end: DOS **{e2e(V)/e2e(O):.2f}x** vanilla at one GPU ({e2e(O):.0f} vs {e2e(V):.0f} ms), "
+                "**{e2e(V2)/e2e(O2):.2f}x** at two ({e2e(O2):.0f} vs {e2e(V2):.0f} ms, "
+                "{(e2e(V2)/e2e(O2))/(e2e(V)/e2e(O)):.0%} kept) and **{e2e(V4)/e2e(O4):.2f}x** at four "
+                "({e2e(O4):.0f} vs {e2e(V4):.0f} ms, {(e2e(V4)/e2e(O4))/(e2e(V)/e2e(O)):.0%} kept: 85% aimed, "
+                "missed); four GPUs give **{tps(O4)/tps(O):.2f}x** one GPU's tokens/s"),
     ],
     "rok_gpt-1b_H200_2026-11-25_runV": [
         (ACT, "`\"host\"` cut peak activation memory by {pl('offload-host').reduction_vs_keep:.0%} against keeping "
@@ -597,8 +614,9 @@ def _records(report: str) -> dict[str, Any]:
 def _sweep_from_records(names: dict[str, Any], doc: dict, report: str) -> None:
     """Summarised again from its update records by the bench's own summary, a sweep gives the committed report's
     figures; and ``auto``'s trials, replayed through the trial rule, end where the records say (``trials``)."""
-    from lightning_dos.bench.config import BenchConfig, SweepConfig, resolve_budget, sweep_schedule
-    from lightning_dos.bench.results import summarize_budget
+    from lightning_dos.bench.config import BenchConfig
+    from lightning_dos.bench.sweep.config import SweepConfig, resolve_budget, sweep_schedule
+    from lightning_dos.bench.sweep.results import summarize_budget
 
     raw, committed = _records(report), doc["budgets"][0]
     plans, rounds, auto_steps = raw["plans"], raw["steps_per_plan"], raw["auto_steps"]
@@ -617,7 +635,8 @@ def _sweep_from_records(names: dict[str, Any], doc: dict, report: str) -> None:
         assert again[key]["update_ms"] == pytest.approx(committed[key]["update_ms"], abs=0.01), key
     assert again["prediction_error_median"] == pytest.approx(committed["prediction_error_median"], abs=1e-4)
     assert again["auto"]["trial_phases"] == committed["auto"]["trial_phases"]
-    assert [(t["target"], t["status"], pytest.approx(t["value"], abs=1e-4)) for t in again["targets"]] == [
+    targets = load_script("targets").budget_targets(again)  # the project's targets, outside the package
+    assert [(t["target"], t["status"], pytest.approx(t["value"], abs=1e-4)) for t in targets] == [
         (t["target"], t["status"], t["value"]) for t in committed["targets"]]
     names["trials"] = _replay_trials([r for it in raw["iterations"] if it["plan"] == "auto" for r in it["records"]])
     assert sum(1 for r in raw["iterations"] if r["plan"] == "auto") == auto_steps

@@ -23,7 +23,7 @@ TARGETS = load_script("targets")
 AUTO_VS_BEST, AUTO_VS_STRIDES, NO_OOM, PREDICTION = (TARGETS.AUTO_VS_BEST, TARGETS.AUTO_VS_STRIDES, TARGETS.NO_OOM,
                                                      TARGETS.PREDICTION)
 ROK_BUDGET, check_claims, rok_claims = TARGETS.ROK_BUDGET, TARGETS.check_claims, TARGETS.rok_claims
-BENCHMARKS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 RUN_F_1B = BENCHMARKS / "gpt-1b_H200_2026-11-21_runF.json"
 RUN_H = BENCHMARKS / "gpt-2.7b_H200_2026-11-21_runH.json"
 RUN_H_4B = BENCHMARKS / "gpt-4b_H200_2026-11-21_runH.json"
