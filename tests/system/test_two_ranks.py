@@ -15,10 +15,7 @@ import torch
 from lightning_dos.strategies.checkpoint import describe, partial_path
 from tests.support.parity import rel, subprocess_env
 from tests.support.ranks import SCRIPT
-
-#: ``resident_gib`` of the two-rank run with resident subgroups: room for 3,000 parameters' state per rank (a few of
-#: each rank's subgroups of at most 2,000)
-RESIDENT_GIB = 12 * 3000 / 1024**3
+from tests.system.conftest import RESIDENT_GIB
 
 
 def test_two_ranks_match_vanilla(two_ranks: Callable[..., tuple[Path, list[dict]]]) -> None:
@@ -53,7 +50,7 @@ def test_two_ranks_match_vanilla(two_ranks: Callable[..., tuple[Path, list[dict]
 
     # resident_gib: each rank keeps some of its own subgroups' state on the device, in neither lane; the run still
     # matches vanilla, and what the ranks gather and save (the homes, written from the device copies) is the run's
-    resident_dir, resident = two_ranks("0.5", RESIDENT_GIB=str(RESIDENT_GIB))
+    resident_dir, resident = two_ranks("0.5", RESIDENT_GIB=RESIDENT_GIB)
     for rank in range(2):
         assert 0 < len(resident[rank]["resident"]) < resident[rank]["subgroups"]
         for a, b in zip(resident[rank]["losses"], vanilla[rank]["losses"]):
@@ -122,10 +119,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _run_two_nodes(plan: str, out: Path) -> list[dict]:
-    """Two processes, one rank per "node", with the variables a cluster launcher (SLURM, torchrun) sets."""
+def _run_two_nodes(runs: dict[str, Path]) -> dict[str, list[dict]]:
+    """Two processes, one rank per "node", with the variables a cluster launcher (SLURM, torchrun) sets; the runs
+    ``plan -> out`` one after the other in them. Each run's ranks' records."""
     port = str(_free_port())
-    procs = [subprocess.Popen([sys.executable, str(SCRIPT), plan, str(out)], stdin=subprocess.DEVNULL,
+    spec = next(iter(runs.values())).parent / "runs.json"
+    spec.write_text(json.dumps([{"plan": plan, "out": str(out)} for plan, out in runs.items()]))
+    procs = [subprocess.Popen([sys.executable, str(SCRIPT), "--runs", str(spec)], stdin=subprocess.DEVNULL,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=subprocess_env(TWO_NODES="1", NODE_RANK=str(node), LOCAL_RANK="0", WORLD_SIZE="2",
                                                  MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
@@ -133,13 +133,13 @@ def _run_two_nodes(plan: str, out: Path) -> list[dict]:
     for proc in procs:
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-3000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return {plan: [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)] for plan, out in runs.items()}
 
 
 def test_two_nodes_match_vanilla(tmp_path: Path) -> None:
     """The same strategy through Lightning's num_nodes: each node plans its own rank as the host's only one."""
-    vanilla = _run_two_nodes("vanilla", tmp_path / "vanilla")
-    dos = _run_two_nodes("0.5", tmp_path / "dos")
+    runs = _run_two_nodes({"vanilla": tmp_path / "vanilla", "0.5": tmp_path / "dos"})
+    vanilla, dos = runs["vanilla"], runs["0.5"]
     for rank in range(2):
         assert dos[rank]["world_size"] == 2 and dos[rank]["node_rank"] == rank
         assert dos[rank]["ranks_per_host"] == 1  # one rank on each node's host

@@ -11,6 +11,10 @@ ACCELERATOR=cuda: two GPUs)
 Lightning re-runs this script for rank 1, as it does for any multi-process CPU run. With TWO_NODES=1 and NODE_RANK,
 LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, as a cluster launcher sets them, it is one of two
 single-rank nodes.
+
+Or: python tests/support/scripts/two_ranks.py --runs RUNS.json, a list of {"plan", "out", "env"} (``env``: the switches
+above for that run): the runs one after the other in the same two processes, which start, import and join their
+process group once (their fits share it; each run gets its trainer, strategy and model).
 """
 
 from __future__ import annotations
@@ -28,25 +32,42 @@ from tests.support.parity import LossRecorder, RandomPlanEveryStep, TinyLM, make
 
 
 def main() -> None:
-    plan_arg, out = sys.argv[1], Path(sys.argv[2])
+    if sys.argv[1] == "--runs":
+        runs = json.loads(Path(sys.argv[2]).read_text())
+        for run in runs:
+            train(run["plan"], Path(run["out"]), run.get("env", {}))
+            torch.distributed.barrier()  # both ranks have written this run's results before the next starts
+    else:
+        train(sys.argv[1], Path(sys.argv[2]), os.environ, sys.argv[3] if len(sys.argv) > 3 else None)
+
+
+#: the seam's default, restored for a run that does not set FLAT_GATHER after one that did
+FLAT_GATHER_DEFAULT = None
+
+
+def train(plan_arg: str, out: Path, env: dict[str, str], ckpt_path: str | None = None) -> None:
+    """One run: ``plan_arg`` with the switches in ``env`` (module docstring), results under ``out``."""
+    global FLAT_GATHER_DEFAULT
     plan = None if plan_arg == "vanilla" else (float(plan_arg) if plan_arg[0].isdigit() else plan_arg)
     # TWO_NODES=1: launched once per "node", with the variables a cluster launcher sets: two nodes of one rank each
     # (not NODE_RANK itself: Lightning sets it for the rank it starts on one node too)
     nodes = 2 if os.environ.get("TWO_NODES") == "1" else 1
     rec = LossRecorder()
-    resident = os.environ.get("RESIDENT_GIB")
+    resident = env.get("RESIDENT_GIB")
     options: dict = {} if resident is None else {"resident_gib": resident if resident == "auto" else float(resident)}
-    if os.environ.get("OVERLAP") == "1":
+    if env.get("OVERLAP") == "1":
         options["overlap"] = True
-    if os.environ.get("PERSIST") == "1":
+    if env.get("PERSIST") == "1":
         options["param_persistence"] = True
-    if "FLAT_GATHER" in os.environ:
-        from lightning_dos.zero.optimizer import InterleavedZeroOptimizer
+    from lightning_dos.zero.optimizer import InterleavedZeroOptimizer
 
-        InterleavedZeroOptimizer.flat_persistent_gather = os.environ["FLAT_GATHER"] == "1"
+    if FLAT_GATHER_DEFAULT is None:
+        FLAT_GATHER_DEFAULT = InterleavedZeroOptimizer.flat_persistent_gather
+    InterleavedZeroOptimizer.flat_persistent_gather = (env["FLAT_GATHER"] == "1" if "FLAT_GATHER" in env
+                                                       else FLAT_GATHER_DEFAULT)
     callbacks: list[pl.Callback] = [rec]
-    if "RANDOM_PLAN" in os.environ:
-        callbacks.append(RandomPlanEveryStep(seed=int(os.environ["RANDOM_PLAN"])))
+    if "RANDOM_PLAN" in env:
+        callbacks.append(RandomPlanEveryStep(seed=int(env["RANDOM_PLAN"])))
     trainer = pl.Trainer(
         accelerator=os.environ.get("ACCELERATOR", "cpu"),
         devices=2 // nodes,
@@ -61,7 +82,6 @@ def main() -> None:
         enable_model_summary=False,
         callbacks=callbacks,
     )
-    ckpt_path = sys.argv[3] if len(sys.argv) > 3 else None  # resume (a universal checkpoint of another world size)
     trainer.fit(TinyLM(), train_dataloaders=token_loader(8), ckpt_path=ckpt_path)
     rank = trainer.global_rank
     trainer.save_checkpoint(out / "step=4.ckpt")  # a collective: each rank writes its shard, rank 0 publishes
