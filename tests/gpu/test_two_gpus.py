@@ -17,7 +17,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.support.ranks import run_two_ranks as _run  # noqa: E402
+from tests.support.ranks import run_two_ranks_together  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -27,12 +27,14 @@ pytestmark = [
 
 def test_two_gpus_gather_per_subgroup_overlapped_with_residents_track_deepspeeds_gather(tmp_path: Path) -> None:
     assert torch.cuda.device_count() >= 2, "this test needs a host of two or more GPUs"
-    env = {"ACCELERATOR": "cuda", "RANDOM_PLAN": "3", "PERSIST": "1"}
-    vanilla = _run("vanilla", tmp_path / "vanilla", ACCELERATOR="cuda")
-    runs = {name: _run("host", tmp_path / name, **env, **extra) for name, extra in (
-        ("deepspeed", {"FLAT_GATHER": "0"}), ("flat", {"FLAT_GATHER": "1"}),
-        ("flat-overlapped", {"OVERLAP": "1", "FLAT_GATHER": "1"}),
-        ("flat-overlapped-resident", {"OVERLAP": "1", "FLAT_GATHER": "1", "RESIDENT_GIB": "auto"}))}
+    env = {"RANDOM_PLAN": "3", "PERSIST": "1"}
+    configs = {"deepspeed": {"FLAT_GATHER": "0"}, "flat": {"FLAT_GATHER": "1"},
+               "flat-overlapped": {"OVERLAP": "1", "FLAT_GATHER": "1"},
+               "flat-overlapped-resident": {"OVERLAP": "1", "FLAT_GATHER": "1", "RESIDENT_GIB": "auto"}}
+    # one launch of two processes for all five runs (each a fresh launch took over 30 s on a GPU host)
+    records = run_two_ranks_together([("vanilla", tmp_path / "vanilla", {})] + [
+        ("host", tmp_path / name, {**env, **extra}) for name, extra in configs.items()], ACCELERATOR="cuda")
+    vanilla, runs = records[0], dict(zip(configs, records[1:]))
     for rank in range(2):
         params = runs["flat"][rank]["params"]
         assert runs["flat"][rank]["refreshed"] == params and runs["deepspeed"][rank]["refreshed"] == 0
