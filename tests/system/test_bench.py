@@ -516,7 +516,7 @@ def test_committed_reports_still_load_and_render(tmp_path: Path) -> None:
     chart still render, though they were written before the bench composed lightning-dos fit runs."""
     from lightning_dos.bench import report
 
-    committed = [path for path in sorted((Path(__file__).resolve().parents[1] / "docs" / "benchmarks").glob("*.json"))
+    committed = [path for path in sorted((Path(__file__).resolve().parents[2] / "docs" / "benchmarks").glob("*.json"))
                  if "results" in json.loads(path.read_text())]
     assert len(committed) >= 20
     for path in committed:

@@ -72,7 +72,8 @@ def dos_profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     out = tmp_path_factory.mktemp("dos_profile") / "profile"
     proc = _run(out, "--strategy", "dos", "--plan", "0.5", "--phase", "forward", "backward", "step",
                 "--dos", "leaf_blocks=false")
-    assert sorted(p.name for p in out.iterdir()) == ["backward", "forward", "step"]
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["backward", "forward", "step"]
+    assert (out / "config.yaml").is_file() and (out / "recipe.yaml").is_file()  # what the run was built from
     return proc.stdout, out
 
 

@@ -13,7 +13,7 @@ from lightning_dos.bench.compose import BENCH_RECIPE, build, fit_args, strategy_
 from lightning_dos.bench.config import BenchConfig
 from lightning_dos.bench.kinds import KINDS, dos_rows, expand
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: The bench's own trainer settings, which a user's run of the recipe does not have.
 BENCH_ONLY = {"max_steps", "devices", "default_root_dir", "logger", "enable_checkpointing", "enable_progress_bar",
               "enable_model_summary", "limit_val_batches", "num_sanity_val_steps", "val_check_interval", "callbacks"}
