@@ -1,5 +1,6 @@
 """The project's own targets (``scripts/targets.py``, outside the package), checked against the committed reports:
-their JSON carries the claims the bench printed when they were measured, and the script must still give the same.
+the JSON of those written before the targets left the bench carries the claims it printed, and the script must still
+give the same.
 The plan sweeps' targets, re-derived from their per-update records with auto's trials replayed, and what the docs
 quote from each report are checked by tests/unit/test_committed_reports.py.
 """
@@ -55,13 +56,51 @@ def _results(path: Path) -> dict[str, dict]:
     return {r["label"]: r for r in json.loads(path.read_text())["results"]}
 
 
-def _checked_report(path: Path) -> tuple[dict[str, dict], dict[str, dict]]:
-    """A committed report's rows by label and its claims as the claim checks give them today, after asserting that
-    every claim's status is the one the report carries."""
+COMPARISONS = sorted(p for p in BENCHMARKS.glob("*.json")
+                     if "claims" in (doc := json.loads(p.read_text())) and "results" in doc)
+
+
+@pytest.mark.parametrize("path", COMPARISONS, ids=lambda p: p.stem)
+def test_the_script_gives_each_committed_report_the_verdicts_it_carries(path: Path) -> None:
+    """The reports written while the bench still judged them carry their claims; the script, which judges today,
+    gives every one of them the same status and value (claims added since are not in them)."""
     doc = json.loads(path.read_text())
-    claims = _by_claim(check_claims(doc["results"]))
-    assert {name: c["status"] for name, c in claims.items()} == {c["claim"]: c["status"] for c in doc["claims"]}
-    return {r["label"]: r for r in doc["results"]}, claims
+    today = _by_claim(check_claims(doc["results"]))
+    for claim in doc["claims"]:
+        assert today[claim["claim"]]["status"] == claim["status"], claim["claim"]
+        assert today[claim["claim"]]["value"] == pytest.approx(claim["value"]), claim["claim"]
+
+
+def test_data_parallel_targets_depend_on_the_device_count_and_weigh_the_multi_gpu_peers() -> None:
+    """At four devices: 85% of the one-device ratio kept, 3.4x the tokens/s, faster than ZeRO-3 without offload
+    and 2x FSDP with CPU offload; at two: 90% kept and no tokens/s target; a peer that did not complete is named."""
+    def at(devices: int, label: str, strategy: str, e2e: float, tokens: float = 0.0, status: str = "ok") -> dict:
+        suffix = f"@dp{devices}" if devices > 1 else ""
+        return {**_row(label + suffix, strategy, e2e, 10.0, status=status), "devices": devices,
+                "e2e_tokens_per_s": tokens}
+    one = [at(1, "zero3_offload", "zero3_offload", 1000.0), at(1, "dos(auto)", "deep_optimizer_states", 100.0, 1e4)]
+    four = [at(4, "zero3_offload", "zero3_offload", 860.0), at(4, "dos(auto)", "deep_optimizer_states", 100.0, 3.5e4),
+            at(4, "no_offload", "no_offload", 101.0), at(4, "fsdp_offload", "fsdp_offload", 199.0)]
+    claims = _by_claim(check_claims(one + four))
+    kept = claims["DOS/zero3_offload ratio at DP=4 vs DP=1"]
+    assert (kept["value"], kept["status"]) == (pytest.approx(0.86), "met")
+    assert kept["threshold"] == ">= 0.85 x the DP=1 ratio"
+    tokens = claims["dos(auto) tokens/s at DP=4 vs DP=1"]
+    assert (tokens["value"], tokens["status"]) == (pytest.approx(3.5), "met")
+    assert claims["dos(auto) vs no_offload at DP=4"]["status"] == "met"
+    fsdp = claims["dos(auto) vs fsdp_offload at DP=4"]
+    assert (fsdp["value"], fsdp["status"]) == (pytest.approx(1.99), "missed")
+    # 86% kept misses at two devices (90%), which have no tokens/s target; a peer that failed is named
+    two = [{**r, "devices": 2, "label": r["label"].replace("@dp4", "@dp2")} for r in four]
+    two[2] = {**two[2], "status": "oom"}
+    claims = _by_claim(check_claims(one + two))
+    assert claims["DOS/zero3_offload ratio at DP=2 vs DP=1"]["status"] == "missed"
+    assert "dos(auto) tokens/s at DP=2 vs DP=1" not in claims
+    peer = claims["dos(auto) vs no_offload at DP=2"]
+    assert peer["status"] == "not measured" and peer["detail"].endswith("; no_offload@dp2: oom")
+    # as fast as the peer is not faster
+    even = _by_claim(check_claims(one + [*four[:2], {**four[2], "e2e_iteration_ms": 100.0}]))
+    assert even["dos(auto) vs no_offload at DP=4"]["status"] == "missed"
 
 
 def _assert_quoted(results: dict[str, dict], quoted: dict[str, tuple[int, float]]) -> None:
