@@ -33,7 +33,7 @@ from lightning_dos.bench.sweep.config import (
 )
 from lightning_dos.bench.sweep.harness import run_sweep
 from lightning_dos.bench.sweep.results import summarize_auto, summarize_budget
-from lightning_dos.bench.sweep.worker import PlanSweep
+from lightning_dos.bench.sweep.worker import PlanSweep, slowest_rank
 from lightning_dos.planning.auto import PROBE_STEPS
 from lightning_dos.planning.plan import resolve_plan
 from lightning_dos.update.timings import LaneTimings
@@ -269,6 +269,29 @@ def test_plan_sweep_refuses_auto_and_a_run_without_a_manager() -> None:
         sweep.on_train_batch_start(SimpleNamespace(strategy=SimpleNamespace(manager=inactive)), None, None, 0)
 
 
+def test_sweep_on_two_gloo_ranks_counts_each_iterations_slowest_rank(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``--devices 2``: one process of two ranks per budget, each sweeping its own partition with the plan the sweep
+    set, each iteration's figure the slower rank's update phase, every rank's records kept."""
+    out = tmp_path / "sweep2"
+    code = main([*TINY, "--accelerator", "cpu", "--devices", "2", "--sweep", "--sweep-plans", "host", "device",
+                 "--steps-per-plan", "2", "--budgets", "unlimited", "--out", str(out)])
+    assert code == 0, capsys.readouterr().out
+    raw = json.loads((out / "runs" / "unlimited" / "result.json").read_text())
+    assert raw["devices"] == 2 and len(raw["sweep_per_rank"]) == 2
+    ranks_ = raw["sweep_per_rank"]
+    for merged, *each in zip(raw["sweep"]["iterations"], *(r["iterations"] for r in ranks_)):
+        assert {it["plan"] for it in each} == {merged["plan"]}  # both ranks ran the plan of the iteration
+        took = [sum(record["update_ms"] for record in it["records"]) for it in each]
+        assert merged["rank"] == took.index(max(took)) and merged["records"] == each[merged["rank"]]["records"]
+        if merged["plan"] in ("host", "device"):
+            assert all(it["records"][0]["lanes"] == ("H" if merged["plan"] == "host" else "D") * len(
+                it["records"][0]["lanes"]) for it in each)
+    doc = json.loads((out / "sweep.json").read_text())
+    assert doc["config"]["devices"] == [2] and doc["budgets"][0]["fixed"]["plans_completed"] == 2
+    assert "2 ranks, data parallel" in (out / "sweep.md").read_text()
+
+
 # --- budgets and the command line ---------------------------------------------------------------------------------
 
 
@@ -277,12 +300,27 @@ def test_budgets_resolve_for_the_model() -> None:
     assert quarter.gib == pytest.approx(0.25 * 12 * 2_795_276_800 / 1024**3)
     assert quarter.label == f"quarter ({quarter.gib:.2f} GiB)" and quarter.label == "quarter (7.81 GiB)"
     assert resolve_budget("unlimited", 10).gib is None and resolve_budget(" Unlimited ", 10).label == "unlimited"
+    # per rank, as memory_budget_gib is: a quarter of one rank's share of the state
+    assert resolve_budget("quarter", 2_795_276_800, 4).gib == pytest.approx(quarter.gib / 4)
+    assert resolve_budget("12", 10, 4).gib == 12.0
     twelve = resolve_budget("12.0", 10)
     assert twelve.gib == 12.0 and twelve.name == "12" and twelve.label == "12 GiB"
     for bad in ("half", "-1", "nan"):
         with pytest.raises(ValueError, match="budgets"):
             resolve_budget(bad, 10)
     assert AUTO_MIN_EXCLUDED == PROBE_STEPS + 1
+
+
+def test_slowest_rank_takes_each_iterations_longest_update_phase() -> None:
+    def sweep(*update_ms: float) -> dict[str, Any]:
+        return {"plans": ["host"], "iterations": [{"iteration": i, "plan": "host", "records": [{"update_ms": ms}]}
+                                                  for i, ms in enumerate(update_ms)]}
+    one = sweep(1.0, 2.0)
+    assert slowest_rank([one]) is one
+    merged = slowest_rank([sweep(5.0, 1.0, 2.0), sweep(3.0, 4.0, 2.0)])
+    assert [(it["rank"], it["records"][0]["update_ms"]) for it in merged["iterations"]] == [(0, 5.0), (1, 4.0),
+                                                                                            (0, 2.0)]
+    assert merged["plans"] == ["host"]
 
 
 def test_sweep_defaults_and_its_own_options() -> None:
@@ -307,13 +345,16 @@ def test_sweep_defaults_and_its_own_options() -> None:
     assert custom is not None and custom.plans == ["host", "stride:3"] and custom.budgets == ["quarter", "20"]
     assert custom.fixed_steps == 8 and custom.auto_excluded == AUTO_MIN_EXCLUDED
     assert parse_args(["--model", "gpt-1b"]).sweep is None
+    on_four = parse_args(["--sweep", "--devices", "4"]).sweep
+    assert on_four is not None and on_four.devices == 4 and on_four.spec(budget).devices == 4
 
 
 @pytest.mark.parametrize("argv", [["--sweep", "--plans", "0.5"], ["--budgets", "quarter"], ["--steps-per-plan", "3"],
                                   ["--sweep", "--sweep-plans", "auto"], ["--sweep", "--sweep-plans", "0.5", "0.5"],
                                   ["--sweep", "--steps-per-plan", "1"], ["--sweep", "--budgets", "half"],
                                   ["--sweep", "--memory-budget-gib", "4"], ["--sweep", "--steps", "2"],
-                                  ["--sweep", "--sweep-plans", "sideways"], ["--sweep", "--e2e-steps", "2"]])
+                                  ["--sweep", "--sweep-plans", "sideways"], ["--sweep", "--e2e-steps", "2"],
+                                  ["--sweep", "--devices", "1", "2"]])
 def test_bad_sweep_arguments_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     assert "error:" in capsys.readouterr().err

@@ -4,7 +4,7 @@
 A budget's process runs every fixed plan for ``steps_per_plan`` iterations and ``auto`` (started cold, with its own
 calibration) for ``bench.steps``, interleaved: the host's speed drifts by over 10% in tens of seconds, and plans held in
 turn each met another spell of it. A budget is ``unlimited``, ``quarter`` (0.25 x 12 bytes x the parameters: a quarter
-of the optimizer state) or a number of GiB.
+of the optimizer state; of a rank's share of it on several devices) or a number of GiB.
 """
 
 from __future__ import annotations
@@ -91,8 +91,9 @@ def check_budget(text: str) -> str:
     return f"{gib:g}"
 
 
-def resolve_budget(text: str, params: int | None) -> Budget:
-    """The budget ``text`` for a model of ``params`` parameters (one rank holds them all)."""
+def resolve_budget(text: str, params: int | None, ranks: int = 1) -> Budget:
+    """The budget ``text`` for a model of ``params`` parameters partitioned over ``ranks`` (a budget is per rank, as
+    ``memory_budget_gib`` is: ``quarter`` is a quarter of one rank's share of the optimizer state)."""
     name = check_budget(text)
     if name == "unlimited":
         return Budget(name, None)
@@ -100,7 +101,7 @@ def resolve_budget(text: str, params: int | None) -> Budget:
         if not params:
             raise ValueError("budgets: quarter needs the model's parameter count, which only the GPT's is known to "
                              "the bench; give the budget in GiB")
-        return Budget(name, QUARTER_SHARE * STATE_BYTES_PER_PARAM * params / GIB)
+        return Budget(name, QUARTER_SHARE * STATE_BYTES_PER_PARAM * params / ranks / GIB)
     return Budget(name, float(name))
 
 
@@ -145,11 +146,18 @@ class SweepConfig:
                                    warmup=PLAN_WARMUP, e2e_steps=0, strategies=["deep_optimizer_states"],
                                    plans=[*self.plans, "auto"])
 
+    @property
+    def devices(self) -> int:
+        """The ranks of every budget's process (``--devices N``): each rank sweeps its own partition's plans."""
+        return int(self.bench.devices[0])
+
     def spec(self, budget: Budget) -> RunSpec:
         """The process of ``budget``: DOS from the first plan (the sweep switches from there), serial (overlapped, an
-        update phase would be recorded one iteration late, under the next plan)."""
-        return RunSpec(f"sweep[{budget.name}]", "deep_optimizer_states", self.plans[0],
-                       args={"plan": plan_argument(self.plans[0]), "overlap": False})
+        update phase would be recorded one iteration late, under the next plan), with no subgroup resident (a plan
+        places every subgroup; residents would leave the plans nothing to differ in where the state fits), on
+        :attr:`devices` ranks."""
+        return RunSpec(f"sweep[{budget.name}]", "deep_optimizer_states", self.plans[0], devices=self.devices,
+                       args={"plan": plan_argument(self.plans[0]), "overlap": False, "resident_gib": 0})
 
     def validate(self) -> None:
         """Raise ``ValueError`` listing every setting the sweep cannot run (the bench settings' own included)."""
@@ -160,9 +168,9 @@ class SweepConfig:
             self.bench.validate()
         except ValueError as err:
             problems.append(str(err))
-        if list(self.bench.devices) != [1]:
-            problems.append(f"devices: {self.bench.devices!r}; the plan sweep runs on one device: drop --devices or "
-                            "set --devices 1")
+        if len(self.bench.devices) != 1:
+            problems.append(f"devices: {self.bench.devices!r}; the plan sweep runs at one device count: give "
+                            "--devices N once")
         if not self.plans:
             problems.append("sweep plans: give at least one fixed plan")
         for plan in self.plans:

@@ -58,7 +58,7 @@ def run_sweep(sweep: SweepConfig, out_dir: Path, launcher: Launcher = launch, pr
     out_dir.mkdir(parents=True, exist_ok=True)
     hardware, resolved, model = prepare(sweep.bench)
     software = versions()
-    budgets = [resolve_budget(text, model["params"]) for text in sweep.budgets]
+    budgets = [resolve_budget(text, model["params"], sweep.devices) for text in sweep.budgets]
     summaries: list[dict[str, Any]] = []
     devices: list[dict[str, Any]] = []
     extra = {"sweep": {"plans": list(sweep.plans), "steps_per_plan": sweep.steps_per_plan,
@@ -95,7 +95,7 @@ def write_sweep_outputs(doc: dict[str, Any], out_dir: Path) -> dict[str, Path]:
 def sweep_dry_run_text(sweep: SweepConfig) -> str:
     """The resolved settings, the budgets in GiB and the processes the sweep would run, for ``--dry-run``."""
     _, resolved, model = prepare(sweep.bench)
-    budgets = [resolve_budget(text, model["params"]) for text in sweep.budgets]
+    budgets = [resolve_budget(text, model["params"], sweep.devices) for text in sweep.budgets]
     lines = ["resolved configuration:", json.dumps({"bench": resolved.to_dict(), "sweep": sweep.to_dict()},
                                                     indent=2), "",
              f"model: {model['preset']}, {model['params'] or 'unknown'} parameters", "",

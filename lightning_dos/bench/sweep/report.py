@@ -122,6 +122,10 @@ def render_sweep(doc: dict[str, Any], chart: str | None = "sweep.png") -> str:
               f"checkpointing {'on' if cfg['activation_checkpointing'] else 'off'}, sub_group_size "
               f"{cfg['sub_group_size'] or 'of configs/strategy/dos_auto.yaml'}, data {cfg['data']}, seed {cfg['seed']}",
               f"- Budgets: {budgets}",
+              *([f"- {cfg['devices'][0]} ranks, data parallel: each rank sweeps its own partition's plans and runs its "
+                 "own auto; a budget is per rank; each iteration counts the update phase of the rank that took "
+                 "longest (the ranks meet at the next collective), every rank's records in `result.json`"]
+                if (cfg.get("devices") or [1])[0] > 1 else []),
               f"- Fixed plans, in this order: {', '.join(sweep['plans'])}",
               f"- Fixed plans: {m['fixed_plans']}.",
               f"- auto: {m['auto']}.",

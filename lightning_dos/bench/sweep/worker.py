@@ -14,6 +14,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from lightning_dos.bench import ranks
 from lightning_dos.bench.config import BenchConfig
 from lightning_dos.bench.kinds import RunSpec, plan_argument
 from lightning_dos.bench.measure import dos_records, failure, fit_and_measure, record_dict
@@ -150,7 +151,8 @@ class SweepRun:
     """The parts of one sweep process, kept so that a failure can still report what was measured."""
 
     def __init__(self, plans: list[str], steps_per_plan: int, workdir: Path, auto_steps: int = 0) -> None:
-        self.sweep = PlanSweep(plans, steps_per_plan, progress_path=workdir / PROGRESS_FILE, auto_steps=auto_steps)
+        progress = workdir / PROGRESS_FILE if ranks.process_rank() == 0 else None  # one writer on several ranks
+        self.sweep = PlanSweep(plans, steps_per_plan, progress_path=progress, auto_steps=auto_steps)
         self.strategy: Any = None
 
     def partial(self) -> dict[str, Any]:
@@ -171,7 +173,23 @@ def run_sweep(payload: dict[str, Any], spec: RunSpec, state: SweepRun) -> dict[s
         state.strategy = strategy
 
     trainer, result = fit_and_measure(payload, spec, callbacks=[sweep], on_strategy=keep)
-    return {**result, "sweep": sweep.raw(), "failed_plan": None, "dos": dos_records(trainer.strategy)}
+    per_rank = [entry["sweep"] for entry in ranks.gather_to_rank0({"rank": trainer.global_rank, "sweep": sweep.raw()})]
+    return {**result, "sweep": slowest_rank(per_rank), "sweep_per_rank": per_rank if len(per_rank) > 1 else None,
+            "failed_plan": None, "dos": dos_records(trainer.strategy)}
+
+
+def slowest_rank(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One sweep from every rank's (:meth:`PlanSweep.raw`, in rank order): each iteration with the update records of
+    the rank whose update phase took longest (the ranks meet at the next collective, so the slowest sets the pace),
+    and that rank under ``rank``. One rank's is returned as it is."""
+    if len(per_rank) == 1:
+        return per_rank[0]
+    merged = copy.deepcopy(per_rank[0])
+    for index, iteration in enumerate(merged["iterations"]):
+        took = [sum(r["update_ms"] for r in sweep["iterations"][index]["records"]) for sweep in per_rank]
+        rank = max(range(len(per_rank)), key=took.__getitem__)
+        iteration.update(records=copy.deepcopy(per_rank[rank]["iterations"][index]["records"]), rank=rank)
+    return merged
 
 
 def execute_sweep(payload: dict[str, Any], spec: RunSpec, workdir: Path) -> dict[str, Any]:
