@@ -146,43 +146,21 @@ class PlanSweep(pl.Callback):
         }
 
 
-class SweepRun:
-    """The parts of one sweep process, kept so that a failure can still report what was measured."""
-
-    def __init__(self, plans: list[str], steps_per_plan: int, workdir: Path, auto_steps: int = 0) -> None:
-        self.sweep = PlanSweep(plans, steps_per_plan, progress_path=workdir / PROGRESS_FILE, auto_steps=auto_steps)
-        self.strategy: Any = None
-
-    def partial(self) -> dict[str, Any]:
-        """What ran before a failure: the sweep's records and the plan in force."""
-        return {"sweep": self.sweep.raw(), "failed_plan": self.sweep.current_plan,
-                "dos": dos_records(self.strategy) if self.strategy is not None else None}
-
-
-def run_sweep(payload: dict[str, Any], spec: RunSpec, state: SweepRun) -> dict[str, Any]:
-    """Train every plan of the sweep in turn and return the raw measurements."""
-    config = BenchConfig.from_dict(payload["bench"])
-    sweep = state.sweep
-    if config.steps != sweep.total_steps:
-        raise ValueError(f"steps: {config.steps} does not hold {len(sweep.plans)} plans for {sweep.steps_per_plan} "
-                         f"iterations each and {sweep.auto_steps} of auto ({sweep.total_steps})")
-
-    def keep(strategy: Any) -> None:
-        state.strategy = strategy
-
-    trainer, result = fit_and_measure(payload, spec, callbacks=[sweep], on_strategy=keep)
-    return {**result, "sweep": sweep.raw(), "failed_plan": None, "dos": dos_records(trainer.strategy)}
-
-
 def execute_sweep(payload: dict[str, Any], spec: RunSpec, workdir: Path) -> dict[str, Any]:
-    """The sweep of ``payload``; a failure still reports the plans measured before it."""
+    """Train every plan of ``payload``'s sweep in turn and return the raw measurements; a failure still reports the
+    plans measured before it and the plan in force."""
     settings = payload["sweep"]
-    state = SweepRun(list(settings["plans"]), int(settings["steps_per_plan"]), workdir,
-                     auto_steps=int(settings.get("auto_steps", 0)))
+    sweep = PlanSweep(list(settings["plans"]), int(settings["steps_per_plan"]), progress_path=workdir / PROGRESS_FILE,
+                      auto_steps=int(settings.get("auto_steps", 0)))
+    strategies: list[Any] = []  # the strategy once built, to report its records should training fail
     try:
-        return run_sweep(payload, spec, state)
+        config = BenchConfig.from_dict(payload["bench"])
+        if config.steps != sweep.total_steps:
+            raise ValueError(f"steps: {config.steps} does not hold {len(sweep.plans)} plans for {sweep.steps_per_plan} "
+                             f"iterations each and {sweep.auto_steps} of auto ({sweep.total_steps})")
+        trainer, result = fit_and_measure(payload, spec, callbacks=[sweep], on_strategy=strategies.append)
+        return {**result, "sweep": sweep.raw(), "failed_plan": None, "dos": dos_records(trainer.strategy)}
     except Exception as err:  # every failure becomes a result; the traceback goes to the log
         traceback.print_exc()
-        return {**failure(spec, err), **state.partial()}
-
-
+        return {**failure(spec, err), "sweep": sweep.raw(), "failed_plan": sweep.current_plan,
+                "dos": dos_records(strategies[0]) if strategies else None}
