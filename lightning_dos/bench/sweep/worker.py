@@ -56,18 +56,9 @@ class PlanSweep(pl.Callback):
         self._in_auto = False
 
     @property
-    def fixed_steps(self) -> int:
-        """Iterations of the fixed plans: ``steps_per_plan`` each."""
-        return len(self.plans) * self.steps_per_plan
-
-    @property
     def total_steps(self) -> int:
         """Iterations of the whole sweep: the fixed plans' and ``auto``'s (the length of its schedule)."""
         return len(self.schedule)
-
-    def plan_at(self, iteration: int) -> str:
-        """The plan of ``iteration`` (from 0; :data:`AUTO` for ``auto``'s); the last one past the end."""
-        return self.schedule[min(iteration, len(self.schedule) - 1)]
 
     @property
     def current_plan(self) -> str | None:
@@ -98,7 +89,7 @@ class PlanSweep(pl.Callback):
             self.resolved = self._resolve(manager)
         iteration = len(self.iterations)
         self._first_record = len(manager.records)
-        name = self.plan_at(iteration)
+        name = self.schedule[min(iteration, len(self.schedule) - 1)]  # AUTO for auto's; the last one past the end
         if name == AUTO:
             if not self._in_auto:
                 self._fixed_state = manager.planning_state()
