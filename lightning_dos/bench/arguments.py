@@ -39,7 +39,9 @@ NOT_FOR_SWEEP = {"strategies": "--strategies", "ratios": "--ratios", "plans": "-
                  "overlap": "--overlap (the sweep times update phases, which overlap would hide)",
                  "leaf_blocks": "--leaf-blocks (the sweep times update phases)",
                  "resident_gib": "--resident-gib (the sweep compares plans of every subgroup)"}
-SWEEP_ONLY = {"sweep_plans": "--sweep-plans", "steps_per_plan": "--steps-per-plan", "budgets": "--budgets"}
+#: Options of the plan sweep only: flag and the SweepConfig field it sets.
+SWEEP_ONLY = {"sweep_plans": ("--sweep-plans", "plans"), "steps_per_plan": ("--steps-per-plan", "steps_per_plan"),
+              "budgets": ("--budgets", "budgets")}
 #: Options of the ROK curve only: flag and the RokConfig field it sets.
 ROK_ONLY = {"nvme_path": ("--nvme-path", "nvme_path"),
             "activation_budget_gib": ("--activation-budget-gib", "budget_gib"),
@@ -183,19 +185,20 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return data["config"] if "config" in data and "results" in data else data
 
 
-def _mode(given: dict[str, Any], flag: str, own: dict[str, str], refused: dict[str, str]) -> dict[str, Any] | None:
-    """Take a mode's own options out of ``given`` when ``flag`` is set (None when it is not); ``ValueError`` for
-    options of another mode."""
+def _mode(given: dict[str, Any], flag: str, own: dict[str, tuple[str, str]],
+          refused: dict[str, str]) -> tuple[Any, dict[str, Any]] | None:
+    """Take a mode's own options (``own``: flag and field of each) out of ``given`` when ``flag`` is set: its value and
+    the mode's fields they set (None when it is not set); ``ValueError`` for options of another mode."""
     on = given.pop(flag.strip("-"), None)
     taken = {key: given.pop(key) for key in list(own) if key in given}
     if not on:
         if taken:
-            raise ValueError(f"{', '.join(own[key] for key in taken)}: only with {flag}")
+            raise ValueError(f"{', '.join(own[key][0] for key in taken)}: only with {flag}")
         return None
     wrong = [text for key, text in refused.items() if key in given]
     if wrong:
         raise ValueError(f"{', '.join(wrong)}: not used by {flag}")
-    return {"_": on, **taken}
+    return on, {own[key][1]: value for key, value in taken.items()}
 
 
 def parse_args(argv: list[str] | None) -> Invocation:
@@ -213,22 +216,19 @@ def parse_args(argv: list[str] | None) -> Invocation:
     try:
         if given.get("activations") is not None and given.get("sweep"):
             raise ValueError("--activations: cannot be combined with --sweep (another mode); run them separately")
-        rok_given = _mode(given, "--activations", {k: f for k, (f, _) in ROK_ONLY.items()}, NOT_FOR_ROK)
+        rok_given = _mode(given, "--activations", ROK_ONLY, NOT_FOR_ROK)
         sweep_given = _mode(given, "--sweep", SWEEP_ONLY, NOT_FOR_SWEEP)
         config = BenchConfig.from_dict({**(load_config_file(config_file) if config_file else {}), **given})
         if sweep_given is not None:  # DOS only, serial; the budgets are its memory budgets, one process each
             config.strategies, config.ratios, config.plans, config.repeats = ["deep_optimizer_states"], [], ["auto"], 1
             config.memory_budget_gib, config.e2e_steps = None, 0  # its figures are update phases, by iteration
-            own = {"plans": "sweep_plans", "steps_per_plan": "steps_per_plan", "budgets": "budgets"}
-            sweep = SweepConfig(bench=config, **{field: sweep_given[key] for field, key in own.items()
-                                                 if key in sweep_given})
+            sweep = SweepConfig(bench=config, **sweep_given[1])
             sweep.validate()
         elif rok_given is not None:
             config.strategies = config.strategies if "strategies" in given else [DEFAULT_STRATEGY]
             config.plans = config.plans if "plans" in given else ["auto"]
             config.ratios, config.repeats = [], 1
-            rok = RokConfig(bench=config, placements=[str(p) for p in rok_given["_"]],
-                            **{ROK_ONLY[key][1]: value for key, value in rok_given.items() if key != "_"})
+            rok = RokConfig(bench=config, placements=[str(p) for p in rok_given[0]], **rok_given[1])
             rok.validate()
         else:
             config.validate()

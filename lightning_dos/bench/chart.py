@@ -53,9 +53,7 @@ def render(doc: dict[str, Any], path: str | Path) -> Path:
         times.scatter([x for x, _ in e2e], [y for _, y in e2e], marker="D", s=30, color="#c44e52", zorder=3,
                       label="end to end, unsynchronised (median)")
     top = max([b for b in bottoms] + [y for _, y in marked] + [y for _, y in e2e] + [1.0])
-    for x, r in zip(positions, results):
-        if r["status"] != "ok" and r.get("iteration_ms") is None:
-            times.text(x, top * 0.02, r["status"], ha="center", va="bottom", rotation=90, color="#c44e52")
+    _mark_unmeasured(times, results, top * 0.02)
     times.set_ylim(0, top * 1.5)  # headroom: the legend above the tallest bar or marker
     times.set_ylabel("median time per iteration (ms)")
     times.set_title("fwd / bwd / step (synchronised iterations)")
@@ -83,14 +81,19 @@ def render(doc: dict[str, Any], path: str | Path) -> Path:
         memory.bar(positions, host, width=0.6, color="#937860")
         memory.set_ylabel("peak host RSS (GiB)")
         memory.set_title("Peak host memory (no GPU)")
-    for x, r in zip(positions, results):
-        if r["status"] != "ok" and r.get("iteration_ms") is None:
-            memory.text(x, 0, r["status"], ha="center", va="bottom", rotation=90, color="#c44e52")
+    _mark_unmeasured(memory, results, 0)
     memory.set_xticks(positions, labels, rotation=30, ha="right")
     memory.grid(axis="y", alpha=0.3)
 
     fig.suptitle(workload_title(doc))
     return save(fig, path)
+
+
+def _mark_unmeasured(ax: Any, results: list[dict[str, Any]], y: float) -> None:
+    """The status of every configuration that measured no iteration, written upwards from ``y`` at its bar."""
+    for x, r in enumerate(results):
+        if r["status"] != "ok" and r.get("iteration_ms") is None:
+            ax.text(x, y, r["status"], ha="center", va="bottom", rotation=90, color="#c44e52")
 
 
 def workload_title(doc: dict[str, Any]) -> str:

@@ -64,14 +64,10 @@ def fragment_path(name: str) -> Path:
     return path
 
 
-def recipe_of(config: Any) -> dict[str, Any]:
-    """The recipe's content: ``--recipe``'s, or :data:`BENCH_RECIPE`."""
-    return _load(str(Path(config.recipe).resolve())) if config.recipe else BENCH_RECIPE
-
-
 def recipe_data_class(config: Any) -> str:
-    """The recipe's data module class path (TextDataModule, the CLI's default, when it names none)."""
-    data = recipe_of(config).get("data")
+    """The data module class path of the recipe (``--recipe``'s, or :data:`BENCH_RECIPE`): TextDataModule, the CLI's
+    default, when it names none."""
+    data = (_load(str(Path(config.recipe).resolve())) if config.recipe else BENCH_RECIPE).get("data")
     return str(data.get("class_path", TEXT)) if isinstance(data, dict) else TEXT
 
 

@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from lightning_dos.bench.checks import is_count, raise_problems, repeated
 from lightning_dos.bench.kinds import DEFAULT_PLANS, DEFAULT_RATIOS, STRATEGIES
 
 #: Phases timed in every iteration, in milliseconds.
@@ -112,18 +113,15 @@ class BenchConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` listing every bench setting that cannot run (the workload's are the CLI's to check)."""
-        problems = []
-        for name in ("steps", "repeats"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                problems.append(f"{name}: {value!r} must be an integer >= 1")
+        problems = [f"{name}: {getattr(self, name)!r} must be an integer >= 1" for name in ("steps", "repeats")
+                    if not is_count(getattr(self, name), 1)]
         if not isinstance(self.warmup, int) or self.warmup < 0:
             problems.append(f"warmup: {self.warmup!r} must be an integer >= 0")
         elif isinstance(self.steps, int) and self.warmup >= self.steps:
             problems.append(f"warmup: {self.warmup} leaves no measured iteration of {self.steps} steps; "
                             "set steps > warmup")
         e2e = self.e2e_steps
-        if e2e is not None and (isinstance(e2e, bool) or not isinstance(e2e, int) or e2e < 0):
+        if e2e is not None and not is_count(e2e, 0):
             problems.append(f"e2e_steps: {e2e!r} must be an integer >= 0, or unset for half the measured iterations")
         elif (e2e is not None and isinstance(self.steps, int) and isinstance(self.warmup, int)
               and 0 <= self.warmup < self.steps <= self.warmup + e2e):
@@ -156,18 +154,16 @@ class BenchConfig:
             problems.append(f"timeout_s: {self.timeout_s} must be > 0 seconds")
         if self.memory_budget_gib is not None and self.memory_budget_gib < 0:
             problems.append(f"memory_budget_gib: {self.memory_budget_gib} must be >= 0 GiB or unset")
-        if problems:
-            raise ValueError("bench: " + "; ".join(problems))
+        raise_problems("bench: ", problems)
 
 
 def devices_problems(devices: Any) -> list[str]:
     """What is wrong with a list of device counts (``--devices``): empty, not integers >= 1, or repeated."""
     if not isinstance(devices, (list, tuple)) or not devices:
         return [f"devices: {devices!r}; give one or more device counts, e.g. --devices 1 2"]
-    bad = [d for d in devices if isinstance(d, bool) or not isinstance(d, int) or d < 1]
+    bad = [d for d in devices if not is_count(d, 1)]
     if bad:
         return [f"devices: {bad!r} must be integers >= 1 (data-parallel ranks per configuration), e.g. --devices 1 2"]
-    repeated = sorted({d for d in devices if list(devices).count(d) > 1})
-    if repeated:
-        return [f"devices: {repeated} given more than once; give each device count once, e.g. --devices 1 2"]
+    if repeated(devices):
+        return [f"devices: {repeated(devices)} given more than once; give each device count once, e.g. --devices 1 2"]
     return []

@@ -15,7 +15,7 @@ from typing import Any
 
 from lightning_dos.bench import chart, report
 from lightning_dos.bench.compose import NO_OFFLOAD_BYTES_PER_PARAM, command, fit_args
-from lightning_dos.bench.config import BenchConfig
+from lightning_dos.bench.config import PHASES, BenchConfig
 from lightning_dos.bench.kinds import KINDS, RunSpec, expand, schedule, single_device_reason
 from lightning_dos.bench.launcher import launch
 from lightning_dos.bench.pipeline import (
@@ -32,6 +32,7 @@ from lightning_dos.bench.results import (
     bench_document,
     compare_to_baseline,
     e2e_samples,
+    pick,
     run_peaks,
     scaling,
     write_json,
@@ -76,8 +77,7 @@ def run_line(index: int, total: int, result: dict[str, Any], config: BenchConfig
     if result["status"] != "ok":
         return f"{head}: {result['status'].upper()}: {result.get('reason')}{elapsed_note(result)}"
     iterations = result["iterations"]
-    it = {k: median([iterations[k][i] for i in config.phase_iterations if i < len(iterations[k])])
-          for k in ("fwd_ms", "bwd_ms", "step_ms", "iteration_ms")}
+    it = {k: median(pick(iterations[k], config.phase_iterations)) for k in PHASES}
     e2e = median(e2e_samples(iterations, config))
     headline = it["iteration_ms"] if e2e is None else e2e
     tokens = config.global_tokens_per_iteration(result.get("devices") or 1)

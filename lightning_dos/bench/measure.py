@@ -189,6 +189,3 @@ def failure(spec: RunSpec, err: BaseException) -> dict[str, Any]:
     """The result of a configuration that raised ``err``."""
     return {"status": "oom" if is_oom(err) else "failed", "reason": one_line(err), **spec.to_dict()}
 
-
-# ------------------------------------------------------------------ plan sweep
-

@@ -20,7 +20,7 @@ from lightning_dos.bench.compose import describe, payload
 from lightning_dos.bench.config import BenchConfig
 from lightning_dos.bench.kinds import RunSpec
 from lightning_dos.bench.launcher import launch
-from lightning_dos.bench.results import skipped
+from lightning_dos.bench.results import skipped, write_json
 from lightning_dos.telemetry.environment import hardware_info, merge_worker_device
 
 GPU_TIMING = ("GPU: torch.cuda.synchronize() is called at every phase boundary (bench mode), so each phase's "
@@ -72,6 +72,17 @@ def relative_path(path: str | None, root: Path) -> str | None:
         return path
 
 
+def write_outputs(doc: dict[str, Any], out_dir: Path, stem: str, draw: Callable[[dict[str, Any], Path], Any],
+                  render: Callable[..., str]) -> dict[str, Path]:
+    """``<stem>.json``, ``<stem>.png`` (``draw``) and ``<stem>.md`` (``render``, linking the chart) of a sweep's or a
+    ROK curve's document under ``out_dir``; returns their paths by kind."""
+    paths = {"json": out_dir / f"{stem}.json", "chart": out_dir / f"{stem}.png", "report": out_dir / f"{stem}.md"}
+    write_json(paths["json"], doc)
+    draw(doc, paths["chart"])
+    paths["report"].write_text(render(doc, chart=paths["chart"].name), encoding="utf-8")
+    return paths
+
+
 def elapsed_note(result: dict[str, Any]) -> str:
     return f" ({result['elapsed_s']:.0f} s)" if result.get("elapsed_s") is not None else ""
 
@@ -110,6 +121,7 @@ class Pipeline:
         self.mode, self.out_dir, self.launcher, self.resume = mode, out_dir, launcher, resume
         self.bar = tqdm(total=total, desc=mode, unit=unit, disable=not progress, dynamic_ncols=True)
         self.interrupted = False
+        self.devices: list[dict[str, Any]] = []  # the devices the workers reported, for timing_note
 
     def __enter__(self) -> Pipeline:
         return self
@@ -137,6 +149,8 @@ class Pipeline:
                 self.interrupted = True
                 result = complete(skipped(spec, "interrupted while running"))
         result["log"] = relative_path(result.get("log"), self.out_dir)
+        if result.get("device"):
+            self.devices.append(result["device"])
         return result
 
     def done(self, line: str) -> None:

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lightning_dos.bench.results import write_json
+
 #: Seconds rank 0 waits for its child ranks to exit after a successful run (they only have to leave).
 CHILD_EXIT_S = 60.0
 #: Seconds rank 0 gives its child ranks after its own failure (to write theirs), before stopping them.
@@ -34,17 +36,9 @@ def process_rank() -> int:
         return 0
 
 
-def failure_path(result_path: Path, rank: int) -> Path:
-    """Where rank ``rank`` (> 0) writes its failure: beside the result file."""
-    return Path(result_path).with_name(f"rank{rank}.failure.json")
-
-
 def write_failure(result_path: Path, rank: int, failure: dict[str, Any]) -> None:
-    """Record a non-zero rank's failure (status and one-line reason) for the parent."""
-    path = failure_path(result_path, rank)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"rank": rank, **failure}), encoding="utf-8")
-    os.replace(tmp, path)
+    """Record a non-zero rank's failure (status and one-line reason) for the parent, beside the result file."""
+    write_json(Path(result_path).with_name(f"rank{rank}.failure.json"), {"rank": rank, **failure})
 
 
 def read_failures(run_dir: Path) -> list[dict[str, Any]]:

@@ -1,54 +1,21 @@
-"""Owns report.md, a strategy comparison's markdown report, and what every mode's report shares.
+"""Owns report.md, a strategy comparison's markdown report, and its file names: ``report.md`` plus
+``<model>_<hardware>_<date>.md``.
 
 It formats results.json (:mod:`~lightning_dos.bench.results`) and computes nothing new, so the report and the JSON
-always agree. The hardware and versions sections and the number formats are shared with sweep.md and rok.md. Also
-owns the report's file names: ``report.md`` plus ``<model>_<hardware>_<date>.md``.
+always agree. The hardware and versions sections and the number formats are :mod:`~lightning_dos.bench.markdown`'s,
+shared with sweep.md and rok.md.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from typing import Any
 
+from lightning_dos.bench import markdown as md
 from lightning_dos.bench.config import HOST_KEYS
 from lightning_dos.bench.kinds import BASELINE, KINDS
 from lightning_dos.planning.planner import RESIDENT_BYTES_PER_PARAM
-
-MISSING = "–"
-
-
-def _num(value: float | None, digits: int = 1) -> str:
-    if value is None:
-        return MISSING
-    return f"{value:,.{digits}f}"
-
-
-def _ratio(value: float | None) -> str:
-    return MISSING if value is None else f"{value:.2f}x"
-
-
-def _sig(value: float | None) -> str:
-    return MISSING if value is None else f"{value:.3g}"
-
-
-def _scaled(value: float, unit: str) -> str:
-    """``2.8e9`` -> ``2.80 B``-style with K/M/B/T prefixes (``unit`` appended)."""
-    for factor, prefix in ((1e12, "T"), (1e9, "B" if not unit else "G"), (1e6, "M"), (1e3, "K")):
-        if abs(value) >= factor:
-            return f"{value / factor:.3g} {prefix}{unit}"
-    return f"{value:.3g} {unit}".rstrip()
-
-
-def _sci(value: float | None) -> str:
-    return MISSING if value is None else f"{value:.2e}"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in rows]
-    return lines
 
 
 def hardware_slug(hardware: dict[str, Any]) -> str:
@@ -66,64 +33,6 @@ def report_name(doc: dict[str, Any]) -> str:
     return f"{model}_{hardware_slug(doc['hardware'])}_{doc['date'][:10]}.md"
 
 
-def _devices_text(devices: Sequence[int]) -> str:
-    """``one``, or ``1 and 2 (--devices)``: how many devices each configuration ran on."""
-    counts = [str(d) for d in devices]
-    if counts == ["1"]:
-        return "one"
-    return (", ".join(counts[:-1]) + " and " + counts[-1] if len(counts) > 1 else counts[0]) + " (--devices)"
-
-
-def _hardware_lines(hw: dict[str, Any], devices: Sequence[int] = (1,)) -> list[str]:
-    if hw.get("gpu_count"):
-        gpu = f"{hw['gpu_count']} x {hw.get('gpu_name') or 'unknown GPU'}"
-        if hw.get("gpu_memory_gib"):
-            gpu += f", {hw['gpu_memory_gib']:.1f} GiB each"
-        if hw.get("gpu_driver"):
-            gpu += f" (driver {hw['gpu_driver']})"
-        gpu += f"; each configuration uses {_devices_text(devices)}"
-    else:
-        gpu = "none (accelerator: CPU)"
-    cores = (f"{hw.get('cpu_cores_physical')} physical / {hw.get('cpu_cores_logical')} logical cores, "
-             f"{hw.get('cpu_cores_available')} available to the bench")
-    pcie = hw.get("pcie")
-    if pcie:
-        link = f"Gen {pcie.get('pcie_gen') or '?'} x{pcie.get('pcie_width') or '?'}"
-        link += f" (max Gen {pcie.get('pcie_gen_max') or '?'} x{pcie.get('pcie_width_max') or '?'}"
-        link += f"; from {pcie['source']}; an idle GPU may report a lower current generation)"
-    else:
-        link = "not readable (no nvidia-smi, no NVIDIA device in /sys)"
-    rows = [
-        ("GPU", gpu),
-        ("CPU", f"{hw.get('cpu_model') or 'unknown'}"),
-        ("CPU cores", cores),
-        ("Host RAM", f"{_num(hw.get('host_ram_gib'))} GiB"),
-        ("PCIe (first GPU)", link),
-        ("Platform", str(hw.get("platform"))),
-    ]
-    return _table(("", ""), rows)
-
-
-def _environment_lines(doc: dict[str, Any]) -> list[str]:
-    """The hardware and versions sections of either report."""
-    versions = doc["versions"]
-    lines = ["## Hardware", ""]
-    lines += _hardware_lines(doc["hardware"], doc["config"].get("devices") or [1])
-    lines += ["", "## Versions", ""]
-    lines += _table(tuple(versions), [tuple(str(v) if v is not None else MISSING for v in versions.values())])
-    return lines
-
-
-def _model_text(model: dict[str, Any]) -> str:
-    """The model's shape, parameters and FLOPs per token (a module other than the GPT: its class)."""
-    if not model.get("params"):
-        return str(model.get("preset"))
-    return (f"{model['preset']} ({model['style']}): {model['n_layer']} layers, n_embd {model['n_embd']}, "
-            f"{model['n_head']} heads ({model['n_kv_head']} kv), MLP {model['intermediate_size']}, "
-            f"vocab {model['vocab_size']}; {_scaled(model['params'], '')} parameters ({model['params']:,}), "
-            f"{_scaled(model['flops_per_token'], 'FLOP')} per token (model FLOPs, recomputation not counted)")
-
-
 def _config_lines(doc: dict[str, Any]) -> list[str]:
     cfg = doc["config"]
     on_off = {True: "on", False: "off", None: "the recipe's"}
@@ -131,23 +40,20 @@ def _config_lines(doc: dict[str, Any]) -> list[str]:
     lines = [f"- Recipe: {recipe}"
              ", then each configuration's strategy fragment and the flags given, as `lightning-dos fit` composes "
              "them (each run's command is the first line of its `worker.log`)",
-             f"- Model: {_model_text(doc['model'])}",
+             f"- Model: {md.model_text(doc['model'])}",
              f"- Batch: micro-batch {cfg['micro_batch']} x seq {cfg['seq_len']} = "
              f"{cfg['micro_batch'] * cfg['seq_len']:,} tokens per iteration per device"
              + ("" if (cfg.get("devices") or [1]) == [1] else
-                f"; on {_devices_text(cfg['devices'])} devices, data parallel: a row at N devices trains N times "
+                f"; on {md.devices_text(cfg['devices'])} devices, data parallel: a row at N devices trains N times "
                 "that per iteration, one micro-batch per rank"),
              f"- Precision {cfg['precision']}, activation checkpointing {on_off[cfg.get('activation_checkpointing')]}",
              f"- Data: {cfg['data']}, seed {cfg['seed']} (same model init, data and order for every configuration"
              f"{_host_init_text(cfg)}); AdamW lr {cfg['learning_rate']}", ""]
-    rows = [(r["label"], f"`{r['strategy_config']}`" if r.get("strategy_config") else MISSING,
+    rows = [(r["label"], f"`{r['strategy_config']}`" if r.get("strategy_config") else md.MISSING,
              ", ".join(f"{k}={v}" for k, v in (r.get("strategy_args") or {}).items()) or "none")
             for r in doc["results"]]
-    lines += _table(("configuration", "strategy fragment", "set over it"), rows)
-    lines += ["", "Full configuration (as in results.json):", "", "```json"]
-    lines += json.dumps(cfg, indent=2).splitlines()
-    lines.append("```")
-    return lines
+    lines += md.table(("configuration", "strategy fragment", "set over it"), rows)
+    return lines + ["", "Full configuration (as in results.json):", "", *md.json_block(cfg)]
 
 
 def _host_init_text(cfg: dict[str, Any]) -> str:
@@ -190,25 +96,26 @@ def _measurement_lines(doc: dict[str, Any]) -> list[str]:
 def _with_spread(r: dict[str, Any], key: str) -> str:
     """A median with its p25-p75 spread."""
     spread = (r.get("spread") or {}).get(key)
-    return _num(r.get(key)) + (f" ({_num(spread['p25'])}-{_num(spread['p75'])})" if spread else "")
+    return md.num(r.get(key)) + (f" ({md.num(spread['p25'])}-{md.num(spread['p75'])})" if spread else "")
 
 
 def _e2e_table(results: Sequence[dict[str, Any]]) -> list[str]:
     """The headline table: end-to-end iteration, tokens/s, peak memory and the end-to-end speedup."""
-    return _table(("configuration", "status", "iteration ms (p25-p75)", "tokens/s", "devices", "peak GPU GiB",
-                   "peak host GiB", f"vs {BASELINE}"),
-                  [(r["label"], r["status"], _with_spread(r, "e2e_iteration_ms"), _num(r.get("e2e_tokens_per_s"), 0),
-                    str(r.get("devices", 1)), _num(r["peak_gpu_gib"], 2), _num(r["peak_host_gib"], 2),
-                    _ratio((r.get("speedup_vs_zero3_offload") or {}).get("e2e_iteration"))) for r in results])
+    return md.table(("configuration", "status", "iteration ms (p25-p75)", "tokens/s", "devices", "peak GPU GiB",
+                     "peak host GiB", f"vs {BASELINE}"),
+                    [(r["label"], r["status"], _with_spread(r, "e2e_iteration_ms"),
+                      md.num(r.get("e2e_tokens_per_s"), 0), str(r.get("devices", 1)), md.num(r["peak_gpu_gib"], 2),
+                      md.num(r["peak_host_gib"], 2),
+                      md.ratio((r.get("speedup_vs_zero3_offload") or {}).get("e2e_iteration"))) for r in results])
 
 
 def _results_table(results: Sequence[dict[str, Any]]) -> list[str]:
-    return _table(("configuration", "status", "fwd ms", "bwd ms", "step ms", "iteration ms (p25-p75)", "tokens/s",
-                   "devices", "TFLOP/s", "peak GPU GiB", "peak host GiB", "final loss"),
-                  [(r["label"], r["status"], _num(r["fwd_ms"]), _num(r["bwd_ms"]), _num(r["step_ms"]),
-                    _with_spread(r, "iteration_ms"), _num(r["tokens_per_s"], 0), str(r.get("devices", 1)),
-                    _sig(r["tflops_per_s"]), _num(r["peak_gpu_gib"], 2), _num(r["peak_host_gib"], 2),
-                    _num(r["final_loss"], 4)) for r in results])
+    return md.table(("configuration", "status", "fwd ms", "bwd ms", "step ms", "iteration ms (p25-p75)", "tokens/s",
+                     "devices", "TFLOP/s", "peak GPU GiB", "peak host GiB", "final loss"),
+                    [(r["label"], r["status"], md.num(r["fwd_ms"]), md.num(r["bwd_ms"]), md.num(r["step_ms"]),
+                      _with_spread(r, "iteration_ms"), md.num(r["tokens_per_s"], 0), str(r.get("devices", 1)),
+                      md.sig(r["tflops_per_s"]), md.num(r["peak_gpu_gib"], 2), md.num(r["peak_host_gib"], 2),
+                      md.num(r["final_loss"], 4)) for r in results])
 
 
 def _phase_peak_lines(results: Sequence[dict[str, Any]]) -> list[str]:
@@ -220,16 +127,16 @@ def _phase_peak_lines(results: Sequence[dict[str, Any]]) -> list[str]:
             continue
         measured = {phase: v for phase, v in by_phase.items() if v is not None}
         top = max(measured, key=measured.__getitem__) if measured else None
-        rows.append((r["label"], *(_num(by_phase.get(phase), 2) for phase in ("fwd", "bwd", "step")),
-                     _num(r.get("peak_gpu_gib"), 2), top or "-"))
+        rows.append((r["label"], *(md.num(by_phase.get(phase), 2) for phase in ("fwd", "bwd", "step")),
+                     md.num(r.get("peak_gpu_gib"), 2), top or "-"))
     if not rows:
         return []
     lines = ["", "### Peak GPU memory by phase", "",
              "The largest allocated GPU memory in each phase of the synchronised iterations (the peak is reset at "
              "every phase boundary; the step runs from the backward's end to the iteration's). With `overlap` the "
              "update's memory is in the next forward's and backward's.", ""]
-    return lines + _table(("configuration", "fwd GiB", "bwd GiB", "step GiB", "whole run GiB", "highest phase"),
-                          rows)
+    return lines + md.table(("configuration", "fwd GiB", "bwd GiB", "step GiB", "whole run GiB", "highest phase"),
+                            rows)
 
 
 def _speedup_lines(results: Sequence[dict[str, Any]], base: dict[str, Any] | None) -> list[str]:
@@ -240,19 +147,20 @@ def _speedup_lines(results: Sequence[dict[str, Any]], base: dict[str, Any] | Non
         s, loss = r.get("speedup_vs_zero3_offload"), r.get("loss_vs_zero3_offload")
         if not s:
             continue
-        rows.append((r["label"], _ratio(s.get("e2e_iteration")), _ratio(s["iteration"]), _ratio(s["step"]),
-                     _ratio(s["bwd"]), _ratio(s.get("peak_gpu"))))
-        loss_rows.append((r["label"], _num(r["final_loss"], 6), _sci(loss["final_abs_diff"]),
-                          _sci(loss["final_rel_diff"]), _sci(loss["max_abs_diff"]), str(loss["iterations_compared"])))
+        rows.append((r["label"], md.ratio(s.get("e2e_iteration")), md.ratio(s["iteration"]), md.ratio(s["step"]),
+                     md.ratio(s["bwd"]), md.ratio(s.get("peak_gpu"))))
+        loss_rows.append((r["label"], md.num(r["final_loss"], 6), md.sci(loss["final_abs_diff"]),
+                          md.sci(loss["final_rel_diff"]), md.sci(loss["max_abs_diff"]),
+                          str(loss["iterations_compared"])))
     lines = [f"`{BASELINE}`'s time over each configuration's at the same device count (> 1: faster than vanilla "
              f"offload), end to end then synchronised; and its peak GPU memory over `{BASELINE}`'s (< 1: less).", ""]
-    lines += _table(("configuration", "e2e iteration", "iteration (sync)", "step (sync)", "bwd (sync)",
-                     "peak GPU memory"), rows)
+    lines += md.table(("configuration", "e2e iteration", "iteration (sync)", "step (sync)", "bwd (sync)",
+                       "peak GPU memory"), rows)
     lines += ["", "## Loss agreement vs zero3_offload", "",
               "Same seed, data and initial weights: a difference comes from the update path (CPU Adam or fused GPU "
               "Adam, reduced precision).", ""]
-    lines += _table(("configuration", "final loss", "abs diff", "rel diff", "max abs diff (all iterations)",
-                     "iterations"), loss_rows)
+    lines += md.table(("configuration", "final loss", "abs diff", "rel diff", "max abs diff (all iterations)",
+                       "iterations"), loss_rows)
     return lines
 
 
@@ -269,19 +177,16 @@ def _dos_lines(results: Sequence[dict[str, Any]]) -> list[str]:
         if not d:
             continue
         rows.append((r["label"], d["plan"] + ("" if d["active"] else " (inactive: DeepSpeed's host update ran)"),
-                     _subgroups_cell(d), _num(d["device_fraction"], 2), _num(d["update_ms"]),
-                     _num(d["host_busy_ms"]), _num(d["device_busy_ms"]), _num(d["h2d_gb"], 2), _num(d["d2h_gb"], 2),
-                     str(d["demoted_subgroups_max"]), _num(d.get("device_buffer_gib"), 2),
-                     _num(RESIDENT_BYTES_PER_PARAM * (d.get("resident_params") or 0) / 1024**3, 2)))
-    if not rows:
-        return []
-    lines = ["## DOS update phase", "",
-             "Medians over the synchronised iterations' update phases, from the strategy's records: update = both "
-             "lanes' makespan, busy = each lane's compute, GB moved per step, buffers = the executor's GPU memory, "
-             "resident = the resident subgroups' state.", ""]
-    return lines + _table(("configuration", "plan", "subgroups", "device fraction", "update ms", "host busy ms",
-                           "device busy ms", "H2D GB", "D2H GB", "demoted (max)", "buffers GiB", "resident GiB"),
-                          rows) + [""]
+                     _subgroups_cell(d), md.num(d["device_fraction"], 2), md.num(d["update_ms"]),
+                     md.num(d["host_busy_ms"]), md.num(d["device_busy_ms"]), md.num(d["h2d_gb"], 2),
+                     md.num(d["d2h_gb"], 2),
+                     str(d["demoted_subgroups_max"]), md.num(d.get("device_buffer_gib"), 2),
+                     md.num(RESIDENT_BYTES_PER_PARAM * (d.get("resident_params") or 0) / 1024**3, 2)))
+    return md.section("DOS update phase", "Medians over the synchronised iterations' update phases, from the "
+                      "strategy's records: update = both lanes' makespan, busy = each lane's compute, GB moved per "
+                      "step, buffers = the executor's GPU memory, resident = the resident subgroups' state.",
+                      ("configuration", "plan", "subgroups", "device fraction", "update ms", "host busy ms",
+                       "device busy ms", "H2D GB", "D2H GB", "demoted (max)", "buffers GiB", "resident GiB"), rows)
 
 
 def _host_thread_lines(results: Sequence[dict[str, Any]]) -> list[str]:
@@ -290,14 +195,11 @@ def _host_thread_lines(results: Sequence[dict[str, Any]]) -> list[str]:
         h = r.get("host_threads") or {}
         if not any(v is not None for v in h.values()):
             continue
-        rows.append((r["label"], *(_num(h.get(key), 0 if key.endswith("preempted") else 1) for key in HOST_KEYS)))
-    if not rows:
-        return []
-    lines = ["## Host threads", "",
-             "Medians over the synchronised iterations, per phase: CPU ms of the threads other than the training "
-             "thread, and the training thread's involuntary switches (other threads taking its core slow it).", ""]
+        rows.append((r["label"], *(md.num(h.get(key), 0 if key.endswith("preempted") else 1) for key in HOST_KEYS)))
     header = ("configuration", *(key.replace("_other_cpu_ms", " other CPU ms").replace("_", " ") for key in HOST_KEYS))
-    return lines + _table(header, rows) + [""]
+    return md.section("Host threads", "Medians over the synchronised iterations, per phase: CPU ms of the threads "
+                      "other than the training thread, and the training thread's involuntary switches (other threads "
+                      "taking its core slow it).", header, rows)
 
 
 def _failure_lines(results: Sequence[dict[str, Any]]) -> list[str]:
@@ -317,13 +219,13 @@ def _scaling_table(section: dict[str, Any]) -> list[str]:
     for row in section["rows"]:
         e2e, sync = row["speedup_e2e"], row["speedup_iteration"]
         tokens, tokens_sync = row["e2e_tokens_per_s"], row["tokens_per_s"]
-        rows.append((row["label"], str(row["devices"]), _ratio(e2e["reference"]), _ratio(e2e["at_n"]),
-                     _ratio(e2e["ratio"]), _ratio(sync["ratio"]), _num(tokens["reference"], 0), _num(tokens["at_n"], 0),
-                     _ratio(tokens["ratio"]), _ratio(tokens_sync["ratio"])))
+        rows.append((row["label"], str(row["devices"]), md.ratio(e2e["reference"]), md.ratio(e2e["at_n"]),
+                     md.ratio(e2e["ratio"]), md.ratio(sync["ratio"]), md.num(tokens["reference"], 0),
+                     md.num(tokens["at_n"], 0), md.ratio(tokens["ratio"]), md.ratio(tokens_sync["ratio"])))
     header = ("configuration", "devices N", f"vs {BASELINE} at {ref}", f"vs {BASELINE} at N", "kept (N / " + str(ref)
               + ")", "kept, synchronised", f"tokens/s at {ref}", "tokens/s at N", "tokens/s scaling",
               "scaling, synchronised")
-    return _table(header, rows)
+    return md.table(header, rows)
 
 
 def _rank_table(results: Sequence[dict[str, Any]]) -> list[str]:
@@ -333,14 +235,14 @@ def _rank_table(results: Sequence[dict[str, Any]]) -> list[str]:
             continue
         for rank in r.get("per_rank") or []:
             dos = rank.get("dos") or {}
-            rows.append((r["label"], str(rank["rank"]), _num(rank.get("e2e_iteration_ms")),
-                         _num(rank.get("iteration_ms")), _num(rank.get("peak_host_gib"), 2),
-                         _num(rank.get("peak_gpu_gib"), 2), _num(dos.get("update_ms")),
-                         _num(dos.get("device_fraction"), 2), _num(rank.get("final_loss"), 4)))
+            rows.append((r["label"], str(rank["rank"]), md.num(rank.get("e2e_iteration_ms")),
+                         md.num(rank.get("iteration_ms")), md.num(rank.get("peak_host_gib"), 2),
+                         md.num(rank.get("peak_gpu_gib"), 2), md.num(dos.get("update_ms")),
+                         md.num(dos.get("device_fraction"), 2), md.num(rank.get("final_loss"), 4)))
     if not rows:
         return []
-    return _table(("configuration", "rank", "e2e iteration ms", "iteration ms (sync)", "peak host GiB",
-                   "peak GPU GiB", "DOS update ms", "device fraction", "final loss"), rows)
+    return md.table(("configuration", "rank", "e2e iteration ms", "iteration ms (sync)", "peak host GiB",
+                     "peak GPU GiB", "DOS update ms", "device fraction", "final loss"), rows)
 
 
 def _data_parallel_lines(doc: dict[str, Any], rank_timelines: str | None) -> list[str]:
@@ -369,16 +271,13 @@ def render(doc: dict[str, Any], base: dict[str, Any] | None, chart: str | None =
            timeline: str | None = None, rank_timelines: str | None = None) -> str:
     """The markdown report of a results.json document; ``chart``, ``timeline`` and ``rank_timelines`` are the images
     to link, if any."""
-    hw, results = doc["hardware"], doc["results"]
-    device = hw.get("gpu_name") or "CPU"
-    lines = [f"# lightning-dos bench: {doc['config']['model']} on {device}", "",
-             f"Date: {doc['date']}", ""]
-    if doc.get("interrupted"):
-        lines += ["**The bench was interrupted**: configurations after the interruption were not run.", ""]
+    results = doc["results"]
+    lines = md.heading(doc, "bench", "**The bench was interrupted**: configurations after the interruption were not "
+                       "run.")
     if doc.get("reused"):
         lines += ["**Resumed** (`--resume`): measured by an earlier invocation with the same settings and reused here: "
                   + ", ".join(doc["reused"]) + ".", ""]
-    lines += _environment_lines(doc)
+    lines += md.environment_lines(doc)
     lines += ["", "## Configuration", ""]
     lines += _config_lines(doc)
     lines += ["", "## How it was measured", ""]

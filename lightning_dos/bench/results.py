@@ -50,7 +50,7 @@ def _worst(statuses: Sequence[str]) -> str:
     return max(statuses, key=lambda s: STATUSES.index(s) if s in STATUSES else len(STATUSES))
 
 
-def _pick(values: Sequence[Any] | None, indices: Sequence[int]) -> list[Any]:
+def pick(values: Sequence[Any] | None, indices: Sequence[int]) -> list[Any]:
     """``values`` at ``indices`` (those present)."""
     values = values or []
     return [values[i] for i in indices if i < len(values)]
@@ -76,7 +76,7 @@ def _dos_steps(runs: Sequence[dict[str, Any]], indices: Sequence[int]) -> list[d
         record_steps = r["dos"]["steps"]
         ran = len((r.get("iterations") or {}).get("iteration_ms") or [])
         aligned = len(record_steps) == ran  # one update phase per iteration: the records follow the iterations
-        steps += _pick(record_steps, indices) if aligned else record_steps[min(indices, default=0):]
+        steps += pick(record_steps, indices) if aligned else record_steps[min(indices, default=0):]
     return steps
 
 
@@ -112,19 +112,14 @@ def summarize_dos(runs: Sequence[dict[str, Any]], indices: Sequence[int]) -> dic
 def summarize_host_threads(ok: Sequence[dict[str, Any]], indices: Sequence[int]) -> dict[str, float | None]:
     """Medians over iterations ``indices`` of the other threads' CPU ms and the training thread's involuntary
     switches, per phase."""
-    out: dict[str, float | None] = {}
-    for key in HOST_KEYS:
-        values = [v for r in ok for v in _pick(r["iterations"].get(key), indices)
-                  if v is not None and math.isfinite(v)]
-        out[key] = median(values) if values else None
-    return out
+    return {key: median([v for r in ok for v in pick(r["iterations"].get(key), indices)]) for key in HOST_KEYS}
 
 
 def summarize_phase_peaks(ok: Sequence[dict[str, Any]], indices: Sequence[int]) -> dict[str, float | None] | None:
     """The largest peak GPU GiB of each phase over the synchronised iterations of every rank; None off a GPU."""
     out: dict[str, float | None] = {}
     for key in PHASE_PEAKS:
-        values = [v for r in ok for e in rank_entries(r) for v in _pick((e.get("iterations") or {}).get(key), indices)
+        values = [v for r in ok for e in rank_entries(r) for v in pick((e.get("iterations") or {}).get(key), indices)
                   if v is not None and math.isfinite(v)]
         out[key.removesuffix("_peak_gpu_gib")] = max(values) if values else None
     return out if any(v is not None for v in out.values()) else None
@@ -163,7 +158,7 @@ def summarize_ranks(ok: Sequence[dict[str, Any]], config: BenchConfig) -> list[d
     out = []
     for rank, entries in sorted(by_rank.items()):
         iterations = [e.get("iterations") or {} for e in entries]
-        synchronised = [v for it in iterations for v in _pick(it.get("iteration_ms"), indices)
+        synchronised = [v for it in iterations for v in pick(it.get("iteration_ms"), indices)
                         if v is not None and math.isfinite(v)]
         e2e = [v for it in iterations for v in e2e_samples(it, config)]
         with_dos = [e for e in entries if e.get("dos")]
@@ -218,7 +213,7 @@ def aggregate(spec: RunSpec, runs: Sequence[dict[str, Any]], config: BenchConfig
     result["e2e_measured_iterations"] = 0 if e2e is None else e2e.n
     # phase by phase: the synchronised iterations only
     phase_indices = config.phase_iterations
-    spreads = {phase: spread([v for r in ok for v in _pick(r["iterations"][phase], phase_indices)])
+    spreads = {phase: spread([v for r in ok for v in pick(r["iterations"][phase], phase_indices)])
                for phase in PHASES}
     for phase in PHASES:
         result[phase] = None if spreads[phase] is None else spreads[phase].median
@@ -252,7 +247,7 @@ def aggregate(spec: RunSpec, runs: Sequence[dict[str, Any]], config: BenchConfig
             "elapsed_s": r.get("elapsed_s"),
             "log": r.get("log"),
             "e2e_iteration_ms": median(e2e_samples(r["iterations"], config)) if r.get("iterations") else None,
-            "iteration_ms": median(_pick(r["iterations"]["iteration_ms"], phase_indices))
+            "iteration_ms": median(pick(r["iterations"]["iteration_ms"], phase_indices))
             if r.get("iterations") else None,
             "final_loss": r["iterations"]["loss"][-1] if r.get("iterations") else None,
         }

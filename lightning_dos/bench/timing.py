@@ -182,4 +182,3 @@ class PhaseTimer(pl.Callback):
             "update_index": update,
             "update_start_ms": None if update is None else (self.update_starts[update] - start) * 1e3,
         }
-

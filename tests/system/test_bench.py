@@ -1106,9 +1106,9 @@ def test_the_report_and_the_rank_timelines_of_a_data_parallel_bench(tmp_path: Pa
     assert "## Data parallel" in report and "](rank_timelines.png)" in report
     assert "| dos(auto) | 2 | 1.00x | 1.00x | 1.00x |" in report  # the scaling table: at 1, at N, kept
     assert "| dos(auto)@dp2 | 1 | 100.0 | 8.0 | 2.00 |" in report  # rank 1's own figures
-    from lightning_dos.bench import report as reports
+    from lightning_dos.bench.markdown import hardware_lines
 
-    gpus = "\n".join(reports._hardware_lines({"gpu_count": 2, "gpu_name": "H200"}, [1, 2]))
+    gpus = "\n".join(hardware_lines({"gpu_count": 2, "gpu_name": "H200"}, [1, 2]))
     assert "2 x H200; each configuration uses 1 and 2 (--devices)" in gpus
     # one device count: no section, no figure, no link
     single = BenchConfig(**{**config.to_dict(), "devices": [1], "out": str(tmp_path / "one")})

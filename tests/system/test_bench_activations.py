@@ -271,7 +271,7 @@ def test_the_meter_resets_the_gpu_peak_each_forward_and_keeps_the_process_peak(
     assert meter.device_bytes == [300, 700]
     assert meter.accounting_bytes == [None, None] and meter.counters == [None, None]  # no hooks
     # the peak before the first reset (model set-up) is not lost
-    assert meter.process_peaks() == {"allocated": 5000, "reserved": 6000}
+    assert meter.peaks.process_peaks() == {"peak_gpu_gib": 5000 / 1024**3, "peak_gpu_reserved_gib": 6000 / 1024**3}
 
 
 # --- the harness, with a fake launcher ----------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_dos.bench.chart import plt, save, workload_title
-from lightning_dos.bench.rok.report import UNITS, format_bytes
+from lightning_dos.bench.rok.report import byte_unit, format_bytes
 
 __all__ = ["COLOURS", "render"]
 
@@ -39,18 +39,10 @@ def _ticks(values: set[int]) -> list[int]:
     return kept
 
 
-def _unit(largest: float) -> tuple[str, float]:
-    """The unit that shows ``largest`` bytes best."""
-    for unit, size in UNITS:
-        if largest >= size:
-            return unit, float(size)
-    return "B", 1.0
-
-
 def _curve(ax: Any, doc: dict[str, Any]) -> None:
     points = [p for p in doc["placements"] if p["status"] == "ok" and p.get("headline_ms") is not None
               and p.get("peak_activation_bytes") is not None]
-    unit, size = _unit(max((p["peak_activation_bytes"] for p in points), default=0))
+    unit, size = byte_unit(max((p["peak_activation_bytes"] for p in points), default=0))
     for p in points:
         x, y = p["peak_activation_bytes"] / size, p["headline_ms"]
         colour = COLOURS.get(p["placement"], "black")
@@ -76,7 +68,7 @@ def _curve(ax: Any, doc: dict[str, Any]) -> None:
 
 def _budget(ax: Any, budget: dict[str, Any]) -> None:
     peaks = [p["peak_bytes"] for s in budget["searches"] for p in s["probes"] if p.get("peak_bytes") is not None]
-    unit, size = _unit(max(peaks + [budget["budget_bytes"]]))
+    unit, size = byte_unit(max(peaks + [budget["budget_bytes"]]))
     top = max(peaks + [budget["budget_bytes"]]) / size * 1.15
     tried: set[int] = set()
     for s in budget["searches"]:

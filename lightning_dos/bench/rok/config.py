@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_dos.activations.options import DEFAULT_KEEP_LAST_LAYERS, DEFAULT_MIN_TENSOR_BYTES
+from lightning_dos.bench import checks
 from lightning_dos.bench.config import BenchConfig
 from lightning_dos.bench.kinds import RunSpec, plan_argument
 
@@ -122,15 +123,8 @@ class RokConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` listing every setting this invocation cannot run (the bench settings' included)."""
-        problems = []
-        try:
-            self.bench.validate()
-        except ValueError as err:
-            problems.append(str(err))
-        problems += self._placement_problems()
-        if list(self.bench.devices) != [1]:
-            problems.append(f"--devices: {self.bench.devices!r}; --activations runs on one device: drop --devices or "
-                            "set --devices 1")
+        problems = checks.problems_of(self.bench.validate) + self._placement_problems()
+        problems += checks.one_device_problems(self.bench.devices, "--devices", "--activations")
         if len(self.bench.strategies) != 1 or self.strategy not in ROK_STRATEGIES:
             problems.append(f"--strategies: {self.bench.strategies!r}; --activations runs under one strategy: set "
                             f"--strategies to one of {', '.join(ROK_STRATEGIES)} (default {DEFAULT_STRATEGY})")
@@ -142,14 +136,13 @@ class RokConfig:
                                    ("--activation-keep-last-layers", self.keep_last_layers, 0),
                                    ("--max-micro-batch", self.max_micro_batch, 1),
                                    ("--disk-probe-mib", self.disk_probe_mib, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            if not checks.is_count(value, least):
                 problems.append(f"{flag}: {value!r} must be an integer >= {least}")
         if (isinstance(self.max_micro_batch, int) and isinstance(self.bench.micro_batch, int)
                 and self.budget_gib is not None and self.max_micro_batch < self.bench.micro_batch):
             problems.append(f"--max-micro-batch: {self.max_micro_batch} is below --micro-batch "
                             f"{self.bench.micro_batch}; set it to at least the micro-batch the search starts from")
-        if problems:
-            raise ValueError("; ".join(problems))
+        checks.raise_problems("", problems)
 
     def _placement_problems(self) -> list[str]:
         if not self.placements:
@@ -159,9 +152,9 @@ class RokConfig:
         if unknown:
             problems.append(f"--activations: unknown placement(s) {', '.join(map(repr, unknown))}; choose from "
                             f"{', '.join(PLACEMENTS)}")
-        repeated = sorted({name for name in self.placements if self.placements.count(name) > 1})
-        if repeated:
-            problems.append(f"--activations: {', '.join(repeated)} given more than once; give each placement once")
+        if checks.repeated(self.placements):
+            problems.append(f"--activations: {', '.join(checks.repeated(self.placements))} given more than once; give "
+                            "each placement once")
         return problems
 
     def _plan_problems(self) -> list[str]:
@@ -177,11 +170,7 @@ class RokConfig:
         if len(plans) != 1:
             return [f"--plans: {' '.join(plans) or 'none'}; --activations runs every placement under one DOS plan: "
                     "give one (default auto)"]
-        try:
-            parse_plan(plan_argument(plans[0]))
-        except ValueError as err:
-            return [f"--plans: {err}"]
-        return []
+        return [f"--plans: {err}" for err in checks.problems_of(lambda: parse_plan(plan_argument(plans[0])))]
 
     def _nvme_problems(self) -> list[str]:
         """``--nvme-path`` is needed by ``offload-nvme`` (an existing, writable directory with room) and by nothing
@@ -198,8 +187,5 @@ class RokConfig:
             return ["--nvme-path: offload-nvme writes the activations to files; set --nvme-path to an existing, "
                     "writable directory on a local NVMe disk (or drop offload-nvme from --activations)"]
         probe = self.disk_probe_mib if isinstance(self.disk_probe_mib, int) else 0
-        try:
-            check_nvme_path(self.nvme_path, key="--nvme-path", min_free_bytes=MIN_FREE_DISK_BYTES + probe * 2**20)
-        except ValueError as err:
-            return [str(err)]
-        return []
+        free = MIN_FREE_DISK_BYTES + probe * 2**20
+        return checks.problems_of(lambda: check_nvme_path(self.nvme_path, key="--nvme-path", min_free_bytes=free))

@@ -13,8 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from lightning_dos.bench.launcher import launch
-from lightning_dos.bench.pipeline import Launcher, Pipeline, elapsed_note, prepare, timing_note, uses_gpu
-from lightning_dos.bench.results import write_json
+from lightning_dos.bench.pipeline import (
+    Launcher,
+    Pipeline,
+    elapsed_note,
+    prepare,
+    timing_note,
+    uses_gpu,
+    write_outputs,
+)
 from lightning_dos.bench.rok import chart, report
 from lightning_dos.bench.rok.config import PLACEMENTS, RokConfig
 from lightning_dos.bench.rok.disk import measure_disk
@@ -23,19 +30,14 @@ from lightning_dos.bench.rok.results import GIB, compare_to_keep, placement_summ
 from lightning_dos.bench.rok.search import Probe, search_micro_batch
 from lightning_dos.telemetry.environment import versions
 
-__all__ = ["dry_run_text", "run_rok", "write_outputs"]
+__all__ = ["dry_run_text", "run_rok"]
 
 
-class _Runs:
-    """The worker runs of one invocation: a placement's, or a search probe's at another micro-batch."""
-
-    def __init__(self, rok: RokConfig, out_dir: Path, on_gpu: bool) -> None:
-        self.rok, self.out_dir, self.on_gpu = rok, out_dir, on_gpu
-
-    def run(self, pipeline: Pipeline, name: str, micro_batch: int | None = None) -> dict[str, Any]:
-        spec = self.rok.spec(name, micro_batch)
-        return pipeline.run(self.rok.run_config(name, micro_batch), spec, self.out_dir / "runs" / spec.slug,
-                            {"activations": self.rok.worker_settings(name, self.on_gpu)})
+def _run(pipeline: Pipeline, rok: RokConfig, on_gpu: bool, name: str, micro_batch: int | None = None) -> dict[str, Any]:
+    """The worker run of placement ``name``, or its search probe at ``micro_batch``."""
+    spec = rok.spec(name, micro_batch)
+    return pipeline.run(rok.run_config(name, micro_batch), spec, pipeline.out_dir / "runs" / spec.slug,
+                        {"activations": rok.worker_settings(name, on_gpu)})
 
 
 def placement_line(index: int, total: int, summary: dict[str, Any]) -> str:
@@ -63,14 +65,14 @@ def probe_line(name: str, probe: Probe, budget_gib: float) -> str:
             f"{probe.tokens_per_s or 0:,.0f} tokens/s{elapsed_note(probe.to_dict())}")
 
 
-def _search(rok: RokConfig, runs: _Runs, pipeline: Pipeline, name: str, own: dict[str, Any]) -> dict[str, Any]:
+def _search(rok: RokConfig, on_gpu: bool, pipeline: Pipeline, name: str, own: dict[str, Any]) -> dict[str, Any]:
     """The micro-batch search of placement ``name``; ``own`` is its run's raw result (the starting micro-batch)."""
     assert rok.budget_gib is not None
     budget = rok.budget_gib * GIB
     known = probe_of(own, rok.run_config(name), budget, source="placement run")
 
     def probe(micro_batch: int) -> Probe:
-        answer = probe_of(runs.run(pipeline, name, micro_batch), rok.run_config(name, micro_batch), budget)
+        answer = probe_of(_run(pipeline, rok, on_gpu, name, micro_batch), rok.run_config(name, micro_batch), budget)
         pipeline.done(probe_line(name, answer, rok.budget_gib or 0.0))
         return answer
 
@@ -106,11 +108,9 @@ def run_rok(rok: RokConfig, out_dir: Path, launcher: Launcher = launch, progress
     disk = None
     if "offload-nvme" in rok.placements and rok.nvme_path and rok.disk_probe_mib > 0:
         disk = disk_meter(rok.nvme_path, rok.disk_probe_mib, progress=progress)
-    runs = _Runs(rok, out_dir, on_gpu)
     summaries: list[dict[str, Any]] = []
     raw: dict[str, dict[str, Any]] = {}
     searches: list[dict[str, Any]] = []
-    devices: list[dict[str, Any]] = []
 
     def document(interrupted: bool) -> dict[str, Any]:
         compare_to_keep(summaries)
@@ -119,16 +119,14 @@ def run_rok(rok: RokConfig, out_dir: Path, launcher: Launcher = launch, progress
                            timing_note(resolved, hardware, devices), disk, budget_section(rok, searches, measure),
                            interrupted, resolved)
         doc["placements_planned"] = list(rok.placements)
-        write_outputs(doc, out_dir)
+        write_outputs(doc, out_dir, "rok", chart.render, report.render)
         return doc
 
     total = len(rok.placements)
     with Pipeline("rok", "placement", out_dir, total, launcher, resume, progress) as pipeline:
+        devices = pipeline.devices  # the placement runs' report how the phases were timed
         for index, name in enumerate(rok.placements, start=1):
-            result = runs.run(pipeline, name)
-            raw[name] = result
-            if result.get("device"):
-                devices.append(result["device"])
+            raw[name] = result = _run(pipeline, rok, on_gpu, name)
             summary = placement_summary(name, result, rok.run_config(name))
             summaries.append(summary)
             pipeline.done(placement_line(index, total, summary))
@@ -137,19 +135,10 @@ def run_rok(rok: RokConfig, out_dir: Path, launcher: Launcher = launch, progress
     if rok.budget_gib is not None and not interrupted:
         with Pipeline("budget search", "probe", out_dir, None, launcher, resume, progress) as pipeline:
             for name in rok.placements:
-                searches.append(_search(rok, runs, pipeline, name, raw[name]))
+                searches.append(_search(rok, on_gpu, pipeline, name, raw[name]))
                 document(pipeline.interrupted)
             interrupted = pipeline.interrupted
     return document(interrupted)
-
-
-def write_outputs(doc: dict[str, Any], out_dir: Path) -> dict[str, Path]:
-    """rok.json, rok.png and rok.md; returns their paths by kind."""
-    paths = {"json": out_dir / "rok.json", "chart": out_dir / "rok.png", "report": out_dir / "rok.md"}
-    write_json(paths["json"], doc)
-    chart.render(doc, paths["chart"])
-    paths["report"].write_text(report.render(doc, chart=paths["chart"].name), encoding="utf-8")
-    return paths
 
 
 def dry_run_text(rok: RokConfig) -> str:

@@ -2,7 +2,8 @@
 Lightning callback placed after the :class:`~lightning_dos.activations.ActivationOffloadCallback`.
 
 Two measures: **device** (on a GPU), the allocator's peak over forward and backward less what was allocated when the
-forward started (the peak is reset at every batch's start; the process's own peak is kept aside); **accounting**
+forward started (the peak is reset at every batch's start; a :class:`~lightning_dos.telemetry.peak_memory.GpuPeakMeter`
+keeps the process's own across the resets); **accounting**
 (wherever the offload's hooks run, the only one off a GPU), the offload's ``act/device_peak_bytes``: the saved tensors
 held on the device at once, which under checkpointing sees each block's input, not what a block recomputes.
 """
@@ -17,10 +18,9 @@ import torch
 from lightning_dos.bench.config import BenchConfig
 from lightning_dos.bench.kinds import RunSpec
 from lightning_dos.bench.measure import dos_records, fit_and_measure
+from lightning_dos.telemetry.peak_memory import GpuPeakMeter
 
 __all__ = ["ActivationMemoryMeter", "execute_placement"]
-
-GIB = 1024**3
 
 
 class ActivationMemoryMeter(pl.Callback):
@@ -36,24 +36,24 @@ class ActivationMemoryMeter(pl.Callback):
         """Per iteration: the offload's ``act/device_peak_bytes`` (None without hooks)."""
         self.counters: list[dict[str, float] | None] = []
         """Per iteration: the offload's ``act/*`` counters (None without hooks)."""
+        self.peaks = GpuPeakMeter()
+        """The process's peak GPU memory, across the meter's resets (inert off a GPU)."""
         self._device: torch.device | None = None
         self._start: int | None = None
         self._peak: int | None = None
-        self._process_allocated = 0
-        self._process_reserved = 0
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         device = trainer.strategy.root_device
         self._device = device if device.type == "cuda" else None
+        self.peaks.bind(device)
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         self._peak = None
         if self._device is None:
             return
-        self._keep_process_peaks()
         self._start = torch.cuda.memory_allocated(self._device)
-        torch.cuda.reset_peak_memory_stats(self._device)
+        self.peaks.take()  # the process's peaks kept, then reset
 
     def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._device is not None and self._start is not None:
@@ -67,18 +67,6 @@ class ActivationMemoryMeter(pl.Callback):
         self.counters.append(metrics or None)
         peak = metrics.get("act/device_peak_bytes")
         self.accounting_bytes.append(None if peak is None else int(peak))
-
-    def _keep_process_peaks(self) -> None:
-        assert self._device is not None
-        self._process_allocated = max(self._process_allocated, torch.cuda.max_memory_allocated(self._device))
-        self._process_reserved = max(self._process_reserved, torch.cuda.max_memory_reserved(self._device))
-
-    def process_peaks(self) -> dict[str, int] | None:
-        """The whole process's peak allocated and reserved GPU bytes, across the meter's resets (None off a GPU)."""
-        if self._device is None:
-            return None
-        self._keep_process_peaks()
-        return {"allocated": self._process_allocated, "reserved": self._process_reserved}
 
     def raw(self) -> dict[str, Any]:
         """Everything recorded, per iteration, for the worker's result."""
@@ -100,10 +88,9 @@ def execute_placement(payload: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
                                             keep_last_layers=settings["keep_last_layers"], log_metrics=False)
     meter = ActivationMemoryMeter(offload)
     trainer, result = fit_and_measure(payload, spec, callbacks=[offload, meter] if offload is not None else [meter])
-    peaks = meter.process_peaks()
-    if peaks is not None:  # the meter resets the allocator's peak every iteration: the process's is its own
-        result["peak_gpu_gib"] = max(peaks["allocated"] / GIB, result.get("peak_gpu_gib") or 0.0)
-        result["peak_gpu_reserved_gib"] = max(peaks["reserved"] / GIB, result.get("peak_gpu_reserved_gib") or 0.0)
+    if meter.peaks.active:  # the meter resets the allocator's peak every iteration: the process's is its own
+        for key, peak in meter.peaks.process_peaks().items():
+            result[key] = max(peak, result.get(key) or 0.0)
     result["dos"] = dos_records(trainer.strategy)  # the plan of every update phase (None for zero3_offload)
     result["activations"] = {**settings, "micro_batch": config.micro_batch, **meter.raw()}
     return result

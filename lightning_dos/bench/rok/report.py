@@ -3,46 +3,38 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_dos.bench.report import MISSING, _environment_lines, _model_text, _num, _sig, _table
+from lightning_dos.bench import markdown as md
 
-__all__ = ["format_bytes", "render"]
+__all__ = ["byte_unit", "format_bytes", "render"]
 
 UNITS = (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
+
+
+def byte_unit(value: float) -> tuple[str, float]:
+    """The unit that shows ``value`` bytes best (GiB, MiB, KiB or B) and its size."""
+    return next(((unit, float(size)) for unit, size in UNITS if abs(value) >= size), ("B", 1.0))
 
 
 def format_bytes(value: float | None) -> str:
     """``1.50 GiB``, ``12.0 MiB``, ``512 B``; ``–`` for None."""
     if value is None:
-        return MISSING
-    for unit, size in UNITS:
-        if abs(value) >= size:
-            return f"{value / size:.3g} {unit}" if abs(value) / size < 100 else f"{value / size:,.0f} {unit}"
-    return f"{value:.0f} B"
-
-
-def _pct(value: float | None) -> str:
-    return MISSING if value is None else f"{value:+.1%}"
-
-
-def _reduction(value: float | None) -> str:
-    return MISSING if value is None else f"{value:.1%}"
-
-
-def _iteration(p: dict[str, Any]) -> str:
-    return _num(p.get("headline_ms"))
+        return md.MISSING
+    unit, size = byte_unit(value)
+    if size == 1.0:
+        return f"{value:.0f} B"
+    return f"{value / size:.3g} {unit}" if abs(value) / size < 100 else f"{value / size:,.0f} {unit}"
 
 
 def _curve_table(placements: Sequence[dict[str, Any]]) -> list[str]:
     header = ("placement", "status", "iteration ms", "overhead vs keep", "peak activation memory",
               "reduction vs keep", "tokens/s")
-    rows = [(p["placement"], p["status"], _iteration(p), _pct(p.get("overhead_vs_keep")),
-             format_bytes(p.get("peak_activation_bytes")), _reduction(p.get("reduction_vs_keep")),
-             _num(p.get("tokens_per_s"), 0)) for p in placements]
-    return _table(header, rows)
+    rows = [(p["placement"], p["status"], md.num(p.get("headline_ms")),
+             md.pct(p.get("overhead_vs_keep"), signed=True), format_bytes(p.get("peak_activation_bytes")),
+             md.pct(p.get("reduction_vs_keep")), md.num(p.get("tokens_per_s"), 0)) for p in placements]
+    return md.table(header, rows)
 
 
 def _phase_table(placements: Sequence[dict[str, Any]]) -> list[str]:
@@ -51,12 +43,12 @@ def _phase_table(placements: Sequence[dict[str, Any]]) -> list[str]:
     rows = []
     for p in placements:
         loss = p.get("loss_vs_keep")
-        agree = MISSING if not loss else (
-            "identical" if loss["identical"] else f"max diff {_sig(loss['max_abs_diff'])}")
-        rows.append((p["placement"], _num(p.get("fwd_ms")), _num(p.get("bwd_ms")), _num(p.get("step_ms")),
-                     _num(p.get("iteration_ms")), _num(p.get("peak_gpu_gib"), 2), _num(p.get("peak_host_gib"), 2),
-                     _num(p.get("final_loss"), 4), agree))
-    return _table(header, rows)
+        agree = md.MISSING if not loss else (
+            "identical" if loss["identical"] else f"max diff {md.sig(loss['max_abs_diff'])}")
+        rows.append((p["placement"], md.num(p.get("fwd_ms")), md.num(p.get("bwd_ms")), md.num(p.get("step_ms")),
+                     md.num(p.get("iteration_ms")), md.num(p.get("peak_gpu_gib"), 2),
+                     md.num(p.get("peak_host_gib"), 2), md.num(p.get("final_loss"), 4), agree))
+    return md.table(header, rows)
 
 
 def _counter_table(placements: Sequence[dict[str, Any]]) -> list[str]:
@@ -66,15 +58,15 @@ def _counter_table(placements: Sequence[dict[str, Any]]) -> list[str]:
     for p in placements:
         act = p.get("act")
         if not act:
-            rows.append((p["placement"], *(["no hooks" if p.get("status") == "ok" else MISSING] + [MISSING] * 8)))
+            rows.append((p["placement"], "no hooks" if p.get("status") == "ok" else md.MISSING, *[md.MISSING] * 8))
             continue
         wait = act.get("restore_wait_s")
-        rows.append((p["placement"], _num(act.get("saved_tensors"), 0), format_bytes(act.get("offloaded_bytes")),
+        rows.append((p["placement"], md.num(act.get("saved_tensors"), 0), format_bytes(act.get("offloaded_bytes")),
                      format_bytes(act.get("restored_bytes")), format_bytes(act.get("kept_bytes")),
-                     _num(act.get("late_restores_total"), 0), _num(None if wait is None else wait * 1e3, 2),
+                     md.num(act.get("late_restores_total"), 0), md.num(None if wait is None else wait * 1e3, 2),
                      format_bytes(act.get("nvme_written_bytes")), format_bytes(act.get("nvme_read_bytes")),
                      format_bytes(act.get("host_pool_bytes"))))
-    return _table(header, rows)
+    return md.table(header, rows)
 
 
 def _disk_lines(disk: dict[str, Any] | None) -> list[str]:
@@ -83,9 +75,9 @@ def _disk_lines(disk: dict[str, Any] | None) -> list[str]:
     lines = ["## NVMe directory bandwidth", ""]
     if disk.get("error"):
         return lines + [f"Not measured in `{disk['directory']}`: {disk['error']}.", ""]
-    lines += _table(("directory", "file", "write MB/s (with fsync)", "read MB/s", "how"),
-                    [(f"`{disk['directory']}`", format_bytes(disk["bytes"]), _num(disk.get("write_mb_s"), 0),
-                      _num(disk.get("read_mb_s"), 0), disk.get("read_cache") or MISSING)])
+    lines += md.table(("directory", "file", "write MB/s (with fsync)", "read MB/s", "how"),
+                      [(f"`{disk['directory']}`", format_bytes(disk["bytes"]), md.num(disk.get("write_mb_s"), 0),
+                        md.num(disk.get("read_mb_s"), 0), disk.get("read_cache") or md.MISSING)])
     return lines + ["", "A temporary file written in 8 MiB chunks and fsync-ed, read back, then removed; MB = 10^6 "
                     "bytes.", ""]
 
@@ -109,29 +101,34 @@ def _budget_lines(budget: dict[str, Any] | None) -> list[str]:
     for s in budget["searches"]:
         rows.append((s["placement"], str(s["largest_micro_batch"]) if s["status"] != "incomplete"
                      else f">= {s['largest_micro_batch']}", format_bytes(s.get("peak_bytes")),
-                     _num(s.get("tokens_per_s"), 0), s["status"] + (f" ({s['reason']})" if s.get("reason") else ""),
+                     md.num(s.get("tokens_per_s"), 0), s["status"] + (f" ({s['reason']})" if s.get("reason") else ""),
                      "; ".join(_probe_text(p) for p in s["probes"])))
-    lines += _table(("placement", "largest micro-batch", "its peak activation memory", "its tokens/s", "search",
+    lines += md.table(("placement", "largest micro-batch", "its peak activation memory", "its tokens/s", "search",
                      "probes (micro-batch: peak)"), rows)
     return lines + ["", "tokens/s of the starting micro-batch come from the placement's own run, the others from "
                     "their probe's (end to end where timed so).", ""]
 
 
+def _hooks_text(p: dict[str, Any]) -> str:
+    """Whether a placement ran with the offload's hooks (``keep``'s only measure)."""
+    if p.get("hooks") and not p.get("offload"):
+        return "on, measuring only (placement keep)"
+    return md.MISSING if p.get("hooks") is None else ("on" if p["hooks"] else "off")
+
+
 def render(doc: dict[str, Any], chart: str | None = "rok.png") -> str:
     """rok.md of a rok.json document."""
     cfg, rok, model, m = doc["config"], doc["rok"], doc["model"], doc["measurement"]
-    device = doc["hardware"].get("gpu_name") or "CPU"
     placements = doc["placements"]
-    lines = [f"# lightning-dos ROK curve: {cfg['model']} on {device}", "", f"Date: {doc['date']}", ""]
-    if doc.get("interrupted"):
-        lines += ["**Interrupted**: what ran after the interruption is missing or marked skipped.", ""]
+    lines = md.heading(doc, "ROK curve", "**Interrupted**: what ran after the interruption is missing or marked "
+                       "skipped.")
     planned = doc.get("placements_planned") or []
     if len(planned) > len(placements):
         lines += [f"**Partial**: {len(placements)} of {len(planned)} placements so far.", ""]
-    lines += _environment_lines(doc)
+    lines += md.environment_lines(doc)
     measures = m.get("memory_measures") or {}
     lines += ["", "## Configuration", "",
-              f"- Model: {_model_text(model)}; micro-batch {cfg['micro_batch']} x seq {cfg['seq_len']} = "
+              f"- Model: {md.model_text(model)}; micro-batch {cfg['micro_batch']} x seq {cfg['seq_len']} = "
               f"{cfg['micro_batch'] * cfg['seq_len']:,} tokens per iteration, {cfg['precision']}, data {cfg['data']}, "
               f"seed {cfg['seed']}",
               f"- Strategy: {rok['strategy']} (plan {rok['plan']}), sub_group_size "
@@ -145,13 +142,9 @@ def render(doc: dict[str, Any], chart: str | None = "rok.png") -> str:
               f"- {m['timing']}"]
     if measures:
         lines += [f"- Peak activation memory ({name}): {text}." for name, text in measures.items()]
-    lines += ["", "| placement | activation checkpointing | saved tensors go to | offload hooks |", "|---|---|---|---|"]
-    for p in placements:
-        hooks = MISSING if p.get("hooks") is None else ("on" if p["hooks"] else "off")
-        if p.get("hooks") and not p.get("offload"):
-            hooks = "on, measuring only (placement keep)"
-        lines.append(f"| {p['placement']} | {'on' if p['checkpointing'] else 'off'} | "
-                     f"{p['offload'] or 'stay on the device'} | {hooks} |")
+    lines += ["", *md.table(("placement", "activation checkpointing", "saved tensors go to", "offload hooks"),
+                            [(p["placement"], "on" if p["checkpointing"] else "off",
+                              p["offload"] or "stay on the device", _hooks_text(p)) for p in placements])]
     lines += ["", "## ROK curve", ""]
     if chart:
         lines += [f"![iteration time against peak activation memory]({chart})", ""]
@@ -167,8 +160,7 @@ def render(doc: dict[str, Any], chart: str | None = "rok.png") -> str:
     lines += [""]
     lines += _disk_lines(doc.get("disk"))
     lines += _budget_lines(doc.get("budget"))
-    lines += ["Full resolved configuration:", "", "```json"]
-    lines += json.dumps({"bench": cfg, "rok": rok}, indent=2).splitlines()
-    lines += ["```", "", "Per-iteration figures (activation memory, act/* counters, phase times, losses) are in each "
+    lines += ["Full resolved configuration:", "", *md.json_block({"bench": cfg, "rok": rok}), "",
+              "Per-iteration figures (activation memory, act/* counters, phase times, losses) are in each "
               "run's `result.json` under `runs/`, with its log.", ""]
     return "\n".join(lines)

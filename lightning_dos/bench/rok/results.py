@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lightning_dos.bench.config import PHASES, BenchConfig
-from lightning_dos.bench.results import document, e2e_samples, iteration_windows
+from lightning_dos.bench.results import document, e2e_samples, iteration_windows, pick
 from lightning_dos.bench.rok.config import RokConfig, placement
 from lightning_dos.bench.rok.search import Probe
 from lightning_dos.bench.stats import median, spread
@@ -41,18 +41,13 @@ def _finite(values: Sequence[Any]) -> list[float]:
     return [float(v) for v in values if v is not None and isinstance(v, (int, float)) and math.isfinite(v)]
 
 
-def _at(values: Sequence[Any] | None, indices: Sequence[int]) -> list[Any]:
-    values = values or []
-    return [values[i] for i in indices if i < len(values)]
-
-
 def activation_peak(result: dict[str, Any], config: BenchConfig) -> tuple[int | None, str | None, list[int | None]]:
     """``(peak bytes, measure, per measured iteration)`` of a worker's result: the GPU allocator's figures where the
     run has them, else the offload's accounting; ``(None, None, [])`` without either."""
     raw = result.get("activations") or {}
     measured = range(config.warmup, config.steps)
     for measure, key in (("device", "device_bytes"), ("accounting", "accounting_bytes")):
-        values = _at(raw.get(key), measured)
+        values = pick(raw.get(key), measured)
         present = [int(v) for v in values if v is not None]
         if present:
             return max(present), measure, values
@@ -65,13 +60,13 @@ def headline(result: dict[str, Any], config: BenchConfig) -> tuple[float | None,
     e2e = median(e2e_samples(iterations, config))
     if e2e is not None:
         return e2e, "end to end"
-    return median(_finite(_at(iterations.get("iteration_ms"), config.phase_iterations))), "synchronised"
+    return median(_finite(pick(iterations.get("iteration_ms"), config.phase_iterations))), "synchronised"
 
 
 def counters(result: dict[str, Any], config: BenchConfig) -> dict[str, float | None] | None:
     """Per-iteration medians of the ``act/*`` counters over the measured iterations, plus ``late_restores_total``;
     None for a run without the offload's hooks."""
-    per = [c for c in _at((result.get("activations") or {}).get("counters"), range(config.warmup, config.steps)) if c]
+    per = [c for c in pick((result.get("activations") or {}).get("counters"), range(config.warmup, config.steps)) if c]
     if not per:
         return None
     out: dict[str, float | None] = {name: median(_finite([c.get(f"act/{name}") for c in per])) for name in COUNTERS}
@@ -89,7 +84,7 @@ def placement_summary(name: str, result: dict[str, Any], config: BenchConfig) ->
     ms, how = headline(result, config) if ok else (None, "end to end" if config.e2e_count else "synchronised")
     peak, measure, per_iteration = activation_peak(result, config) if ok else (None, None, [])
     tokens = config.tokens_per_iteration
-    phases = {phase: spread(_finite(_at(iterations.get(phase), config.phase_iterations))) for phase in PHASES}
+    phases = {phase: spread(_finite(pick(iterations.get(phase), config.phase_iterations))) for phase in PHASES}
     losses = iterations.get("loss") or []
     return {
         "placement": name,
@@ -110,7 +105,7 @@ def placement_summary(name: str, result: dict[str, Any], config: BenchConfig) ->
         "peak_activation_gib": None if peak is None else peak / GIB,
         "measure": measure,
         "peak_activation_bytes_per_iteration": per_iteration,
-        "accounting_peak_bytes": max(_finite(_at(raw.get("accounting_bytes"), range(config.warmup, config.steps))),
+        "accounting_peak_bytes": max(_finite(pick(raw.get("accounting_bytes"), range(config.warmup, config.steps))),
                                      default=None),
         "act": counters(result, config) if ok else None,
         "losses": losses,

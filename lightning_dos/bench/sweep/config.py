@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightning_dos.bench import checks
 from lightning_dos.bench.config import BenchConfig
 from lightning_dos.bench.kinds import RunSpec, plan_argument
 
@@ -163,11 +164,7 @@ class SweepConfig:
         """Raise ``ValueError`` listing every setting the sweep cannot run (the bench settings' own included)."""
         from lightning_dos.planning.plan import parse_plan
 
-        problems = []
-        try:
-            self.bench.validate()
-        except ValueError as err:
-            problems.append(str(err))
+        problems = checks.problems_of(self.bench.validate)
         if len(self.bench.devices) != 1:
             problems.append(f"devices: {self.bench.devices!r}; the plan sweep runs at one device count: give "
                             "--devices N once")
@@ -182,23 +179,17 @@ class SweepConfig:
             if spec.kind == "auto":
                 problems.append("sweep plans: 'auto' is not a fixed plan; the sweep runs it between the fixed plans "
                                 "(--steps iterations)")
-        lowered = [str(p).strip().lower() for p in self.plans]
-        repeated = sorted({p for p in lowered if lowered.count(p) > 1})
+        repeated = checks.repeated([str(p).strip().lower() for p in self.plans])
         if repeated:
             problems.append(f"sweep plans: {repeated} given more than once")
-        steps = self.steps_per_plan
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps <= PLAN_WARMUP:
-            problems.append(f"steps per plan: {steps!r} must be an integer >= {PLAN_WARMUP + 1} "
+        if not checks.is_count(self.steps_per_plan, PLAN_WARMUP + 1):
+            problems.append(f"steps per plan: {self.steps_per_plan!r} must be an integer >= {PLAN_WARMUP + 1} "
                             f"(the first {PLAN_WARMUP} of each plan is warm-up)")
         if not self.budgets:
             problems.append("budgets: give at least one budget")
         for budget in self.budgets:
-            try:
-                check_budget(budget)
-            except ValueError as err:
-                problems.append(str(err))
+            problems += checks.problems_of(lambda budget=budget: check_budget(budget))
         if isinstance(self.bench.steps, int) and self.bench.steps <= self.auto_excluded:
             problems.append(f"steps: auto's first {self.auto_excluded} iterations are left out (the "
                             f"probe, the first step of its plan, warm-up); set steps > {self.auto_excluded}")
-        if problems:
-            raise ValueError("sweep: " + "; ".join(problems))
+        checks.raise_problems("sweep: ", problems)

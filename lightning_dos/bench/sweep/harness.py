@@ -12,8 +12,7 @@ from typing import Any
 
 from lightning_dos.bench import chart
 from lightning_dos.bench.launcher import launch
-from lightning_dos.bench.pipeline import Launcher, Pipeline, elapsed_note, prepare, timing_note
-from lightning_dos.bench.results import write_json
+from lightning_dos.bench.pipeline import Launcher, Pipeline, elapsed_note, prepare, timing_note, write_outputs
 from lightning_dos.bench.sweep.config import PROGRESS_FILE, Budget, SweepConfig, resolve_budget
 from lightning_dos.bench.sweep.report import render_sweep
 from lightning_dos.bench.sweep.results import summarize_budget, sweep_document
@@ -60,7 +59,6 @@ def run_sweep(sweep: SweepConfig, out_dir: Path, launcher: Launcher = launch, pr
     software = versions()
     budgets = [resolve_budget(text, model["params"], sweep.devices) for text in sweep.budgets]
     summaries: list[dict[str, Any]] = []
-    devices: list[dict[str, Any]] = []
     extra = {"sweep": {"plans": list(sweep.plans), "steps_per_plan": sweep.steps_per_plan,
                        "auto_steps": sweep.auto_steps}}
     with Pipeline("sweep", "process", out_dir, len(budgets), launcher, resume, progress) as pipeline:
@@ -70,26 +68,15 @@ def run_sweep(sweep: SweepConfig, out_dir: Path, launcher: Launcher = launch, pr
                 (run_dir / PROGRESS_FILE).unlink(missing_ok=True)  # an earlier run's, in the same --out
             result = pipeline.run(sweep.process_config(budget), sweep.spec(budget), run_dir, extra,
                                   complete=lambda result, run_dir=run_dir: with_progress(result, run_dir))
-            if result.get("device"):
-                devices.append(result["device"])
             summary = summarize_budget(budget, result, sweep)
             pipeline.done(budget_line(index, len(budgets), budget, summary, result))
             summaries.append(summary)
             # after every budget, so a sweep stopped from outside still leaves the budgets it finished
             doc = sweep_document(hardware, software, sweep, model, summaries, now.isoformat(timespec="seconds"),
-                                 timing_note(resolved, hardware, devices), pipeline.interrupted, resolved)
+                                 timing_note(resolved, hardware, pipeline.devices), pipeline.interrupted, resolved)
             doc["budgets_planned"] = [b.to_dict() for b in budgets]
-            write_sweep_outputs(doc, out_dir)
+            write_outputs(doc, out_dir, "sweep", chart.render_sweep, render_sweep)
     return doc
-
-
-def write_sweep_outputs(doc: dict[str, Any], out_dir: Path) -> dict[str, Path]:
-    """sweep.json, sweep.png and sweep.md; returns their paths by kind."""
-    paths = {"json": out_dir / "sweep.json", "chart": out_dir / "sweep.png", "report": out_dir / "sweep.md"}
-    write_json(paths["json"], doc)
-    chart.render_sweep(doc, paths["chart"])
-    paths["report"].write_text(render_sweep(doc, chart=paths["chart"].name), encoding="utf-8")
-    return paths
 
 
 def sweep_dry_run_text(sweep: SweepConfig) -> str:

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_dos.bench.report import MISSING, _environment_lines, _model_text, _num, _ratio, _table
-
-
-def _pct(value: float | None, signed: bool = False) -> str:
-    if value is None:
-        return MISSING
-    return f"{value:+.1%}" if signed else f"{value:.1%}"
+from lightning_dos.bench import markdown as md
 
 
 def _ratio_rows(budgets: Sequence[dict[str, Any]]) -> list[tuple[str, ...]]:
@@ -21,9 +14,10 @@ def _ratio_rows(budgets: Sequence[dict[str, Any]]) -> list[tuple[str, ...]]:
     for b in budgets:
         best, stride, a = b.get("best") or {}, b.get("fastest_stride") or {}, b["auto"]
         rows.append((b["budget"]["label"], b["fixed"]["status"],
-                     f"{best['plan']}: {_num(best['update_ms'])}" if best else MISSING, _num(a["update_ms"]),
-                     _ratio(b.get("auto_vs_best")), f"{stride['plan']}: {_num(stride['update_ms'])}" if stride
-                     else MISSING, _ratio(b.get("auto_vs_fastest_stride")), _pct(b["prediction_error_median"])))
+                     f"{best['plan']}: {md.num(best['update_ms'])}" if best else md.MISSING, md.num(a["update_ms"]),
+                     md.ratio(b.get("auto_vs_best")),
+                     f"{stride['plan']}: {md.num(stride['update_ms'])}" if stride else md.MISSING,
+                     md.ratio(b.get("auto_vs_fastest_stride")), md.pct(b["prediction_error_median"])))
     return rows
 
 
@@ -33,20 +27,20 @@ RATIO_HEADER = ("budget", "process", "best swept plan (ms)", "auto (ms)", "auto 
 
 def _lanes(value: str | None, width: int = 40) -> str:
     if not value:
-        return MISSING
+        return md.MISSING
     return f"`{value}`" if len(value) <= width else f"`{value[:width]}...`"
 
 
 def _plan_row(name: str, entry: dict[str, Any], lanes: str | None) -> tuple[str, ...]:
     """One row of a budget's table: a swept plan's or auto's figures."""
     spread = entry.get("update_ms_spread")
-    update = _num(entry["update_ms"])
+    update = md.num(entry["update_ms"])
     if spread and spread["n"] > 1:
-        update += f" ({_num(spread['min'])}-{_num(spread['max'])})"
-    return (name, entry["status"], _lanes(lanes), _num(entry["device_fraction"], 3), update,
-            _num(entry["predicted_ms"]), _pct(entry["median_rel_error"]),
-            MISSING if entry["demoted_max"] is None else str(entry["demoted_max"]), str(entry["measured_steps"]),
-            _num(entry["iteration_ms"]))
+        update += f" ({md.num(spread['min'])}-{md.num(spread['max'])})"
+    return (name, entry["status"], _lanes(lanes), md.num(entry["device_fraction"], 3), update,
+            md.num(entry["predicted_ms"]), md.pct(entry["median_rel_error"]),
+            md.MISSING if entry["demoted_max"] is None else str(entry["demoted_max"]), str(entry["measured_steps"]),
+            md.num(entry["iteration_ms"]))
 
 
 def _plan_rows(budget: dict[str, Any]) -> list[tuple[str, ...]]:
@@ -77,17 +71,17 @@ def _budget_lines(budget: dict[str, Any]) -> list[str]:
                  + f"; {chosen_text}; {a['excluded_steps']} leading update phases left out, "
                  f"{a['replans_measured']} re-plans and {a.get('trial_phases', 0)} update phases of plans on "
                  "trial among the measured ones; plan at the end: "
-                 f"{a.get('final_plan') or MISSING}.")
+                 f"{a.get('final_plan') or md.MISSING}.")
     best = budget.get("best")
     if best:
         lines.append(f"- Best swept plan: {best['plan']}, {best['update_ms']:.1f} ms. Median prediction error over "
                      f"the swept plans' {budget['prediction_steps']} measured update phases: "
-                     f"{_pct(budget['prediction_error_median'])}.")
+                     f"{md.pct(budget['prediction_error_median'])}.")
     lines += ["", "Update = the update phase's makespan (median; min-max of the measured update phases); predicted = "
               "the manager's prediction for the same update phases (median); error = median of |predicted - "
               "measured| / measured; lanes and device fraction as run, after any demotion to fit memory.", ""]
-    lines += _table(("plan", "status", "lanes (as run)", "device fraction", "update ms", "predicted ms", "error",
-                     "demoted (max)", "measured", "iteration ms"), _plan_rows(budget))
+    lines += md.table(("plan", "status", "lanes (as run)", "device fraction", "update ms", "predicted ms", "error",
+                       "demoted (max)", "measured", "iteration ms"), _plan_rows(budget))
     return lines + [""]
 
 
@@ -103,21 +97,19 @@ def _host_order_text(chosen: dict[str, Any]) -> str:
 
 def render_sweep(doc: dict[str, Any], chart: str | None = "sweep.png") -> str:
     """sweep.md of a sweep.json document."""
-    hw, cfg, model, sweep = doc["hardware"], doc["config"], doc["model"], doc["sweep"]
-    device = hw.get("gpu_name") or "CPU"
-    lines = [f"# lightning-dos plan sweep: {cfg['model']} on {device}", "", f"Date: {doc['date']}", ""]
-    if doc.get("interrupted"):
-        lines += ["**The sweep was interrupted**: processes after the interruption were not run.", ""]
+    cfg, model, sweep = doc["config"], doc["model"], doc["sweep"]
+    lines = md.heading(doc, "plan sweep", "**The sweep was interrupted**: processes after the interruption were not "
+                       "run.")
     planned = doc.get("budgets_planned") or []
     if len(planned) > len(doc["budgets"]):
         rest = ", ".join(b["label"] for b in planned[len(doc["budgets"]):])
         lines += [f"**Partial**: written after {len(doc['budgets'])} of {len(planned)} budgets; not run yet: {rest}.",
                   ""]
-    lines += _environment_lines(doc)
+    lines += md.environment_lines(doc)
     budgets = ", ".join(b["budget"]["label"] for b in doc["budgets"])
     m = doc["measurement"]
     lines += ["", "## Configuration", "",
-              f"- Model: {_model_text(model)}",
+              f"- Model: {md.model_text(model)}",
               f"- Micro-batch {cfg['micro_batch']} x seq {cfg['seq_len']}, {cfg['precision']}, activation "
               f"checkpointing {'on' if cfg['activation_checkpointing'] else 'off'}, sub_group_size "
               f"{cfg['sub_group_size'] or 'of configs/strategy/dos_auto.yaml'}, data {cfg['data']}, seed {cfg['seed']}",
@@ -131,13 +123,12 @@ def render_sweep(doc: dict[str, Any], chart: str | None = "sweep.png") -> str:
               f"- auto: {m['auto']}.",
               f"- Update: {m['update_ms']}; predicted: {m['predicted_ms']}; error: {m['prediction_error']}.",
               f"- {m['timing']}",
-              "", "Full resolved configuration:", "", "```json"]
-    lines += json.dumps({"bench": cfg, "sweep": sweep}, indent=2).splitlines()
-    lines += ["```", "", "## auto against the swept plans", "",
+              "", "Full resolved configuration:", "", *md.json_block({"bench": cfg, "sweep": sweep}),
+              "", "## auto against the swept plans", "",
               "Per budget, medians of the update phase: auto's over the best swept plan's and over the fastest "
               "stride:K's (< 1: auto is faster), and the median relative error of the predictions for the swept "
               "plans' update phases.", ""]
-    lines += _table(RATIO_HEADER, _ratio_rows(doc["budgets"]))
+    lines += md.table(RATIO_HEADER, _ratio_rows(doc["budgets"]))
     if chart:
         lines += ["", f"![update time against device fraction, per budget]({chart})"]
     lines.append("")

@@ -13,7 +13,7 @@ from typing import Any
 
 from lightning_dos.bench.config import BenchConfig
 from lightning_dos.bench.kinds import plan_argument
-from lightning_dos.bench.results import document, ratio
+from lightning_dos.bench.results import document, pick, ratio
 from lightning_dos.bench.stats import median, spread
 from lightning_dos.bench.sweep.config import AUTO, AUTO_MIN_EXCLUDED, PLAN_WARMUP, Budget, SweepConfig, sweep_schedule
 from lightning_dos.planning.plan import parse_plan
@@ -40,8 +40,7 @@ def _spread_dict(values: Sequence[float]) -> dict[str, Any] | None:
 
 
 def _phase(result: dict[str, Any], phase: str, indices: Sequence[int]) -> float | None:
-    samples = (result.get("iterations") or {}).get(phase) or []
-    return median([samples[i] for i in indices if i < len(samples)])
+    return median(pick((result.get("iterations") or {}).get(phase), indices))
 
 
 def _update_summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:

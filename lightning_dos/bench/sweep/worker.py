@@ -57,18 +57,9 @@ class PlanSweep(pl.Callback):
         self._in_auto = False
 
     @property
-    def fixed_steps(self) -> int:
-        """Iterations of the fixed plans: ``steps_per_plan`` each."""
-        return len(self.plans) * self.steps_per_plan
-
-    @property
     def total_steps(self) -> int:
         """Iterations of the whole sweep: the fixed plans' and ``auto``'s (the length of its schedule)."""
         return len(self.schedule)
-
-    def plan_at(self, iteration: int) -> str:
-        """The plan of ``iteration`` (from 0; :data:`AUTO` for ``auto``'s); the last one past the end."""
-        return self.schedule[min(iteration, len(self.schedule) - 1)]
 
     @property
     def current_plan(self) -> str | None:
@@ -99,7 +90,7 @@ class PlanSweep(pl.Callback):
             self.resolved = self._resolve(manager)
         iteration = len(self.iterations)
         self._first_record = len(manager.records)
-        name = self.plan_at(iteration)
+        name = self.schedule[min(iteration, len(self.schedule) - 1)]  # AUTO for auto's; the last one past the end
         if name == AUTO:
             if not self._in_auto:
                 self._fixed_state = manager.planning_state()
@@ -147,37 +138,6 @@ class PlanSweep(pl.Callback):
         }
 
 
-class SweepRun:
-    """The parts of one sweep process, kept so that a failure can still report what was measured."""
-
-    def __init__(self, plans: list[str], steps_per_plan: int, workdir: Path, auto_steps: int = 0) -> None:
-        progress = workdir / PROGRESS_FILE if ranks.process_rank() == 0 else None  # one writer on several ranks
-        self.sweep = PlanSweep(plans, steps_per_plan, progress_path=progress, auto_steps=auto_steps)
-        self.strategy: Any = None
-
-    def partial(self) -> dict[str, Any]:
-        """What ran before a failure: the sweep's records and the plan in force."""
-        return {"sweep": self.sweep.raw(), "failed_plan": self.sweep.current_plan,
-                "dos": dos_records(self.strategy) if self.strategy is not None else None}
-
-
-def run_sweep(payload: dict[str, Any], spec: RunSpec, state: SweepRun) -> dict[str, Any]:
-    """Train every plan of the sweep in turn and return the raw measurements."""
-    config = BenchConfig.from_dict(payload["bench"])
-    sweep = state.sweep
-    if config.steps != sweep.total_steps:
-        raise ValueError(f"steps: {config.steps} does not hold {len(sweep.plans)} plans for {sweep.steps_per_plan} "
-                         f"iterations each and {sweep.auto_steps} of auto ({sweep.total_steps})")
-
-    def keep(strategy: Any) -> None:
-        state.strategy = strategy
-
-    trainer, result = fit_and_measure(payload, spec, callbacks=[sweep], on_strategy=keep)
-    per_rank = [entry["sweep"] for entry in ranks.gather_to_rank0({"rank": trainer.global_rank, "sweep": sweep.raw()})]
-    return {**result, "sweep": slowest_rank(per_rank), "sweep_per_rank": per_rank if len(per_rank) > 1 else None,
-            "failed_plan": None, "dos": dos_records(trainer.strategy)}
-
-
 def slowest_rank(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One sweep from every rank's (:meth:`PlanSweep.raw`, in rank order): each iteration with the update records of
     the rank whose update phase took longest (the ranks meet at the next collective, so the slowest sets the pace),
@@ -193,14 +153,24 @@ def slowest_rank(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def execute_sweep(payload: dict[str, Any], spec: RunSpec, workdir: Path) -> dict[str, Any]:
-    """The sweep of ``payload``; a failure still reports the plans measured before it."""
+    """Train every plan of ``payload``'s sweep in turn and return the raw measurements; a failure still reports the
+    plans measured before it and the plan in force."""
     settings = payload["sweep"]
-    state = SweepRun(list(settings["plans"]), int(settings["steps_per_plan"]), workdir,
-                     auto_steps=int(settings.get("auto_steps", 0)))
+    progress = workdir / PROGRESS_FILE if ranks.process_rank() == 0 else None  # one writer on several ranks
+    sweep = PlanSweep(list(settings["plans"]), int(settings["steps_per_plan"]), progress_path=progress,
+                      auto_steps=int(settings.get("auto_steps", 0)))
+    strategies: list[Any] = []  # the strategy once built, to report its records should training fail
     try:
-        return run_sweep(payload, spec, state)
+        config = BenchConfig.from_dict(payload["bench"])
+        if config.steps != sweep.total_steps:
+            raise ValueError(f"steps: {config.steps} does not hold {len(sweep.plans)} plans for {sweep.steps_per_plan} "
+                             f"iterations each and {sweep.auto_steps} of auto ({sweep.total_steps})")
+        trainer, result = fit_and_measure(payload, spec, callbacks=[sweep], on_strategy=strategies.append)
+        gathered = ranks.gather_to_rank0({"rank": trainer.global_rank, "sweep": sweep.raw()})
+        per_rank = [entry["sweep"] for entry in gathered]
+        return {**result, "sweep": slowest_rank(per_rank), "sweep_per_rank": per_rank if len(per_rank) > 1 else None,
+                "failed_plan": None, "dos": dos_records(trainer.strategy)}
     except Exception as err:  # every failure becomes a result; the traceback goes to the log
         traceback.print_exc()
-        return {**failure(spec, err), **state.partial()}
-
-
+        return {**failure(spec, err), "sweep": sweep.raw(), "failed_plan": sweep.current_plan,
+                "dos": dos_records(strategies[0]) if strategies else None}
