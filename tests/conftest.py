@@ -18,6 +18,23 @@ import pytest  # noqa: E402
 _BASE_ENV = dict(os.environ)  # before any test: no rank variables yet
 
 
+def _ask_for_the_cpu_once() -> None:
+    """DeepSpeed's CPU Adam asks py-cpuinfo for the CPU's vendor each time one is built, i.e. at every in-process
+    fit, and py-cpuinfo answers from a Python interpreter it starts for the purpose: 1.2 s each time on a 2-core
+    machine, a third of a small fit. The CPU does not change during a test run, so the first answer (a real one)
+    serves the rest; each caller gets its own copy. Child processes ask for themselves."""
+    import copy
+    import functools
+
+    import cpuinfo
+
+    first = functools.cache(cpuinfo.get_cpu_info)
+    cpuinfo.get_cpu_info = lambda: copy.deepcopy(first())
+
+
+_ask_for_the_cpu_once()
+
+
 def _reset_environment() -> None:
     pytest_own = {k: v for k, v in os.environ.items() if k.startswith("PYTEST_")}  # pytest manages these itself
     os.environ.clear()
