@@ -923,7 +923,7 @@ def test_resume_needs_out(capsys: pytest.CaptureFixture[str]) -> None:
     (["--devices", "0"], "devices: [0] must be integers >= 1"),
     (["--devices", "1", "2", "1"], "devices: [1] given more than once"),
     (["--devices", "two"], "argument --devices: invalid int value"),
-    (["--sweep", "--devices", "1", "2"], "the plan sweep runs on one device: drop --devices or set --devices 1"),
+    (["--sweep", "--devices", "1", "2"], "the plan sweep runs at one device count: give --devices N once"),
 ])
 def test_bad_devices_are_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*TINY, *argv]) == 2
