@@ -13,9 +13,9 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_dos  # noqa: F401  (registers the strategies)
+from tests.support.parity import token_loader
 
 VOCAB = 61
 SEQ = 12
@@ -94,12 +94,6 @@ class OwnModel(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-def token_loader(n_batches: int, batch_size: int = 4, seed: int = 1234) -> DataLoader:
-    g = torch.Generator().manual_seed(seed)
-    data = torch.randint(0, VOCAB, (n_batches * batch_size, SEQ + 1), generator=g)
-    return DataLoader(TensorDataset(data[:, :-1], data[:, 1:]), batch_size=batch_size, shuffle=False)
-
-
 class Recorder(pl.Callback):
     """Each step's loss and the lr the engine's optimizer holds when the step is taken."""
 
@@ -168,7 +162,7 @@ def fit(strategy: Any, steps: int = 6, clip: float | None = CLIP, module: OwnMod
                          enable_model_summary=False, default_root_dir=root, use_distributed_sampler=False,
                          callbacks=[recorder, *(callbacks or [])], **trainer_kwargs)
     module = module or OwnModel()
-    trainer.fit(module, train_dataloaders=token_loader(batches or steps), ckpt_path=ckpt_path)
+    trainer.fit(module, train_dataloaders=token_loader(batches or steps, vocab=VOCAB, seq=SEQ), ckpt_path=ckpt_path)
     if save_to is not None:
         trainer.save_checkpoint(save_to)
     return Run(recorder.losses, recorder.params, recorder.lrs, trainer,

@@ -57,9 +57,11 @@ class TinyLM(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-def token_loader(n_batches: int, batch_size: int = 4, seed: int = 1234) -> DataLoader:
+def token_loader(n_batches: int, batch_size: int = 4, seed: int = 1234, vocab: int = VOCAB,
+                 seq: int = SEQ) -> DataLoader:
+    """``n_batches`` batches of random tokens (inputs and the next tokens), the same for the same seed."""
     g = torch.Generator().manual_seed(seed)
-    data = torch.randint(0, VOCAB, (n_batches * batch_size, SEQ + 1), generator=g)
+    data = torch.randint(0, vocab, (n_batches * batch_size, seq + 1), generator=g)
     return DataLoader(TensorDataset(data[:, :-1], data[:, 1:]), batch_size=batch_size, shuffle=False)
 
 
