@@ -128,8 +128,6 @@ QUOTES: dict[str, list[tuple[str, str]]] = {
         (INDEX, "backward **{bwd(D)/bwd(N):.2f}x** no offload's ({bwd(D):.0f} vs {bwd(N):.0f} ms)"),
     ],
     "gpt-2.7b_H200_2026-11-25_runP": [
-        (README, "[run P](docs/benchmarks/gpt-2.7b_H200_2026-11-25_runP.md), DeepSpeed SuperOffload took "
-                 "{e2e('superoffload'):.0f} ms and ZenFlow ran out of host memory"),
         (PAGE, "({gpu(O):.1f} GiB peak)"),
         (INDEX, "end to end: DOS `auto` **{claim(E2E).value:.2f}x** vanilla ({e2e(D):.0f} vs {e2e(V):.0f} ms); "
                 "torchao's offload {e2e(T):.0f} ms at {gpu(T):.2f} GiB, **{e2e(D)/e2e(T):.2f}x** faster than DOS at "
@@ -276,9 +274,6 @@ QUOTES: dict[str, list[tuple[str, str]]] = {
                 "{claim(TORCHAO).status})"),
     ],
     "gpt-2.7b_H200_2026-11-26_runZ": [
-        (README, "([run Z](docs/benchmarks/gpt-2.7b_H200_2026-11-26_runZ.md), `resident_gib=3.85`) {e2e(RO3):.0f} ms "
-                 "at {gpu(RO3):.2f} GiB: **{claim(TORCHAO).value:.2f}x torchao's time at {gpu(RO3)/gpu(T):.0%} of "
-                 "its GPU memory**"),
         (OSM, "and with three resident subgroups {e2e(RO3):.0f} vs {e2e(R3):.0f} ms at {gpu(RO3):.2f} vs {gpu(R3):.2f} "
               "GiB ([run Z](benchmarks/gpt-2.7b_H200_2026-11-26_runZ.md))"),
         # the docs subtract the rounded figures they quote
@@ -342,8 +337,6 @@ QUOTES: dict[str, list[tuple[str, str]]] = {
                 "faster for {gpu(O)-gpu(D):.2f} GiB (run X: +{run(RUN_X).gpu(O)-run(RUN_X).gpu(D):.1f} GiB)"),
     ],
     "gpt-2.7b_H200_2026-11-27_runAA": [
-        (README, "(an H200, before the resident default), DOS took {e2e(O):.0f} ms at {gpu(O):.2f} GiB against "
-                 "torchao's {e2e(T):.0f} ms at {gpu(T):.2f} GiB"),
         (OSM, "([run AA](benchmarks/gpt-2.7b_H200_2026-11-27_runAA.md)) it took {e2e(O):.0f} ms at {gpu(O):.2f} GiB, "
               "{claim(E2E).value:.2f}x vanilla and {claim(TORCHAO).value:.2f}x torchao's offload: the update phase "
               "({upd(O):.0f} ms) outlasts the forward and backward"),
@@ -373,9 +366,6 @@ QUOTES: dict[str, list[tuple[str, str]]] = {
         (MULTI, "Earlier the same day four GPUs gave DOS {e2e(O4):.0f} ms (run AB, before the gather per subgroup)"),
     ],
     "gpt-2.7b_H100x4_2026-11-27_runAC": [
-        (README, "also measured two GPUs ({e2e(O2):.0f} ms, {e2e(V2)/e2e(O2):.2f}x vanilla)"),
-        (README, "vanilla took {e2e(V):.0f} ms at one GPU there, {run(RUN_AD).e2e(V):.0f} in run AD, DOS "
-                 "{e2e(O):.0f} and {run(RUN_AD).e2e(D):.0f} ms"),
         (MULTI, "to {step(O4):.1f} ms (run AC,"),
         (MULTI, "measured DOS at {e2e(O2):.1f} ms against vanilla's {e2e(V2):.1f} ms: "
                 "**{(e2e(V2)/e2e(O2))/(e2e(V)/e2e(O)):.0%}** of its one-GPU ratio kept (90% aimed: met)"),
