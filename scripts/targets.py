@@ -77,6 +77,10 @@ DP_SPEEDUP_KEPT = {2: 0.9, 4: 0.85, 8: 0.8}
 DP_TOKENS_SCALING = {4: 3.4, 8: 6.0}
 #: ... and at N > 1 devices it is this many times faster, end to end, than each multi-GPU peer at N
 DP_VS_PEERS = {"no_offload": 1.0, "fsdp_offload": 2.0}
+#: a model of at least this many parameters (one that needs offload on a node) ...
+LARGE_MODEL_PARAMS = 10e9
+#: ... at N > 1 devices: DOS auto this many times faster, end to end, than each of these at N
+LARGE_DP_VS_PEERS = {"zero3_offload": 2.5, "fsdp_offload": 1.5}
 
 
 def _ok(results: Sequence[dict[str, Any]], strategy: str) -> list[dict[str, Any]]:
@@ -92,19 +96,25 @@ def _claim(name: str, threshold: str, value: float | None, met: bool | None, det
     return {"claim": name, "threshold": threshold, "value": value, "status": _status(met), "detail": detail}
 
 
-def check_claims(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def check_claims(results: Sequence[dict[str, Any]], params: float | None = None) -> list[dict[str, Any]]:
     """One entry per claim: the measured value, the threshold and met / missed / not measured.
 
     The single-device claims at the smallest device count of ``results``; then, per larger count, the data-parallel
-    ones (:func:`dp_claims`).
+    ones (:func:`dp_claims`); for a model of ``params`` >= :data:`LARGE_MODEL_PARAMS`, the large model's at every
+    count above one.
     """
     counts = sorted({devices_of(r) for r in results}) or [1]
     reference = counts[0]
     claims = _device_claims([r for r in results if devices_of(r) == reference])
     if reference > 1:  # no single-device row: the split claim at the smallest count is a data-parallel one too
         claims.append(_dp_split_claim(results, reference))
+        claims += [_dp_peer_claim(results, peer, reference) for peer in DP_VS_PEERS]
     for devices in counts[1:]:
         claims += dp_claims(results, reference, devices)
+    if params is not None and params >= LARGE_MODEL_PARAMS:
+        claims += [_dp_peer_claim(results, peer, devices, LARGE_DP_VS_PEERS[peer],
+                                  f", a model of >= {LARGE_MODEL_PARAMS / 1e9:g}B parameters")
+                   for devices in counts if devices > 1 for peer in LARGE_DP_VS_PEERS]
     return claims
 
 
@@ -205,10 +215,13 @@ def _dp_tokens_claim(results: Sequence[dict[str, Any]], devices: int) -> dict[st
     return _claim(name, threshold, ratio, ratio >= target, f"{many[key]:,.0f} vs {one[key]:,.0f} tokens/s ({how})")
 
 
-def _dp_peer_claim(results: Sequence[dict[str, Any]], peer: str, devices: int) -> dict[str, Any]:
-    """DOS auto against ``peer`` at ``devices``, end to end where both have it, against :data:`DP_VS_PEERS`."""
-    target = DP_VS_PEERS[peer]
-    name, threshold = f"dos(auto) vs {peer} at DP={devices}", f"> {target:g}x" if target == 1 else f">= {target:g}x"
+def _dp_peer_claim(results: Sequence[dict[str, Any]], peer: str, devices: int, target: float | None = None,
+                   suffix: str = "") -> dict[str, Any]:
+    """DOS auto against ``peer`` at ``devices``, end to end where both have it, against ``target`` (default: the
+    peer's in :data:`DP_VS_PEERS`); ``suffix`` ends the claim's name."""
+    target = DP_VS_PEERS[peer] if target is None else target
+    name = f"dos(auto) vs {peer} at DP={devices}{suffix}"
+    threshold = f"> {target:g}x" if target == 1 else f">= {target:g}x"
     auto, other = _auto(results, devices), next(iter(_at(results, peer, devices)), None)
     if auto is None or other is None:
         why = _not_ok([r for r in results if devices_of(r) == devices], peer)
@@ -546,7 +559,7 @@ def targets_of(doc: dict[str, Any]) -> list[dict[str, Any]]:
         return overall_targets(doc["budgets"])
     if doc.get("kind") == "rok_curve":
         return rok_claims(doc["placements"], doc.get("budget"))
-    return check_claims(doc["results"])
+    return check_claims(doc["results"], (doc.get("model") or {}).get("params"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,6 +59,7 @@ RUN_S, RUN_T, RUN_U = "gpt-2.7b_H200_2026-11-25_runS", "gpt-2.7b_H200_2026-11-25
 RUN_W, RUN_X, RUN_Y = "gpt-2.7b_H200_2026-11-25_runW", "gpt-2.7b_H200_2026-11-25_runX", "gpt-2.7b_H200_2026-11-25_runY"
 RUN_Z = "gpt-2.7b_H200_2026-11-26_runZ"
 RUN_AC, RUN_AD = "gpt-2.7b_H100x4_2026-11-27_runAC", "gpt-2.7b_H100x4_2026-11-27_runAD"
+RUN_AE = "gpt-13b_H100x4_2026-11-28_runAE"
 
 #: report (its JSON's stem, or its folder for converging and soak) -> [(file, template)]
 QUOTES: dict[str, list[tuple[str, str]]] = {
@@ -420,6 +421,29 @@ QUOTES: dict[str, list[tuple[str, str]]] = {
                 "offload ({e2e(N4):.0f} ms) and **{e2e(F4)/e2e(D4):.2f}x** FSDP with CPU offload ({e2e(F4):.0f} ms); "
                 "four GPUs give **{tps(D4)/tps(D):.2f}x** one GPU's tokens/s; torchao's offload {e2e(T):.0f} ms at "
                 "one GPU"),
+    ],
+    RUN_AE: [
+        (README, "| gpt-13b ({model.params/1e9:.1f}B), 4 GPUs (data parallel) | 4 x H100 | {e2e(V4):.0f} ms, "
+                 "{gpu(V4):.2f} GiB | not run | {e2e(D4):.0f} ms, {gpu(D4):.2f} GiB (all state resident; ZeRO-3 "
+                 "without offload: {e2e(N4):.0f} ms) | {e2e(V4)/e2e(D4):.2f}x |"),
+        (MULTI, "| DOS, no options | {e2e(D4):.1f} ms | | {tps(D4):,.0f} | {gpu(D4):.2f} GiB |"),
+        (MULTI, "| vanilla ZeRO-3 offload | {e2e(V4):.1f} ms | {e2e(V4)/e2e(D4):.2f}x | {tps(V4):,.0f} | "
+                "{gpu(V4):.2f} GiB |"),
+        (MULTI, "| ZeRO-3 without offload | {e2e(N4):.1f} ms | {e2e(N4)/e2e(D4):.2f}x | {tps(N4):,.0f} | "
+                "{gpu(N4):.2f} GiB |"),
+        (MULTI, "| FSDP with CPU offload | {e2e(F4):.1f} ms | {e2e(F4)/e2e(D4):.2f}x | {tps(F4):,.0f} | "
+                "{gpu(F4):.2f} GiB |"),
+        (MULTI, "Targets for a model of about 13B at four GPUs: DOS **{e2e(V4)/e2e(D4):.2f}x** vanilla (2.5x aimed: "
+                "met) and **{e2e(F4)/e2e(D4):.2f}x** FSDP with CPU offload (1.5x aimed: met). Losses after 6 steps, "
+                "DOS against vanilla: {row(D4).final_loss:.4f} / {row(V4).final_loss:.4f}. The model's "
+                "{model.params/1e9:.1f} B parameters"),
+        (MULTI, "DOS with no options kept all of it resident ({row(D4).dos.resident_params*12/1024**3:.2f} GiB)"),
+        (INDEX, "end to end: DOS **{e2e(V4)/e2e(D4):.2f}x** vanilla ({e2e(D4):.0f} vs {e2e(V4):.0f} ms), "
+                "**{e2e(N4)/e2e(D4):.2f}x** ZeRO-3 without offload ({e2e(N4):.0f} ms) and "
+                "**{e2e(F4)/e2e(D4):.2f}x** FSDP with CPU offload ({e2e(F4):.0f} ms); every rank kept its whole "
+                "partition of the state resident ({row(D4).dos.resident_params*12/1024**3:.2f} GiB)"),
+        (PAGE, "so DOS with no options kept every subgroup resident "
+               "({row(D4).dos.resident_params*12/1024**3:.2f} GiB) and offloaded nothing; ZeRO-3 without offload fits too ({gpu(N4):.2f} GiB)"),
     ],
     "rok_gpt-1b_H200_2026-11-25_runV": [
         (ACT, "`\"host\"` cut peak activation memory by {pl('offload-host').reduction_vs_keep:.0%} against keeping "

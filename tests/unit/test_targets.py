@@ -103,6 +103,24 @@ def test_data_parallel_targets_depend_on_the_device_count_and_weigh_the_multi_gp
     assert even["dos(auto) vs no_offload at DP=4"]["status"] == "missed"
 
 
+def test_a_large_model_on_several_devices_has_its_own_peer_targets() -> None:
+    """A model of >= 10B parameters at N > 1 devices: DOS 2.5x vanilla and 1.5x FSDP with CPU offload at N; the
+    multi-GPU peers are weighed at the only device count a report ran; a smaller model has no large-model claims."""
+    def at(label: str, strategy: str, e2e: float) -> dict:
+        return {**_row(label + "@dp4", strategy, e2e, 10.0), "devices": 4}
+    four = [at("zero3_offload", "zero3_offload", 240.0), at("dos(auto)", "deep_optimizer_states", 100.0),
+            at("no_offload", "no_offload", 120.0), at("fsdp_offload", "fsdp_offload", 150.0)]
+    large = "dos(auto) vs {} at DP=4, a model of >= 10B parameters"
+    claims = _by_claim(check_claims(four, 13.1e9))
+    vanilla, fsdp = claims[large.format("zero3_offload")], claims[large.format("fsdp_offload")]
+    assert (vanilla["value"], vanilla["status"], vanilla["threshold"]) == (pytest.approx(2.4), "missed", ">= 2.5x")
+    assert (fsdp["value"], fsdp["status"], fsdp["threshold"]) == (pytest.approx(1.5), "met", ">= 1.5x")
+    assert claims["dos(auto) vs no_offload at DP=4"]["status"] == "met"
+    assert claims["dos(auto) vs fsdp_offload at DP=4"]["status"] == "missed"  # 1.5x of the 2x every model has
+    assert not [name for name in _by_claim(check_claims(four, 2.7e9)) if name.endswith("10B parameters")]
+    assert not [name for name in _by_claim(check_claims(four)) if name.endswith("10B parameters")]
+
+
 def _assert_quoted(results: dict[str, dict], quoted: dict[str, tuple[int, float]]) -> None:
     """Each row's end-to-end ms and peak GPU GiB as the docs round them (whole ms, GiB to 2 decimals)."""
     assert {label: (round(results[label]["e2e_iteration_ms"]), round(results[label]["peak_gpu_gib"], 2))
