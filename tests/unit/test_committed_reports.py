@@ -443,7 +443,8 @@ QUOTES: dict[str, list[tuple[str, str]]] = {
                 "**{e2e(F4)/e2e(D4):.2f}x** FSDP with CPU offload ({e2e(F4):.0f} ms); every rank kept its whole "
                 "partition of the state resident ({row(D4).dos.resident_params*12/1024**3:.2f} GiB)"),
         (PAGE, "so DOS with no options kept every subgroup resident "
-               "({row(D4).dos.resident_params*12/1024**3:.2f} GiB) and offloaded nothing; ZeRO-3 without offload fits too ({gpu(N4):.2f} GiB)"),
+               "({row(D4).dos.resident_params*12/1024**3:.2f} GiB) and offloaded nothing; ZeRO-3 without offload "
+               "fits too ({gpu(N4):.2f} GiB)"),
     ],
     "rok_gpt-1b_H200_2026-11-25_runV": [
         (ACT, "`\"host\"` cut peak activation memory by {pl('offload-host').reduction_vs_keep:.0%} against keeping "
