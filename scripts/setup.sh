@@ -19,7 +19,7 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
     "$PY" -m pip install -q "torch==2.13.0"
   fi
 fi
-if ! "$PY" -c "import lightning_dos, pytest, transformers" >/dev/null 2>&1; then
+if ! "$PY" -c "import lightning_dos, pytest, transformers, xdist" >/dev/null 2>&1; then
   echo "setup: installing lightning-dos and its dependencies (first time: a few minutes)"
   "$PY" -m pip install -q -e ".[test]"
 fi

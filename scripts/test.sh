@@ -14,4 +14,7 @@ bash scripts/setup.sh
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.cache/torch_extensions}
 export WANDB_MODE=${WANDB_MODE:-offline}
 .venv/bin/python scripts/build_ops.py </dev/null
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@" </dev/null
+# two pytest workers (PYTEST_WORKERS to change; 0: none), each test file whole on one of them (its module-scoped fits
+# are shared by its tests): most of the system tier's time is single-threaded (fresh interpreters importing torch,
+# DeepSpeed and Lightning), so on two cores two workers overlap it
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-2}" --dist loadfile "$@" </dev/null

@@ -4,6 +4,7 @@ top of its fragment (``strategy_args``; ``{}`` is exactly the fragment)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +48,9 @@ def test_the_default_row_is_what_a_user_gets_from_the_recipe_and_the_fragment(
     bench = build(fit_args(config, spec, tmp_path), instantiate_trainer=False)
     recipe = tmp_path / "recipe.yaml"
     assert recipe.is_file()
-    with pytest.warns(UserWarning, match="LightningCLI's args parameter"):
-        user = DOSLightningCLI(args=["--config", str(recipe), "--config", str(ROOT / "configs/strategy/dos_auto.yaml")],
-                               run=False)
+    monkeypatch.setattr(sys, "argv", ["lightning-dos"])  # as from a shell: the arguments below are all it has
+    user = DOSLightningCLI(args=["--config", str(recipe), "--config", str(ROOT / "configs/strategy/dos_auto.yaml")],
+                           run=False)
     assert _config(bench) == _config(user)
     strategy = bench.config_init["trainer"]["strategy"]
     assert strategy.resident_gib == "auto" and strategy.leaf_blocks == "auto" and strategy.overlap == "auto"
