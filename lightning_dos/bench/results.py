@@ -352,12 +352,10 @@ def iteration_windows(config: BenchConfig) -> dict[str, list[int]]:
             "phase_iterations": [k + 1 for k in config.phase_iterations]}
 
 
-def bench_document(hardware: dict[str, Any], versions: dict[str, Any], config: BenchConfig, model: dict[str, Any],
-                   results: list[dict[str, Any]], date: str, timing_note: str) -> dict[str, Any]:
-    """The results.json document."""
-    measurement = {**iteration_windows(config), "statistic": "median over the measured iterations of all successful "
-                   "repeats; spread = min, p25, p75, max", "e2e": E2E_NOTE, "timing": timing_note}
-    return document(None, hardware, versions, config, model, date, measurement, baseline=BASELINE, results=results)
+def bench_measurement(config: BenchConfig) -> dict[str, Any]:
+    """results.json's ``measurement``: the iteration windows, the statistic and the end-to-end timing."""
+    return {**iteration_windows(config), "statistic": "median over the measured iterations of all successful repeats; "
+            "spread = min, p25, p75, max", "e2e": E2E_NOTE}
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

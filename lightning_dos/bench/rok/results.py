@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from lightning_dos.bench.config import PHASES, BenchConfig
-from lightning_dos.bench.results import document, e2e_samples, iteration_windows, pick
-from lightning_dos.bench.rok.config import RokConfig, placement
+from lightning_dos.bench.results import e2e_samples, iteration_windows, pick
+from lightning_dos.bench.rok.config import placement
 from lightning_dos.bench.rok.search import Probe
 from lightning_dos.bench.stats import median, spread
 
-__all__ = ["MEASURES", "activation_peak", "placement_summary", "probe_of", "rok_document"]
+__all__ = ["MEASURES", "activation_peak", "placement_summary", "probe_of", "rok_measurement"]
 
 GIB = 1024**3
 #: The memory measures: what each one is, for rok.json and the report.
@@ -157,17 +157,8 @@ def probe_of(result: dict[str, Any], config: BenchConfig, budget_bytes: float, s
     return Probe(fits=peak <= budget_bytes, peak_bytes=peak, tokens_per_s=tokens_per_s, **common)
 
 
-def rok_document(hardware: dict[str, Any], versions: dict[str, Any], rok: RokConfig, model: dict[str, Any],
-                 placements: list[dict[str, Any]], date: str, timing_note: str, disk: dict[str, Any] | None,
-                 budget: dict[str, Any] | None, interrupted: bool, resolved: BenchConfig | None = None
-                 ) -> dict[str, Any]:
-    """The rok.json document: the settings (``config``: ``resolved``, the workload resolved), the host, every
-    placement's figures and the search."""
-    config = resolved or rok.bench
-    measurement = {**iteration_windows(config), "headline": "the median end-to-end iteration (unsynchronised, as the "
-                   "bench's headline); the synchronised median where no iteration was timed end to end",
-                   "memory_measures": {m: MEASURES[m] for m in sorted({p["measure"] for p in placements
-                                                                     if p.get("measure")})},
-                   "timing": timing_note}
-    return document("rok_curve", hardware, versions, config, model, date, measurement, rok=rok.to_dict(),
-                    interrupted=interrupted, disk=disk, placements=placements, budget=budget)
+def rok_measurement(config: BenchConfig, placements: list[dict[str, Any]]) -> dict[str, Any]:
+    """rok.json's ``measurement``: the iteration windows, the headline and the memory measures the placements used."""
+    return {**iteration_windows(config), "headline": "the median end-to-end iteration (unsynchronised, as the bench's "
+            "headline); the synchronised median where no iteration was timed end to end",
+            "memory_measures": {m: MEASURES[m] for m in sorted({p["measure"] for p in placements if p.get("measure")})}}
