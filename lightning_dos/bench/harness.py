@@ -17,7 +17,7 @@ from typing import Any
 
 from lightning_dos.bench import chart, report
 from lightning_dos.bench.compose import NO_OFFLOAD_BYTES_PER_PARAM, command, fit_args
-from lightning_dos.bench.config import PHASES, BenchConfig
+from lightning_dos.bench.config import BenchConfig
 from lightning_dos.bench.kinds import BASELINE, KINDS, RunSpec, expand, schedule, single_device_reason
 from lightning_dos.bench.launcher import launch
 from lightning_dos.bench.pipeline import (
@@ -29,16 +29,7 @@ from lightning_dos.bench.pipeline import (
     uses_gpu,
     write_outputs,
 )
-from lightning_dos.bench.results import (
-    aggregate,
-    bench_measurement,
-    compare_to_baseline,
-    e2e_samples,
-    pick,
-    run_peaks,
-    scaling,
-)
-from lightning_dos.bench.stats import median
+from lightning_dos.bench.results import aggregate, bench_measurement, compare_to_baseline, scaling
 
 
 def no_offload_skip_reason(config: BenchConfig, model: dict[str, Any], hardware: dict[str, Any],
@@ -67,8 +58,10 @@ def devices_skip_reason(spec: RunSpec, config: BenchConfig, hardware: dict[str, 
     return None
 
 
-def run_line(index: int, total: int, result: dict[str, Any], config: BenchConfig) -> str:
-    """One line summarising a finished run, printed as it completes."""
+def run_line(index: int, total: int, spec: RunSpec, result: dict[str, Any], config: BenchConfig,
+             model: dict[str, Any]) -> str:
+    """One line summarising a finished run (its figures as :func:`~lightning_dos.bench.results.aggregate` makes
+    them), printed as it completes."""
     head = f"[{index}/{total}] {result['label']}"
     if config.repeats > 1:
         head += f" (repeat {result.get('repeat', 0) + 1})"
@@ -76,19 +69,14 @@ def run_line(index: int, total: int, result: dict[str, Any], config: BenchConfig
         head += " (reused from an earlier invocation)"
     if result["status"] != "ok":
         return f"{head}: {result['status'].upper()}: {result.get('reason')}{elapsed_note(result)}"
-    iterations = result["iterations"]
-    it = {k: median(pick(iterations[k], config.phase_iterations)) for k in PHASES}
-    e2e = median(e2e_samples(iterations, config))
-    headline = it["iteration_ms"] if e2e is None else e2e
-    tokens = config.global_tokens_per_iteration(result.get("devices") or 1)
-    tokens_per_s = tokens / (headline / 1e3) if headline else None
-    peaks = run_peaks(result)  # over the ranks: the largest GPU's, the host's sum
-    gpu, host = peaks["peak_gpu_gib"], peaks["peak_host_gib"]
-    memory = (f"peak GPU {gpu:.2f} GiB, " if gpu is not None else "") + f"host {_num(host, 2)} GiB"
+    r = aggregate(spec, [result], config, model)  # over the ranks: the largest GPU's peak, the host's sum
+    e2e, gpu = r["e2e_iteration_ms"], r["peak_gpu_gib"]
+    tokens_per_s = r["tokens_per_s"] if e2e is None else r["e2e_tokens_per_s"]
+    memory = (f"peak GPU {gpu:.2f} GiB, " if gpu is not None else "") + f"host {_num(r['peak_host_gib'], 2)} GiB"
     e2e_text = f"e2e {e2e:.1f} ms/iteration, " if e2e is not None else ""
-    return (f"{head}: ok  {e2e_text}{tokens_per_s or 0:,.0f} tokens/s  synchronised {_num(it['iteration_ms'])} ms "
-            f"(fwd {_num(it['fwd_ms'])} | bwd {_num(it['bwd_ms'])} | step {_num(it['step_ms'])})  {memory}  "
-            f"loss {iterations['loss'][-1]:.4f}{elapsed_note(result)}")
+    return (f"{head}: ok  {e2e_text}{tokens_per_s or 0:,.0f} tokens/s  synchronised {_num(r['iteration_ms'])} ms "
+            f"(fwd {_num(r['fwd_ms'])} | bwd {_num(r['bwd_ms'])} | step {_num(r['step_ms'])})  {memory}  "
+            f"loss {r['final_loss']:.4f}{elapsed_note(result)}")
 
 
 def _num(value: float | None, digits: int = 1) -> str:
@@ -116,7 +104,7 @@ def run_bench(config: BenchConfig, out_dir: Path, launcher: Launcher = launch, p
                 too_big if KINDS[spec.strategy].keeps_states_on_device else None)
             result = pipeline.run(config, spec, run_dir_of(out_dir, spec), skip=skip)
             raw[spec.label].append(result)
-            pipeline.done(run_line(index, len(runs), result, resolved))
+            pipeline.done(run_line(index, len(runs), spec, result, resolved, model))
     results = [aggregate(spec, raw[spec.label], resolved, model) for spec in specs]
     base = compare_to_baseline(results)
     pipeline.devices = [r["device"] for r in results if r.get("device")]  # how phases were timed, row by row
@@ -132,11 +120,11 @@ def run_bench(config: BenchConfig, out_dir: Path, launcher: Launcher = launch, p
     return doc
 
 
-def dry_run_text(config: BenchConfig, out_dir: Path | None = None) -> str:
-    """The resolved configuration and the configurations it expands to, each with its ``lightning-dos fit``, for
-    ``--dry-run`` (nothing is written)."""
+def dry_run_text(config: BenchConfig) -> str:
+    """The resolved configuration and the configurations it expands to, each with its ``lightning-dos fit`` (run
+    directories under the default ``--out``), for ``--dry-run`` (nothing is written)."""
     hardware, resolved, model = prepare(config)
-    out_dir = out_dir or default_out_dir("bench", config, datetime.now(timezone.utc))
+    out_dir = default_out_dir("bench", config, datetime.now(timezone.utc))
     specs = expand(config)
     lines = ["resolved configuration:", json.dumps(resolved.to_dict(), indent=2), "", f"model: {json.dumps(model)}", "",
              f"iterations of each run: {config.warmup} warm-up, then {config.e2e_count} end to end (unsynchronised), "

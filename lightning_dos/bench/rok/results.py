@@ -7,15 +7,13 @@ its ``act/*`` counters per-iteration medians; against ``keep`` its overhead, mem
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from typing import Any
 
 from lightning_dos.bench.config import PHASES, BenchConfig
 from lightning_dos.bench.results import e2e_samples, iteration_windows, pick
 from lightning_dos.bench.rok.config import placement
 from lightning_dos.bench.rok.search import Probe
-from lightning_dos.bench.stats import median, spread
+from lightning_dos.bench.stats import finite, median, spread
 
 __all__ = ["MEASURES", "activation_peak", "placement_summary", "probe_of", "rok_measurement"]
 
@@ -37,10 +35,6 @@ COUNTERS = ("saved_tensors", "offloaded_tensors", "offloaded_bytes", "restored_t
             "host_pool_bytes", "host_peak_bytes", "nvme_peak_bytes", "device_peak_bytes")
 
 
-def _finite(values: Sequence[Any]) -> list[float]:
-    return [float(v) for v in values if v is not None and isinstance(v, (int, float)) and math.isfinite(v)]
-
-
 def activation_peak(result: dict[str, Any], config: BenchConfig) -> tuple[int | None, str | None, list[int | None]]:
     """``(peak bytes, measure, per measured iteration)`` of a worker's result: the GPU allocator's figures where the
     run has them, else the offload's accounting; ``(None, None, [])`` without either."""
@@ -60,7 +54,7 @@ def headline(result: dict[str, Any], config: BenchConfig) -> tuple[float | None,
     e2e = median(e2e_samples(iterations, config))
     if e2e is not None:
         return e2e, "end to end"
-    return median(_finite(pick(iterations.get("iteration_ms"), config.phase_iterations))), "synchronised"
+    return median(pick(iterations.get("iteration_ms"), config.phase_iterations)), "synchronised"
 
 
 def counters(result: dict[str, Any], config: BenchConfig) -> dict[str, float | None] | None:
@@ -69,8 +63,8 @@ def counters(result: dict[str, Any], config: BenchConfig) -> dict[str, float | N
     per = [c for c in pick((result.get("activations") or {}).get("counters"), range(config.warmup, config.steps)) if c]
     if not per:
         return None
-    out: dict[str, float | None] = {name: median(_finite([c.get(f"act/{name}") for c in per])) for name in COUNTERS}
-    out["late_restores_total"] = sum(_finite([c.get("act/late_restores") for c in per]))
+    out: dict[str, float | None] = {name: median([c.get(f"act/{name}") for c in per]) for name in COUNTERS}
+    out["late_restores_total"] = sum(finite([c.get("act/late_restores") for c in per]))
     out["iterations"] = float(len(per))
     return out
 
@@ -84,7 +78,7 @@ def placement_summary(name: str, result: dict[str, Any], config: BenchConfig) ->
     ms, how = headline(result, config) if ok else (None, "end to end" if config.e2e_count else "synchronised")
     peak, measure, per_iteration = activation_peak(result, config) if ok else (None, None, [])
     tokens = config.tokens_per_iteration
-    phases = {phase: spread(_finite(pick(iterations.get(phase), config.phase_iterations))) for phase in PHASES}
+    phases = {phase: spread(pick(iterations.get(phase), config.phase_iterations)) for phase in PHASES}
     losses = iterations.get("loss") or []
     return {
         "placement": name,
@@ -105,7 +99,7 @@ def placement_summary(name: str, result: dict[str, Any], config: BenchConfig) ->
         "peak_activation_gib": None if peak is None else peak / GIB,
         "measure": measure,
         "peak_activation_bytes_per_iteration": per_iteration,
-        "accounting_peak_bytes": max(_finite(pick(raw.get("accounting_bytes"), range(config.warmup, config.steps))),
+        "accounting_peak_bytes": max(finite(pick(raw.get("accounting_bytes"), range(config.warmup, config.steps))),
                                      default=None),
         "act": counters(result, config) if ok else None,
         "losses": losses,

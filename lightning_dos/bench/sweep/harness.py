@@ -75,7 +75,7 @@ def run_sweep(sweep: SweepConfig, out_dir: Path, launcher: Launcher = launch, pr
     return doc
 
 
-def sweep_dry_run_text(sweep: SweepConfig) -> str:
+def dry_run_text(sweep: SweepConfig) -> str:
     """The resolved settings, the budgets in GiB and the processes the sweep would run, for ``--dry-run``."""
     _, resolved, model = prepare(sweep.bench)
     budgets = [resolve_budget(text, model["params"], sweep.devices) for text in sweep.budgets]
