@@ -68,13 +68,13 @@ def _run(invocation: Invocation) -> int:
     from lightning_dos.bench.sweep import harness as sweep
 
     config = invocation.config
+    mode, module, settings = (("sweep", sweep, invocation.sweep) if invocation.sweep is not None
+                              else ("rok", rok, invocation.rok) if invocation.rok is not None
+                              else ("bench", harness, config))
     if invocation.dry_run:
-        text = (sweep.sweep_dry_run_text(invocation.sweep) if invocation.sweep is not None else
-                rok.dry_run_text(invocation.rok) if invocation.rok is not None else harness.dry_run_text(config))
-        print(text)
+        print(module.dry_run_text(settings))
         return 0
     now = datetime.now(timezone.utc)
-    mode = "sweep" if invocation.sweep is not None else "rok" if invocation.rok is not None else "bench"
     out_dir = Path(config.out) if config.out else default_out_dir(mode, config, now)
     config.out = str(out_dir)
     if invocation.sweep is not None:

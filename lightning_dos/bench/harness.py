@@ -1,5 +1,6 @@
 """Owns a strategy comparison (``lightning-dos bench``) end to end: its configurations in, results.json, report.md
-and the charts out.
+and the charts out (chart.png; iteration_timeline.png when a configuration recorded one, rank_timelines.png when DOS
+auto ran on several devices; the report's dated copy, ``<model>_<hardware>_<date>.md``).
 
 Every configuration of every kind (:mod:`~lightning_dos.bench.kinds`) runs at each device count, each repeat in its
 own worker, round-robin, on the :class:`~lightning_dos.bench.pipeline.Pipeline`; a kind that keeps every state on the
@@ -8,6 +9,7 @@ GPU is skipped when they clearly cannot fit, a single-device one above one devic
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime, timezone
 from pathlib import Path
@@ -15,8 +17,8 @@ from typing import Any
 
 from lightning_dos.bench import chart, report
 from lightning_dos.bench.compose import NO_OFFLOAD_BYTES_PER_PARAM, command, fit_args
-from lightning_dos.bench.config import PHASES, BenchConfig
-from lightning_dos.bench.kinds import KINDS, RunSpec, expand, schedule, single_device_reason
+from lightning_dos.bench.config import BenchConfig
+from lightning_dos.bench.kinds import BASELINE, KINDS, RunSpec, expand, schedule, single_device_reason
 from lightning_dos.bench.launcher import launch
 from lightning_dos.bench.pipeline import (
     Launcher,
@@ -24,21 +26,10 @@ from lightning_dos.bench.pipeline import (
     default_out_dir,
     elapsed_note,
     prepare,
-    timing_note,
     uses_gpu,
+    write_outputs,
 )
-from lightning_dos.bench.results import (
-    aggregate,
-    bench_document,
-    compare_to_baseline,
-    e2e_samples,
-    pick,
-    run_peaks,
-    scaling,
-    write_json,
-)
-from lightning_dos.bench.stats import median
-from lightning_dos.telemetry.environment import versions
+from lightning_dos.bench.results import aggregate, bench_measurement, compare_to_baseline, scaling
 
 
 def no_offload_skip_reason(config: BenchConfig, model: dict[str, Any], hardware: dict[str, Any],
@@ -67,8 +58,10 @@ def devices_skip_reason(spec: RunSpec, config: BenchConfig, hardware: dict[str, 
     return None
 
 
-def run_line(index: int, total: int, result: dict[str, Any], config: BenchConfig) -> str:
-    """One line summarising a finished run, printed as it completes."""
+def run_line(index: int, total: int, spec: RunSpec, result: dict[str, Any], config: BenchConfig,
+             model: dict[str, Any]) -> str:
+    """One line summarising a finished run (its figures as :func:`~lightning_dos.bench.results.aggregate` makes
+    them), printed as it completes."""
     head = f"[{index}/{total}] {result['label']}"
     if config.repeats > 1:
         head += f" (repeat {result.get('repeat', 0) + 1})"
@@ -76,19 +69,14 @@ def run_line(index: int, total: int, result: dict[str, Any], config: BenchConfig
         head += " (reused from an earlier invocation)"
     if result["status"] != "ok":
         return f"{head}: {result['status'].upper()}: {result.get('reason')}{elapsed_note(result)}"
-    iterations = result["iterations"]
-    it = {k: median(pick(iterations[k], config.phase_iterations)) for k in PHASES}
-    e2e = median(e2e_samples(iterations, config))
-    headline = it["iteration_ms"] if e2e is None else e2e
-    tokens = config.global_tokens_per_iteration(result.get("devices") or 1)
-    tokens_per_s = tokens / (headline / 1e3) if headline else None
-    peaks = run_peaks(result)  # over the ranks: the largest GPU's, the host's sum
-    gpu, host = peaks["peak_gpu_gib"], peaks["peak_host_gib"]
-    memory = (f"peak GPU {gpu:.2f} GiB, " if gpu is not None else "") + f"host {_num(host, 2)} GiB"
+    r = aggregate(spec, [result], config, model)  # over the ranks: the largest GPU's peak, the host's sum
+    e2e, gpu = r["e2e_iteration_ms"], r["peak_gpu_gib"]
+    tokens_per_s = r["tokens_per_s"] if e2e is None else r["e2e_tokens_per_s"]
+    memory = (f"peak GPU {gpu:.2f} GiB, " if gpu is not None else "") + f"host {_num(r['peak_host_gib'], 2)} GiB"
     e2e_text = f"e2e {e2e:.1f} ms/iteration, " if e2e is not None else ""
-    return (f"{head}: ok  {e2e_text}{tokens_per_s or 0:,.0f} tokens/s  synchronised {_num(it['iteration_ms'])} ms "
-            f"(fwd {_num(it['fwd_ms'])} | bwd {_num(it['bwd_ms'])} | step {_num(it['step_ms'])})  {memory}  "
-            f"loss {iterations['loss'][-1]:.4f}{elapsed_note(result)}")
+    return (f"{head}: ok  {e2e_text}{tokens_per_s or 0:,.0f} tokens/s  synchronised {_num(r['iteration_ms'])} ms "
+            f"(fwd {_num(r['fwd_ms'])} | bwd {_num(r['bwd_ms'])} | step {_num(r['step_ms'])})  {memory}  "
+            f"loss {r['final_loss']:.4f}{elapsed_note(result)}")
 
 
 def _num(value: float | None, digits: int = 1) -> str:
@@ -103,59 +91,40 @@ def run_dir_of(out_dir: Path, spec: RunSpec) -> Path:
 def run_bench(config: BenchConfig, out_dir: Path, launcher: Launcher = launch, progress: bool = True,
               now: datetime | None = None, resume: bool = False) -> dict[str, Any]:
     """Run every configuration of ``config`` (``resume``: reuse those that finished in ``out_dir`` running exactly
-    the same), write the outputs under ``out_dir`` and return results.json's data."""
-    now = now or datetime.now(timezone.utc)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    hardware, resolved, model = prepare(config)
-    specs = expand(config)
-    runs = schedule(specs, config.repeats)
-    raw: dict[str, list[dict[str, Any]]] = {spec.label: [] for spec in specs}
-    with Pipeline("bench", "config", out_dir, len(runs), launcher, resume, progress) as pipeline:
+    the same), write results.json, report.md, the charts and the dated copy under ``out_dir``; return the JSON."""
+    with Pipeline(config, out_dir, launcher, resume, progress, now) as pipeline:
+        hardware, resolved, model = pipeline.hardware, pipeline.resolved, pipeline.model
+        specs = expand(config)
+        runs = schedule(specs, config.repeats)
+        raw: dict[str, list[dict[str, Any]]] = {spec.label: [] for spec in specs}
+        pipeline.stage("bench", "config", len(runs))
         for index, spec in enumerate(runs, start=1):
             too_big = no_offload_skip_reason(resolved, model, hardware, spec.devices)
             skip = devices_skip_reason(spec, resolved, hardware) or (
                 too_big if KINDS[spec.strategy].keeps_states_on_device else None)
             result = pipeline.run(config, spec, run_dir_of(out_dir, spec), skip=skip)
             raw[spec.label].append(result)
-            pipeline.done(run_line(index, len(runs), result, resolved))
+            pipeline.done(run_line(index, len(runs), spec, result, resolved, model))
     results = [aggregate(spec, raw[spec.label], resolved, model) for spec in specs]
     base = compare_to_baseline(results)
-    timing = timing_note(resolved, hardware, [r["device"] for r in results if r.get("device")])
-    doc = bench_document(hardware, versions(), resolved, model, results, now.isoformat(timespec="seconds"), timing)
+    pipeline.devices = [r["device"] for r in results if r.get("device")]  # how phases were timed, row by row
+    doc = pipeline.document(None, bench_measurement(resolved), baseline=BASELINE, results=results)
     doc["interrupted"] = pipeline.interrupted
     doc["reused"] = sorted({r["label"] for runs_ in raw.values() for r in runs_ if r.get("reused")})
     if (section := scaling(results)) is not None:  # more than one device count ran
         doc["scaling"] = section
-    write_bench_outputs(doc, base, out_dir)
+    figures = {"timeline": ("iteration_timeline.png", chart.render_timeline),
+               "rank_timelines": ("rank_timelines.png", chart.render_rank_timelines)}
+    write_outputs(doc, out_dir, ("results.json", "chart.png", "report.md"), chart.render,
+                  functools.partial(report.render, base=base), figures, copy=report.report_name(doc))
     return doc
 
 
-def write_bench_outputs(doc: dict[str, Any], base: dict[str, Any] | None, out_dir: Path) -> dict[str, Path]:
-    """results.json, chart.png, iteration_timeline.png (when a configuration recorded one), rank_timelines.png (when
-    DOS auto ran on several devices), report.md and its dated copy; returns their paths by kind."""
-    paths = {"results": out_dir / "results.json", "chart": out_dir / "chart.png", "report": out_dir / "report.md"}
-    write_json(paths["results"], doc)
-    chart.render(doc, paths["chart"])
-    figures = {"timeline": (out_dir / "iteration_timeline.png", chart.render_timeline),
-               "rank_timelines": (out_dir / "rank_timelines.png", chart.render_rank_timelines)}
-    for kind, (path, render) in figures.items():
-        path.unlink(missing_ok=True)  # an earlier invocation's, in the same --out: never linked for this one
-        if render(doc, path) is not None:
-            paths[kind] = path
-    text = report.render(doc, base, chart=paths["chart"].name,
-                         timeline=paths["timeline"].name if "timeline" in paths else None,
-                         rank_timelines=paths["rank_timelines"].name if "rank_timelines" in paths else None)
-    paths["report"].write_text(text, encoding="utf-8")
-    paths["named_report"] = out_dir / report.report_name(doc)
-    paths["named_report"].write_text(text, encoding="utf-8")
-    return paths
-
-
-def dry_run_text(config: BenchConfig, out_dir: Path | None = None) -> str:
-    """The resolved configuration and the configurations it expands to, each with its ``lightning-dos fit``, for
-    ``--dry-run`` (nothing is written)."""
+def dry_run_text(config: BenchConfig) -> str:
+    """The resolved configuration and the configurations it expands to, each with its ``lightning-dos fit`` (run
+    directories under the default ``--out``), for ``--dry-run`` (nothing is written)."""
     hardware, resolved, model = prepare(config)
-    out_dir = out_dir or default_out_dir("bench", config, datetime.now(timezone.utc))
+    out_dir = default_out_dir("bench", config, datetime.now(timezone.utc))
     specs = expand(config)
     lines = ["resolved configuration:", json.dumps(resolved.to_dict(), indent=2), "", f"model: {json.dumps(model)}", "",
              f"iterations of each run: {config.warmup} warm-up, then {config.e2e_count} end to end (unsynchronised), "

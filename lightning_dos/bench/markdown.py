@@ -64,11 +64,13 @@ def json_block(data: Any) -> list[str]:
     return ["```json", *json.dumps(data, indent=2).splitlines(), "```"]
 
 
-def heading(doc: dict[str, Any], mode: str, interrupted: str) -> list[str]:
-    """A report's title (the mode, the model, the device) and date, then ``interrupted`` when the run was."""
+def heading(doc: dict[str, Any], mode: str, interrupted: str, note: str | None = None) -> list[str]:
+    """A report's title (the mode, the model, the device) and date, then ``interrupted`` when the run was and
+    ``note`` if any, then the hardware and versions sections."""
     device = doc["hardware"].get("gpu_name") or "CPU"
     lines = [f"# lightning-dos {mode}: {doc['config']['model']} on {device}", "", f"Date: {doc['date']}", ""]
-    return lines + ([interrupted, ""] if doc.get("interrupted") else [])
+    lines += [interrupted, ""] if doc.get("interrupted") else []
+    return lines + ([note, ""] if note else []) + environment_lines(doc)
 
 
 def devices_text(devices: Sequence[int]) -> str:

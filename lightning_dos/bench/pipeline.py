@@ -1,16 +1,19 @@
-"""Owns what every mode's invocation shares: the host and workload resolved once, then worker processes one at a time.
+"""Owns what every mode's invocation shares: the host and workload resolved once, worker processes one at a time,
+the JSON document and its outputs.
 
 A comparison, a sweep and a ROK curve give :class:`Pipeline` their runs; each is reused (``--resume``: an earlier one
 that ran exactly the same ``lightning-dos fit`` and settings, :func:`reusable`), skipped with its reason, or launched
-in a fresh worker process, under a progress bar. After Ctrl-C or SIGTERM the rest are reported as not run.
+in a fresh worker process, under a progress bar. After Ctrl-C or SIGTERM the rest are reported as not run. Each mode's
+document has the same head (:meth:`Pipeline.document`) and is written as JSON, a chart and a report
+(:func:`write_outputs`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
-from datetime import datetime
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +23,8 @@ from lightning_dos.bench.compose import describe, payload
 from lightning_dos.bench.config import BenchConfig
 from lightning_dos.bench.kinds import RunSpec
 from lightning_dos.bench.launcher import launch
-from lightning_dos.bench.results import skipped, write_json
-from lightning_dos.telemetry.environment import hardware_info, merge_worker_device
+from lightning_dos.bench.results import document, skipped, write_json
+from lightning_dos.telemetry.environment import hardware_info, merge_worker_device, versions
 
 GPU_TIMING = ("GPU: torch.cuda.synchronize() is called at every phase boundary (bench mode), so each phase's "
               "kernels are charged to it; this costs a little and removes overlap across boundaries, so these "
@@ -72,14 +75,26 @@ def relative_path(path: str | None, root: Path) -> str | None:
         return path
 
 
-def write_outputs(doc: dict[str, Any], out_dir: Path, stem: str, draw: Callable[[dict[str, Any], Path], Any],
-                  render: Callable[..., str]) -> dict[str, Path]:
-    """``<stem>.json``, ``<stem>.png`` (``draw``) and ``<stem>.md`` (``render``, linking the chart) of a sweep's or a
-    ROK curve's document under ``out_dir``; returns their paths by kind."""
-    paths = {"json": out_dir / f"{stem}.json", "chart": out_dir / f"{stem}.png", "report": out_dir / f"{stem}.md"}
+def write_outputs(doc: dict[str, Any], out_dir: Path, names: Sequence[str], draw: Callable[[dict[str, Any], Path], Any],
+                  render: Callable[..., str], figures: dict[str, tuple[str, Callable[..., Any]]] | None = None,
+                  copy: str | None = None) -> dict[str, Path]:
+    """A mode's outputs under ``out_dir``: the JSON of ``doc``, its chart (``draw``) and its report (``render``,
+    linking the chart), named by ``names``; ``figures``: further charts by kind, each linked only when drawn (an
+    earlier invocation's removed); ``copy``: a second name of the report. Returns their paths by kind."""
+    paths = {kind: out_dir / name for kind, name in zip(("json", "chart", "report"), names)}
     write_json(paths["json"], doc)
     draw(doc, paths["chart"])
-    paths["report"].write_text(render(doc, chart=paths["chart"].name), encoding="utf-8")
+    links = {}
+    for kind, (name, figure) in (figures or {}).items():
+        path = out_dir / name
+        path.unlink(missing_ok=True)  # an earlier invocation's, in the same --out: never linked for this one
+        if figure(doc, path) is not None:
+            paths[kind], links[kind] = path, name
+    text = render(doc, chart=paths["chart"].name, **links)
+    paths["report"].write_text(text, encoding="utf-8")
+    if copy:
+        paths["copy"] = out_dir / copy
+        paths["copy"].write_text(text, encoding="utf-8")
     return paths
 
 
@@ -114,20 +129,41 @@ def reusable(config: BenchConfig, spec: RunSpec, run_dir: Path,
 
 
 class Pipeline:
-    """An invocation's worker processes, one at a time under a progress bar (a context manager)."""
+    """An invocation (a context manager): its host, workload and model resolved once (:func:`prepare`), its worker
+    processes one at a time under a progress bar per :meth:`stage`, and the head of its JSON document."""
 
-    def __init__(self, mode: str, unit: str, out_dir: Path, total: int | None = None, launcher: Launcher = launch,
-                 resume: bool = False, progress: bool = True) -> None:
-        self.mode, self.out_dir, self.launcher, self.resume = mode, out_dir, launcher, resume
-        self.bar = tqdm(total=total, desc=mode, unit=unit, disable=not progress, dynamic_ncols=True)
+    def __init__(self, config: BenchConfig, out_dir: Path, launcher: Launcher = launch, resume: bool = False,
+                 progress: bool = True, now: datetime | None = None) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.hardware, self.resolved, self.model = prepare(config)
+        self.versions = versions()
+        self.date = (now or datetime.now(timezone.utc)).isoformat(timespec="seconds")
+        self.out_dir, self.launcher, self.resume, self.progress = out_dir, launcher, resume, progress
+        self.mode = ""
+        self.bar: Any = None
         self.interrupted = False
         self.devices: list[dict[str, Any]] = []  # the devices the workers reported, for timing_note
+
+    def stage(self, mode: str, unit: str, total: int | None = None) -> None:
+        """Start the progress bar of ``mode``'s processes (``unit`` each), ending the previous stage's."""
+        if self.bar is not None:
+            self.bar.close()
+        self.mode = mode
+        self.bar = tqdm(total=total, desc=mode, unit=unit, disable=not self.progress, dynamic_ncols=True)
 
     def __enter__(self) -> Pipeline:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
+
+    def document(self, kind: str | None, measurement: dict[str, Any], **rest: Any) -> dict[str, Any]:
+        """The mode's JSON document (:func:`~lightning_dos.bench.results.document`), ``measurement`` ending with
+        how the phases were timed."""
+        timing = timing_note(self.resolved, self.hardware, self.devices)
+        return document(kind, self.hardware, self.versions, self.resolved, self.model, self.date,
+                        {**measurement, "timing": timing}, **rest)
 
     def run(self, config: BenchConfig, spec: RunSpec, run_dir: Path, extra: dict[str, Any] | None = None,
             skip: str | None = None,

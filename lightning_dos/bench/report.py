@@ -272,12 +272,10 @@ def render(doc: dict[str, Any], base: dict[str, Any] | None, chart: str | None =
     """The markdown report of a results.json document; ``chart``, ``timeline`` and ``rank_timelines`` are the images
     to link, if any."""
     results = doc["results"]
+    resumed = ("**Resumed** (`--resume`): measured by an earlier invocation with the same settings and reused here: "
+               + ", ".join(doc["reused"]) + ".") if doc.get("reused") else None
     lines = md.heading(doc, "bench", "**The bench was interrupted**: configurations after the interruption were not "
-                       "run.")
-    if doc.get("reused"):
-        lines += ["**Resumed** (`--resume`): measured by an earlier invocation with the same settings and reused here: "
-                  + ", ".join(doc["reused"]) + ".", ""]
-    lines += md.environment_lines(doc)
+                       "run.", resumed)
     lines += ["", "## Configuration", ""]
     lines += _config_lines(doc)
     lines += ["", "## How it was measured", ""]

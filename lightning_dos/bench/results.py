@@ -20,7 +20,7 @@ from typing import Any
 from lightning_dos.bench.compose import strategy_args
 from lightning_dos.bench.config import HOST_KEYS, PHASE_PEAKS, PHASES, BenchConfig
 from lightning_dos.bench.kinds import BASELINE, RunSpec, base_label, devices_of
-from lightning_dos.bench.stats import median, spread
+from lightning_dos.bench.stats import finite, median, spread
 
 SCHEMA_VERSION = 1
 #: How the headline was measured, for results.json and the report.
@@ -39,11 +39,6 @@ PEAK_FIELDS = ("peak_gpu_gib", "peak_gpu_reserved_gib", "peak_host_gib", "peak_h
 HOST_PEAKS = ("peak_host_gib", "peak_host_rss_sampled_gib", "ru_maxrss_gib")
 #: Peaks of a GPU, the largest over a run's ranks (one GPU each).
 GPU_PEAKS = ("peak_gpu_gib", "peak_gpu_reserved_gib")
-
-
-def _max_or_none(values: Sequence[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return max(present) if present else None
 
 
 def _worst(statuses: Sequence[str]) -> str:
@@ -144,7 +139,7 @@ def run_peaks(run: dict[str, Any]) -> dict[str, float | None]:
     """A raw result's peaks over its ranks: host peaks summed (one host), GPU peaks the largest."""
     entries = rank_entries(run)
     peaks = {name: _sum_or_none([e.get(name) for e in entries]) for name in HOST_PEAKS}
-    peaks.update({name: _max_or_none([e.get(name) for e in entries]) for name in GPU_PEAKS})
+    peaks.update({name: max(finite(e.get(name) for e in entries), default=None) for name in GPU_PEAKS})
     return peaks
 
 
@@ -175,7 +170,7 @@ def summarize_ranks(ok: Sequence[dict[str, Any]], config: BenchConfig) -> list[d
             "end_s": iterations[0].get("end_s"),
             "final_loss": losses[-1] if losses else None,
             "losses": losses,
-            **{name: _max_or_none([e.get(name) for e in entries]) for name in (*HOST_PEAKS, *GPU_PEAKS)},
+            **{name: max(finite(e.get(name) for e in entries), default=None) for name in (*HOST_PEAKS, *GPU_PEAKS)},
             "dos": dos,
             "iteration_timeline": next((e["iteration_timeline"] for e in entries if e.get("iteration_timeline")),
                                        None),
@@ -226,7 +221,7 @@ def aggregate(spec: RunSpec, runs: Sequence[dict[str, Any]], config: BenchConfig
     result["tflops_per_s"] = result["tokens_per_s"] * flops / 1e12 if result["tokens_per_s"] and flops else None
     peaks = [run_peaks(r) for r in ok]
     for name in PEAK_FIELDS:
-        result[name] = _max_or_none([p[name] for p in peaks])
+        result[name] = max(finite([p[name] for p in peaks]), default=None)
     result["peak_gpu_gib_by_phase"] = summarize_phase_peaks(ok, phase_indices)
     per_rank = summarize_ranks(ok, config)
     result["peak_host_gib_per_rank"] = [r["peak_host_gib"] for r in per_rank]
@@ -352,12 +347,10 @@ def iteration_windows(config: BenchConfig) -> dict[str, list[int]]:
             "phase_iterations": [k + 1 for k in config.phase_iterations]}
 
 
-def bench_document(hardware: dict[str, Any], versions: dict[str, Any], config: BenchConfig, model: dict[str, Any],
-                   results: list[dict[str, Any]], date: str, timing_note: str) -> dict[str, Any]:
-    """The results.json document."""
-    measurement = {**iteration_windows(config), "statistic": "median over the measured iterations of all successful "
-                   "repeats; spread = min, p25, p75, max", "e2e": E2E_NOTE, "timing": timing_note}
-    return document(None, hardware, versions, config, model, date, measurement, baseline=BASELINE, results=results)
+def bench_measurement(config: BenchConfig) -> dict[str, Any]:
+    """results.json's ``measurement``: the iteration windows, the statistic and the end-to-end timing."""
+    return {**iteration_windows(config), "statistic": "median over the measured iterations of all successful repeats; "
+            "spread = min, p25, p75, max", "e2e": E2E_NOTE}
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -28,13 +28,18 @@ class Spread:
         return asdict(self)
 
 
+def finite(values: Iterable[Any]) -> list[float]:
+    """The finite numbers among ``values`` as floats (None, NaN and anything else left out)."""
+    return [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+
+
 def spread(values: Sequence[float | None]) -> Spread | None:
     """The spread of the finite ``values``; None when there are none."""
-    finite = sorted(float(v) for v in values if v is not None and math.isfinite(v))
-    if not finite:
+    ordered = sorted(finite(values))
+    if not ordered:
         return None
-    quartiles = statistics.quantiles(finite, n=4, method="inclusive") if len(finite) > 1 else finite * 3
-    return Spread(len(finite), finite[0], *quartiles, finite[-1])
+    quartiles = statistics.quantiles(ordered, n=4, method="inclusive") if len(ordered) > 1 else ordered * 3
+    return Spread(len(ordered), ordered[0], *quartiles, ordered[-1])
 
 
 def median(values: Sequence[float | None]) -> float | None:

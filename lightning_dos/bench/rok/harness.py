@@ -8,27 +8,18 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from lightning_dos.bench.launcher import launch
-from lightning_dos.bench.pipeline import (
-    Launcher,
-    Pipeline,
-    elapsed_note,
-    prepare,
-    timing_note,
-    uses_gpu,
-    write_outputs,
-)
+from lightning_dos.bench.pipeline import Launcher, Pipeline, elapsed_note, prepare, uses_gpu, write_outputs
 from lightning_dos.bench.rok import chart, report
 from lightning_dos.bench.rok.config import PLACEMENTS, RokConfig
 from lightning_dos.bench.rok.disk import measure_disk
 from lightning_dos.bench.rok.report import format_bytes
-from lightning_dos.bench.rok.results import GIB, compare_to_keep, placement_summary, probe_of, rok_document
+from lightning_dos.bench.rok.results import GIB, compare_to_keep, placement_summary, probe_of, rok_measurement
 from lightning_dos.bench.rok.search import Probe, search_micro_batch
-from lightning_dos.telemetry.environment import versions
 
 __all__ = ["dry_run_text", "run_rok"]
 
@@ -97,48 +88,42 @@ def run_rok(rok: RokConfig, out_dir: Path, launcher: Launcher = launch, progress
             disk_meter: Callable[..., dict[str, Any]] = measure_disk) -> dict[str, Any]:
     """Run every placement of ``rok`` (and the micro-batch search, with a budget); write rok.json, rok.md and
     rok.png under ``out_dir``; return the JSON document."""
-    now = now or datetime.now(timezone.utc)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    hardware, resolved, model = prepare(rok.bench)
-    # the search starts from the recipe's micro-batch; tokens per iteration need its sequence length too
-    rok = dataclasses.replace(rok, bench=dataclasses.replace(rok.bench, micro_batch=resolved.micro_batch,
-                                                             seq_len=resolved.seq_len))
-    software = versions()
-    on_gpu = uses_gpu(resolved, hardware)
-    disk = None
-    if "offload-nvme" in rok.placements and rok.nvme_path and rok.disk_probe_mib > 0:
-        disk = disk_meter(rok.nvme_path, rok.disk_probe_mib, progress=progress)
     summaries: list[dict[str, Any]] = []
     raw: dict[str, dict[str, Any]] = {}
     searches: list[dict[str, Any]] = []
+    with Pipeline(rok.bench, out_dir, launcher, resume, progress, now) as pipeline:
+        resolved = pipeline.resolved
+        # the search starts from the recipe's micro-batch; tokens per iteration need its sequence length too
+        rok = dataclasses.replace(rok, bench=dataclasses.replace(rok.bench, micro_batch=resolved.micro_batch,
+                                                                 seq_len=resolved.seq_len))
+        on_gpu = uses_gpu(resolved, pipeline.hardware)
+        disk = None
+        if "offload-nvme" in rok.placements and rok.nvme_path and rok.disk_probe_mib > 0:
+            disk = disk_meter(rok.nvme_path, rok.disk_probe_mib, progress=progress)
 
-    def document(interrupted: bool) -> dict[str, Any]:
-        compare_to_keep(summaries)
-        measure = next((s["measure"] for s in summaries if s.get("measure")), None)
-        doc = rok_document(hardware, software, rok, model, summaries, now.isoformat(timespec="seconds"),
-                           timing_note(resolved, hardware, devices), disk, budget_section(rok, searches, measure),
-                           interrupted, resolved)
-        doc["placements_planned"] = list(rok.placements)
-        write_outputs(doc, out_dir, "rok", chart.render, report.render)
-        return doc
+        def document() -> dict[str, Any]:
+            compare_to_keep(summaries)
+            measure = next((s["measure"] for s in summaries if s.get("measure")), None)
+            doc = pipeline.document("rok_curve", rok_measurement(resolved, summaries), rok=rok.to_dict(),
+                                    interrupted=pipeline.interrupted, disk=disk, placements=summaries,
+                                    budget=budget_section(rok, searches, measure))
+            doc["placements_planned"] = list(rok.placements)
+            write_outputs(doc, out_dir, ("rok.json", "rok.png", "rok.md"), chart.render, report.render)
+            return doc
 
-    total = len(rok.placements)
-    with Pipeline("rok", "placement", out_dir, total, launcher, resume, progress) as pipeline:
-        devices = pipeline.devices  # the placement runs' report how the phases were timed
+        pipeline.stage("rok", "placement", len(rok.placements))
         for index, name in enumerate(rok.placements, start=1):
             raw[name] = result = _run(pipeline, rok, on_gpu, name)
             summary = placement_summary(name, result, rok.run_config(name))
             summaries.append(summary)
-            pipeline.done(placement_line(index, total, summary))
-            document(pipeline.interrupted)
-        interrupted = pipeline.interrupted
-    if rok.budget_gib is not None and not interrupted:
-        with Pipeline("budget search", "probe", out_dir, None, launcher, resume, progress) as pipeline:
+            pipeline.done(placement_line(index, len(rok.placements), summary))
+            document()
+        if rok.budget_gib is not None and not pipeline.interrupted:
+            pipeline.stage("budget search", "probe")
             for name in rok.placements:
                 searches.append(_search(rok, on_gpu, pipeline, name, raw[name]))
-                document(pipeline.interrupted)
-            interrupted = pipeline.interrupted
-    return document(interrupted)
+                document()
+    return document()
 
 
 def dry_run_text(rok: RokConfig) -> str:

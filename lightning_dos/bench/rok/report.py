@@ -120,12 +120,10 @@ def render(doc: dict[str, Any], chart: str | None = "rok.png") -> str:
     """rok.md of a rok.json document."""
     cfg, rok, model, m = doc["config"], doc["rok"], doc["model"], doc["measurement"]
     placements = doc["placements"]
-    lines = md.heading(doc, "ROK curve", "**Interrupted**: what ran after the interruption is missing or marked "
-                       "skipped.")
     planned = doc.get("placements_planned") or []
-    if len(planned) > len(placements):
-        lines += [f"**Partial**: {len(placements)} of {len(planned)} placements so far.", ""]
-    lines += md.environment_lines(doc)
+    lines = md.heading(doc, "ROK curve", "**Interrupted**: what ran after the interruption is missing or marked "
+                       "skipped.", f"**Partial**: {len(placements)} of {len(planned)} placements so far."
+                       if len(planned) > len(placements) else None)
     measures = m.get("memory_measures") or {}
     lines += ["", "## Configuration", "",
               f"- Model: {md.model_text(model)}; micro-batch {cfg['micro_batch']} x seq {cfg['seq_len']} = "

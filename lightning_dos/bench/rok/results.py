@@ -7,17 +7,15 @@ its ``act/*`` counters per-iteration medians; against ``keep`` its overhead, mem
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from typing import Any
 
 from lightning_dos.bench.config import PHASES, BenchConfig
-from lightning_dos.bench.results import document, e2e_samples, iteration_windows, pick
-from lightning_dos.bench.rok.config import RokConfig, placement
+from lightning_dos.bench.results import e2e_samples, iteration_windows, pick
+from lightning_dos.bench.rok.config import placement
 from lightning_dos.bench.rok.search import Probe
-from lightning_dos.bench.stats import median, spread
+from lightning_dos.bench.stats import finite, median, spread
 
-__all__ = ["MEASURES", "activation_peak", "placement_summary", "probe_of", "rok_document"]
+__all__ = ["MEASURES", "activation_peak", "placement_summary", "probe_of", "rok_measurement"]
 
 GIB = 1024**3
 #: The memory measures: what each one is, for rok.json and the report.
@@ -35,10 +33,6 @@ MEASURES = {
 COUNTERS = ("saved_tensors", "offloaded_tensors", "offloaded_bytes", "restored_tensors", "restored_bytes",
             "kept_bytes", "late_restores", "restore_wait_s", "write_wait_s", "nvme_written_bytes", "nvme_read_bytes",
             "host_pool_bytes", "host_peak_bytes", "nvme_peak_bytes", "device_peak_bytes")
-
-
-def _finite(values: Sequence[Any]) -> list[float]:
-    return [float(v) for v in values if v is not None and isinstance(v, (int, float)) and math.isfinite(v)]
 
 
 def activation_peak(result: dict[str, Any], config: BenchConfig) -> tuple[int | None, str | None, list[int | None]]:
@@ -60,7 +54,7 @@ def headline(result: dict[str, Any], config: BenchConfig) -> tuple[float | None,
     e2e = median(e2e_samples(iterations, config))
     if e2e is not None:
         return e2e, "end to end"
-    return median(_finite(pick(iterations.get("iteration_ms"), config.phase_iterations))), "synchronised"
+    return median(pick(iterations.get("iteration_ms"), config.phase_iterations)), "synchronised"
 
 
 def counters(result: dict[str, Any], config: BenchConfig) -> dict[str, float | None] | None:
@@ -69,8 +63,8 @@ def counters(result: dict[str, Any], config: BenchConfig) -> dict[str, float | N
     per = [c for c in pick((result.get("activations") or {}).get("counters"), range(config.warmup, config.steps)) if c]
     if not per:
         return None
-    out: dict[str, float | None] = {name: median(_finite([c.get(f"act/{name}") for c in per])) for name in COUNTERS}
-    out["late_restores_total"] = sum(_finite([c.get("act/late_restores") for c in per]))
+    out: dict[str, float | None] = {name: median([c.get(f"act/{name}") for c in per]) for name in COUNTERS}
+    out["late_restores_total"] = sum(finite([c.get("act/late_restores") for c in per]))
     out["iterations"] = float(len(per))
     return out
 
@@ -84,7 +78,7 @@ def placement_summary(name: str, result: dict[str, Any], config: BenchConfig) ->
     ms, how = headline(result, config) if ok else (None, "end to end" if config.e2e_count else "synchronised")
     peak, measure, per_iteration = activation_peak(result, config) if ok else (None, None, [])
     tokens = config.tokens_per_iteration
-    phases = {phase: spread(_finite(pick(iterations.get(phase), config.phase_iterations))) for phase in PHASES}
+    phases = {phase: spread(pick(iterations.get(phase), config.phase_iterations)) for phase in PHASES}
     losses = iterations.get("loss") or []
     return {
         "placement": name,
@@ -105,7 +99,7 @@ def placement_summary(name: str, result: dict[str, Any], config: BenchConfig) ->
         "peak_activation_gib": None if peak is None else peak / GIB,
         "measure": measure,
         "peak_activation_bytes_per_iteration": per_iteration,
-        "accounting_peak_bytes": max(_finite(pick(raw.get("accounting_bytes"), range(config.warmup, config.steps))),
+        "accounting_peak_bytes": max(finite(pick(raw.get("accounting_bytes"), range(config.warmup, config.steps))),
                                      default=None),
         "act": counters(result, config) if ok else None,
         "losses": losses,
@@ -157,17 +151,8 @@ def probe_of(result: dict[str, Any], config: BenchConfig, budget_bytes: float, s
     return Probe(fits=peak <= budget_bytes, peak_bytes=peak, tokens_per_s=tokens_per_s, **common)
 
 
-def rok_document(hardware: dict[str, Any], versions: dict[str, Any], rok: RokConfig, model: dict[str, Any],
-                 placements: list[dict[str, Any]], date: str, timing_note: str, disk: dict[str, Any] | None,
-                 budget: dict[str, Any] | None, interrupted: bool, resolved: BenchConfig | None = None
-                 ) -> dict[str, Any]:
-    """The rok.json document: the settings (``config``: ``resolved``, the workload resolved), the host, every
-    placement's figures and the search."""
-    config = resolved or rok.bench
-    measurement = {**iteration_windows(config), "headline": "the median end-to-end iteration (unsynchronised, as the "
-                   "bench's headline); the synchronised median where no iteration was timed end to end",
-                   "memory_measures": {m: MEASURES[m] for m in sorted({p["measure"] for p in placements
-                                                                     if p.get("measure")})},
-                   "timing": timing_note}
-    return document("rok_curve", hardware, versions, config, model, date, measurement, rok=rok.to_dict(),
-                    interrupted=interrupted, disk=disk, placements=placements, budget=budget)
+def rok_measurement(config: BenchConfig, placements: list[dict[str, Any]]) -> dict[str, Any]:
+    """rok.json's ``measurement``: the iteration windows, the headline and the memory measures the placements used."""
+    return {**iteration_windows(config), "headline": "the median end-to-end iteration (unsynchronised, as the bench's "
+            "headline); the synchronised median where no iteration was timed end to end",
+            "memory_measures": {m: MEASURES[m] for m in sorted({p["measure"] for p in placements if p.get("measure")})}}

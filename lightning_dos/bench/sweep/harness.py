@@ -6,17 +6,16 @@ process stopped from outside still contributes the plans it finished (its ``prog
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from lightning_dos.bench import chart
 from lightning_dos.bench.launcher import launch
-from lightning_dos.bench.pipeline import Launcher, Pipeline, elapsed_note, prepare, timing_note, write_outputs
+from lightning_dos.bench.pipeline import Launcher, Pipeline, elapsed_note, prepare, write_outputs
 from lightning_dos.bench.sweep.config import PROGRESS_FILE, Budget, SweepConfig, resolve_budget
 from lightning_dos.bench.sweep.report import render_sweep
-from lightning_dos.bench.sweep.results import summarize_budget, sweep_document
-from lightning_dos.telemetry.environment import versions
+from lightning_dos.bench.sweep.results import summarize_budget, sweep_measurement
 
 
 def with_progress(result: dict[str, Any], run_dir: Path) -> dict[str, Any]:
@@ -53,15 +52,12 @@ def budget_line(index: int, total: int, budget: Budget, summary: dict[str, Any],
 def run_sweep(sweep: SweepConfig, out_dir: Path, launcher: Launcher = launch, progress: bool = True,
               now: datetime | None = None, resume: bool = False) -> dict[str, Any]:
     """Run the sweep's processes; write sweep.json, sweep.md and sweep.png under ``out_dir``; return the JSON."""
-    now = now or datetime.now(timezone.utc)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    hardware, resolved, model = prepare(sweep.bench)
-    software = versions()
-    budgets = [resolve_budget(text, model["params"], sweep.devices) for text in sweep.budgets]
     summaries: list[dict[str, Any]] = []
     extra = {"sweep": {"plans": list(sweep.plans), "steps_per_plan": sweep.steps_per_plan,
                        "auto_steps": sweep.auto_steps}}
-    with Pipeline("sweep", "process", out_dir, len(budgets), launcher, resume, progress) as pipeline:
+    with Pipeline(sweep.bench, out_dir, launcher, resume, progress, now) as pipeline:
+        budgets = [resolve_budget(text, pipeline.model["params"], sweep.devices) for text in sweep.budgets]
+        pipeline.stage("sweep", "process", len(budgets))
         for index, budget in enumerate(budgets, start=1):
             run_dir = out_dir / "runs" / budget.slug
             if not resume:
@@ -72,14 +68,14 @@ def run_sweep(sweep: SweepConfig, out_dir: Path, launcher: Launcher = launch, pr
             pipeline.done(budget_line(index, len(budgets), budget, summary, result))
             summaries.append(summary)
             # after every budget, so a sweep stopped from outside still leaves the budgets it finished
-            doc = sweep_document(hardware, software, sweep, model, summaries, now.isoformat(timespec="seconds"),
-                                 timing_note(resolved, hardware, pipeline.devices), pipeline.interrupted, resolved)
+            doc = pipeline.document("plan_sweep", sweep_measurement(sweep), sweep=sweep.to_dict(),
+                                    interrupted=pipeline.interrupted, budgets=summaries)
             doc["budgets_planned"] = [b.to_dict() for b in budgets]
-            write_outputs(doc, out_dir, "sweep", chart.render_sweep, render_sweep)
+            write_outputs(doc, out_dir, ("sweep.json", "sweep.png", "sweep.md"), chart.render_sweep, render_sweep)
     return doc
 
 
-def sweep_dry_run_text(sweep: SweepConfig) -> str:
+def dry_run_text(sweep: SweepConfig) -> str:
     """The resolved settings, the budgets in GiB and the processes the sweep would run, for ``--dry-run``."""
     _, resolved, model = prepare(sweep.bench)
     budgets = [resolve_budget(text, model["params"], sweep.devices) for text in sweep.budgets]

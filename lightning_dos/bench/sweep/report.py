@@ -98,14 +98,11 @@ def _host_order_text(chosen: dict[str, Any]) -> str:
 def render_sweep(doc: dict[str, Any], chart: str | None = "sweep.png") -> str:
     """sweep.md of a sweep.json document."""
     cfg, model, sweep = doc["config"], doc["model"], doc["sweep"]
+    planned, done = doc.get("budgets_planned") or [], len(doc["budgets"])
+    rest = ", ".join(b["label"] for b in planned[done:])
     lines = md.heading(doc, "plan sweep", "**The sweep was interrupted**: processes after the interruption were not "
-                       "run.")
-    planned = doc.get("budgets_planned") or []
-    if len(planned) > len(doc["budgets"]):
-        rest = ", ".join(b["label"] for b in planned[len(doc["budgets"]):])
-        lines += [f"**Partial**: written after {len(doc['budgets'])} of {len(planned)} budgets; not run yet: {rest}.",
-                  ""]
-    lines += md.environment_lines(doc)
+                       "run.", f"**Partial**: written after {done} of {len(planned)} budgets; not run yet: {rest}."
+                       if len(planned) > done else None)
     budgets = ", ".join(b["budget"]["label"] for b in doc["budgets"])
     m = doc["measurement"]
     lines += ["", "## Configuration", "",

@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_dos.bench.config import BenchConfig
 from lightning_dos.bench.kinds import plan_argument
-from lightning_dos.bench.results import document, pick, ratio
+from lightning_dos.bench.results import pick, ratio
 from lightning_dos.bench.stats import median, spread
 from lightning_dos.bench.sweep.config import AUTO, AUTO_MIN_EXCLUDED, PLAN_WARMUP, Budget, SweepConfig, sweep_schedule
 from lightning_dos.planning.plan import parse_plan
@@ -196,11 +195,9 @@ def summarize_budget(budget: Budget, result: dict[str, Any], sweep: SweepConfig)
     }
 
 
-def sweep_document(hardware: dict[str, Any], versions: dict[str, Any], sweep: SweepConfig, model: dict[str, Any],
-                   budgets: list[dict[str, Any]], date: str, timing_note: str, interrupted: bool = False,
-                   resolved: BenchConfig | None = None) -> dict[str, Any]:
-    """The sweep.json document (``config``: ``resolved``, the bench settings with the workload resolved)."""
-    measurement = {
+def sweep_measurement(sweep: SweepConfig) -> dict[str, Any]:
+    """sweep.json's ``measurement``: how the fixed plans and ``auto`` ran, what update, prediction and error are."""
+    return {
         "fixed_plans": f"one process per budget runs every plan for {sweep.steps_per_plan} iterations, in rounds of "
                        "one iteration of each plan in the order given; the first round is left out and the rest "
                        "summarised by their median",
@@ -212,7 +209,4 @@ def sweep_document(hardware: dict[str, Any], versions: dict[str, Any], sweep: Sw
         "predicted_ms": "the manager's prediction for that update phase, made just before it with the cost parameters "
                         "calibrated on every earlier update phase of the process (earlier plans' included)",
         "prediction_error": "|predicted - measured| / measured per update phase; median over the measured update "
-                            "phases",
-        "timing": timing_note}
-    return document("plan_sweep", hardware, versions, resolved or sweep.bench, model, date, measurement,
-                    sweep=sweep.to_dict(), interrupted=interrupted, budgets=budgets)
+                            "phases"}
