@@ -94,11 +94,17 @@ def test_the_blocks_are_the_modules_of_a_module_list() -> None:
         assert repeated_blocks(model) == []
 
 
-@pytest.mark.parametrize(("accumulate", "reentrant"), [(1, False), (2, False), (1, True)],
-                         ids=["non-reentrant", "accumulate-2", "reentrant"])
-def test_leaf_blocks_train_like_vanilla_zero3_hooking_every_layer(accumulate: int, reentrant: bool) -> None:
+@pytest.mark.parametrize(("accumulate", "reentrant", "overlap"),
+                         [(1, False, False), (2, False, False), (1, True, False), (1, False, True)],
+                         ids=["non-reentrant", "accumulate-2", "reentrant", "overlap"])
+def test_leaf_blocks_train_like_vanilla_zero3_hooking_every_layer(accumulate: int, reentrant: bool,
+                                                                  overlap: bool) -> None:
+    """With the update beside the next forward (``overlap``) too: the blocks' single hooks fetch the parameters the
+    update in flight writes."""
     vanilla = train(None, steps=5, accumulate=accumulate, clip=CLIP, model=BlockLM(reentrant=reentrant))
-    dos = train(0.5, steps=5, accumulate=accumulate, clip=CLIP, model=BlockLM(reentrant=reentrant))
+    dos = train(0.5, steps=5, accumulate=accumulate, clip=CLIP, model=BlockLM(reentrant=reentrant),
+                strategy=make_strategy(0.5, overlap=overlap))
+    assert dos.strategy.overlapped is overlap and dos.strategy.manager.overlap is overlap
     assert _block_layers_hooked(vanilla.strategy.lightning_module) == [True] * BLOCKS
     assert _block_layers_hooked(dos.strategy.lightning_module) == [False] * BLOCKS
     assert dos.strategy.leaf_block_names == [f"net.blocks.{i}" for i in range(BLOCKS)]
