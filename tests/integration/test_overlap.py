@@ -8,6 +8,7 @@ forward that read a subgroup before its update landed, would drift from the cont
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from functools import partial
@@ -451,6 +452,28 @@ def test_the_throughput_timer_stops_synchronising_only_with_overlap() -> None:
     config["timers"] = {"throughput": {"synchronized": True}}
     user = DeepOptimizerStatesStrategy(overlap=True, config=config)
     assert user.config["timers"] == {"throughput": {"synchronized": True}}  # the user's config wins
+
+
+def test_the_throughput_timer_synchronises_a_serial_run_and_not_an_overlapped_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the config says, as behaviour: DeepSpeed's throughput timer waits for the device at every start and stop
+    of a serial run, and never in an overlapped one (its wait would end the overlap at every step)."""
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator, waits = get_accelerator(), []
+    original = accelerator.synchronize
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        caller = sys._getframe(1).f_code.co_filename
+        waits.append(caller.replace("\\", "/").endswith("deepspeed/utils/timer.py"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(accelerator, "synchronize", counting)
+    train(0.5, steps=4, clip=CLIP, strategy=make_strategy(0.5, overlap=False))
+    serial = sum(waits)
+    waits.clear()
+    train(0.5, steps=4, clip=CLIP, strategy=make_strategy(0.5, overlap=True))
+    assert serial >= 2 and sum(waits) == 0
 
 
 def test_both_lanes_issue_their_subgroups_in_the_order_the_forward_first_reads_them(
