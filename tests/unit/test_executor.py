@@ -352,7 +352,9 @@ def test_host_lane_uploads_pass_through_the_ring_in_chunks_and_never_block_the_h
     ring = run.host_lane.buffers
     assert all(b.numel() == 7 for b in ring) and len(ring) == host_lane.UPLOAD_BUFFERS
     assert timings.device_buffer_bytes == host_lane.UPLOAD_BUFFERS * 7 * 4
-    assert timings.host_busy_s - timings.host_compute_s < delay  # no upload was waited for
+    chunks = sum(-(-n // 7) for n in SIZES)  # 183: waiting for each (or for each buffer's reuse) takes 18 (6) s
+    assert timings.host_busy_s - timings.host_compute_s < chunks * delay / 9  # no upload was waited for; margin
+    # for a busy host's scheduling
     assert timings.total_s >= delay  # ... but run() returns only once the last one has landed
     for sg, (m, _, _) in zip(subgroups, expected):
         torch.testing.assert_close(sg.master, m, rtol=1e-6, atol=1e-7)
