@@ -140,6 +140,15 @@ def test_a_plan_change_every_step(vanilla: Any) -> None:
     _assert_identical(run, train("host", steps=6, clip=CLIP, every_step=RandomPlanEveryStep()))
 
 
+def test_a_plan_change_every_step_over_40_steps_tracks_vanilla() -> None:
+    """The long horizon on the CPU (the GPU tier runs 20 to 200 steps): 40 overlapped steps, a random plan each, with
+    clipping and the per-step learning rate, against vanilla ZeRO-3 offload, every loss and the masters at 1e-5."""
+    cb = RandomPlanEveryStep(seed=7)
+    run = train("host", steps=40, clip=CLIP, strategy=_overlap("host"), every_step=cb)
+    assert len(set(cb.seen)) > 5 and run.strategy.overlapped is True
+    assert_tracks(run, train(None, steps=40, clip=CLIP), TOL)
+
+
 def _sequential_gather(plan: Any, overlap: bool) -> DeepOptimizerStatesStrategy:
     """ZeRO-3's persistent parameters gathered one by one (``stage3_allgather_sequential``): at the end of each step
     the gather copies their partitions instead of viewing them, so it reads what the update writes."""
