@@ -28,9 +28,9 @@ from lightning_dos import DeepOptimizerStatesStrategy, ZeRO3OffloadStrategy, ZeR
 from lightning_dos.cli import DOSLightningCLI, main
 from lightning_dos.models.gpt import GPTConfig, num_params
 from lightning_dos.telemetry.callbacks import (
+    NonFiniteLossGuard,
     PerfMetrics,
     batch_tokens,
-    default_callbacks,
     host_in_use_gib,
     peak_host_gib,
 )
@@ -203,8 +203,8 @@ def test_cli_sets_the_identity_before_the_run_starts(tmp_path: Path, monkeypatch
     init = logger.wandb_init_kwargs
     assert (init["name"], init["group"], init["job_type"], init["tags"]) == (
         DOS_NAME, "debug", "deep_optimizer_states", ["deep_optimizer_states", "fraction:0.5", "cpu"])
-    # the facts and perf/* callbacks are there once
-    for kind in (RunInfoLogger, PerfMetrics):
+    # the facts and perf/* callbacks and the non-finite loss guard are there once
+    for kind in (RunInfoLogger, PerfMetrics, NonFiniteLossGuard):
         assert sum(isinstance(callback, kind) for callback in cli.trainer.callbacks) == 1
 
 
@@ -451,5 +451,3 @@ def test_host_in_use_counts_the_whole_host(tmp_path) -> None:
     assert host_in_use_gib(str(meminfo)) is None
 
 
-def test_default_callbacks_log_perf() -> None:
-    assert sum(isinstance(callback, PerfMetrics) for callback in default_callbacks()) == 1

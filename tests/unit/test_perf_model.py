@@ -6,7 +6,10 @@ a multiple of 1/16 s and every expected value is exact in binary floating point.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -59,16 +62,23 @@ def letters(plan: Plan) -> str:
 # --- CostParams ---------------------------------------------------------------------------------------------------
 
 
-def test_cost_params_defaults_are_the_reference_starting_values():
+def test_cost_params_defaults_are_the_starting_values_docs_performance_model_lists():
+    """Every field of ``CostParams`` has a row in the Parameters table of docs/performance-model.md, and its
+    default is the value that row gives."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "performance-model.md").read_text()
+    table = doc[doc.index("### Parameters"):doc.index("### Effective rates")]
+    documented: dict[str, float] = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            names = re.findall(r"`(\w+)`", cells[0])
+            values = [float(v) for v in cells[2].split(",")]
+            documented.update(zip(names, values if len(values) == len(names) else values * len(names)))
     params = CostParams()
-    assert (params.cpu_adam_params_per_s, params.cpu_contention) == (5.0e9, 0.76)
-    assert (params.h2d_bytes_per_s, params.d2h_bytes_per_s, params.duplex_bytes_per_s) == (55.5e9, 55.4e9, 101.6e9)
-    assert params.gpu_adam_params_per_s == 1.23e11
-    assert (params.host_upload_bytes_per_param, params.state_bytes_per_param, params.grad_bytes_per_param) == (4, 12, 4)
-    assert params.device_grad_bytes_per_param == 4  # fp32; the manager sets the optimizer's own (2 in a bf16 run)
-    assert params.ranks_per_host == 1
-    # 101.6 / (55.5 + 55.4)
-    assert params.duplex_scale() == pytest.approx(101.6 / 110.9, rel=1e-15)
+    fields = {f.name for f in dataclasses.fields(params)}
+    assert set(documented) == fields
+    assert {name: float(getattr(params, name)) for name in fields} == documented
+    assert params.duplex_scale() == pytest.approx(101.6 / 110.9, rel=1e-15)  # duplex / (h2d + d2h)
 
 
 @pytest.mark.parametrize(
