@@ -100,21 +100,17 @@ def check_claims(results: Sequence[dict[str, Any]], params: float | None = None)
     """One entry per claim: the measured value, the threshold and met / missed / not measured.
 
     The single-device claims at the smallest device count of ``results``; then, per larger count, the data-parallel
-    ones (:func:`dp_claims`); for a model of ``params`` >= :data:`LARGE_MODEL_PARAMS`, the large model's at every
-    count above one.
+    ones (:func:`dp_claims`); at every count above one, DOS against the multi-GPU peers (:func:`dp_peer_claims`).
     """
     counts = sorted({devices_of(r) for r in results}) or [1]
     reference = counts[0]
     claims = _device_claims([r for r in results if devices_of(r) == reference])
     if reference > 1:  # no single-device row: the split claim at the smallest count is a data-parallel one too
         claims.append(_dp_split_claim(results, reference))
-        claims += [_dp_peer_claim(results, peer, reference) for peer in DP_VS_PEERS]
     for devices in counts[1:]:
         claims += dp_claims(results, reference, devices)
-    if params is not None and params >= LARGE_MODEL_PARAMS:
-        claims += [_dp_peer_claim(results, peer, devices, LARGE_DP_VS_PEERS[peer],
-                                  f", a model of >= {LARGE_MODEL_PARAMS / 1e9:g}B parameters")
-                   for devices in counts if devices > 1 for peer in LARGE_DP_VS_PEERS]
+    for devices in (n for n in counts if n > 1):
+        claims += dp_peer_claims(results, devices, params)
     return claims
 
 
@@ -194,7 +190,17 @@ def dp_claims(results: Sequence[dict[str, Any]], reference: int, devices: int) -
     claims = [_dp_speedup_claim(results, reference, devices), _dp_split_claim(results, devices)]
     if reference == 1 and devices in DP_TOKENS_SCALING:
         claims.append(_dp_tokens_claim(results, devices))
-    return claims + [_dp_peer_claim(results, peer, devices) for peer in DP_VS_PEERS]
+    return claims
+
+
+def dp_peer_claims(results: Sequence[dict[str, Any]], devices: int, params: float | None) -> list[dict[str, Any]]:
+    """DOS auto against each multi-GPU peer at ``devices`` (:data:`DP_VS_PEERS`), and, for a model of ``params`` >=
+    :data:`LARGE_MODEL_PARAMS`, against :data:`LARGE_DP_VS_PEERS`."""
+    claims = [_dp_peer_claim(results, peer, devices, target) for peer, target in DP_VS_PEERS.items()]
+    if params is not None and params >= LARGE_MODEL_PARAMS:
+        suffix = f", a model of >= {LARGE_MODEL_PARAMS / 1e9:g}B parameters"
+        claims += [_dp_peer_claim(results, peer, devices, target, suffix) for peer, target in LARGE_DP_VS_PEERS.items()]
+    return claims
 
 
 def _by_count(table: dict[int, float], devices: int) -> float:
@@ -215,11 +221,10 @@ def _dp_tokens_claim(results: Sequence[dict[str, Any]], devices: int) -> dict[st
     return _claim(name, threshold, ratio, ratio >= target, f"{many[key]:,.0f} vs {one[key]:,.0f} tokens/s ({how})")
 
 
-def _dp_peer_claim(results: Sequence[dict[str, Any]], peer: str, devices: int, target: float | None = None,
+def _dp_peer_claim(results: Sequence[dict[str, Any]], peer: str, devices: int, target: float,
                    suffix: str = "") -> dict[str, Any]:
-    """DOS auto against ``peer`` at ``devices``, end to end where both have it, against ``target`` (default: the
-    peer's in :data:`DP_VS_PEERS`); ``suffix`` ends the claim's name."""
-    target = DP_VS_PEERS[peer] if target is None else target
+    """DOS auto against ``peer`` at ``devices``, end to end where both have it, against ``target`` (> 1x when it is
+    1, else at least it); ``suffix`` ends the claim's name."""
     name = f"dos(auto) vs {peer} at DP={devices}{suffix}"
     threshold = f"> {target:g}x" if target == 1 else f">= {target:g}x"
     auto, other = _auto(results, devices), next(iter(_at(results, peer, devices)), None)
