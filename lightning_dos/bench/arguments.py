@@ -39,16 +39,12 @@ NOT_FOR_SWEEP = {"strategies": "--strategies", "ratios": "--ratios", "plans": "-
                  "overlap": "--overlap (the sweep times update phases, which overlap would hide)",
                  "leaf_blocks": "--leaf-blocks (the sweep times update phases)",
                  "resident_gib": "--resident-gib (the sweep compares plans of every subgroup)"}
-#: Options of the plan sweep only: flag and the SweepConfig field it sets.
-SWEEP_ONLY = {"sweep_plans": ("--sweep-plans", "plans"), "steps_per_plan": ("--steps-per-plan", "steps_per_plan"),
-              "budgets": ("--budgets", "budgets")}
-#: Options of the ROK curve only: flag and the RokConfig field it sets.
-ROK_ONLY = {"nvme_path": ("--nvme-path", "nvme_path"),
-            "activation_budget_gib": ("--activation-budget-gib", "budget_gib"),
-            "activation_min_tensor_bytes": ("--activation-min-tensor-bytes", "min_tensor_bytes"),
-            "activation_keep_last_layers": ("--activation-keep-last-layers", "keep_last_layers"),
-            "max_micro_batch": ("--max-micro-batch", "max_micro_batch"),
-            "disk_probe_mib": ("--disk-probe-mib", "disk_probe_mib")}
+#: Options of the plan sweep only (each the flag of its name): the SweepConfig field it sets.
+SWEEP_ONLY = {"sweep_plans": "plans", "steps_per_plan": "steps_per_plan", "budgets": "budgets"}
+#: Options of the ROK curve only (each the flag of its name): the RokConfig field it sets.
+ROK_ONLY = {"nvme_path": "nvme_path", "activation_budget_gib": "budget_gib",
+            "activation_min_tensor_bytes": "min_tensor_bytes", "activation_keep_last_layers": "keep_last_layers",
+            "max_micro_batch": "max_micro_batch", "disk_probe_mib": "disk_probe_mib"}
 #: Options the ROK curve refuses (one strategy, one device, each placement sets checkpointing).
 NOT_FOR_ROK = {"ratios": "--ratios", "repeats": "--repeats", "overlap": "--overlap", "leaf_blocks": "--leaf-blocks",
                "resident_gib": "--resident-gib", "force_no_offload": "--force-no-offload",
@@ -101,12 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     w = p.add_argument_group("workload: over the recipe, as the lightning-dos fit argument named (default: its)")
     w.add_argument("--model", metavar="PRESET", help="model.name: debug, gpt-10m, gpt-1b, gpt-2.7b, gpt-4b, ...")
     for key, target in (("n_layer", "model"), ("n_embd", "model"), ("n_head", "model"), ("seq_len", "data")):
-        w.add_argument(f"--{key.replace('_', '-')}", dest=key, type=int, metavar="N", help=f"{target}.{key}")
-    w.add_argument("--vocab-size", dest="vocab_size", type=int, metavar="N", help="the data's vocabulary, the model's "
-                   "too (data.vocab_size; data.bpe_vocab_size with text)")
-    w.add_argument("--micro-batch", dest="micro_batch", type=int, metavar="N", help="data.batch_size (per device)")
-    w.add_argument("--activation-checkpointing", dest="activation_checkpointing",
-                   action=argparse.BooleanOptionalAction, help="model.activation_checkpointing")
+        w.add_argument(f"--{key.replace('_', '-')}", type=int, metavar="N", help=f"{target}.{key}")
+    w.add_argument("--vocab-size", type=int, metavar="N",
+                   help="the data's vocabulary, the model's too (data.vocab_size; data.bpe_vocab_size with text)")
+    w.add_argument("--micro-batch", type=int, metavar="N", help="data.batch_size (per device)")
+    w.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction,
+                   help="model.activation_checkpointing")
     w.add_argument("--precision", metavar="P", help="trainer.precision, e.g. 32-true on a CPU")
     w.add_argument("--seed", type=int, metavar="N", help="seed_everything")
     w.add_argument("--lr", dest="learning_rate", type=float, metavar="LR", help="model.learning_rate")
@@ -118,17 +114,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="data: a tokenised corpus (TextDataModule; the standard library unless --data-path)")
     w.add_argument("--data-path", dest="data_paths", nargs="+", metavar="PATH", help="data.paths (--text)")
     w.add_argument("--tokenizer", metavar="FILE", help="data.tokenizer (--text; default: a BPE trained once)")
-    w.add_argument("--sub-group-size", dest="sub_group_size", type=_count, metavar="N", help="parameters per "
-                   "subgroup, for every fragment that has subgroups (default: each fragment's)")
-    w.add_argument("--pin-memory", dest="pin_memory", action=argparse.BooleanOptionalAction,
+    w.add_argument("--sub-group-size", type=_count, metavar="N",
+                   help="parameters per subgroup, for every fragment that has subgroups (default: each fragment's)")
+    w.add_argument("--pin-memory", action=argparse.BooleanOptionalAction,
                    help="page-locked host memory, for every fragment that pins (default: each fragment's, on)")
-    w.add_argument("--memory-budget-gib", dest="memory_budget_gib", type=float, metavar="GIB",
+    w.add_argument("--memory-budget-gib", type=float, metavar="GIB",
                    help="most GPU memory the DOS optimizer state may take (default: what is free)")
     c = p.add_argument_group("configurations")
     c.add_argument("--steps", type=int, metavar="N", help="iterations per run, warm-up included (default 10)")
     c.add_argument("--warmup", type=int, metavar="N", help="leading iterations left out (default 3)")
-    c.add_argument("--e2e-steps", dest="e2e_steps", type=int, metavar="N", help="iterations after the warm-up timed "
-                   "end to end, unsynchronised (the headline); the rest phase by phase (default: half, rounded down)")
+    c.add_argument("--e2e-steps", type=int, metavar="N", help="iterations after the warm-up timed end to end, "
+                   "unsynchronised (the headline); the rest phase by phase (default: half, rounded down)")
     c.add_argument("--repeats", type=int, metavar="N", help="fresh-process runs of each configuration (default 1)")
     c.add_argument("--strategies", nargs="+", choices=STRATEGIES, metavar="KIND",
                    help=f"strategy kinds: {', '.join(STRATEGIES)} (default all)")
@@ -137,40 +133,39 @@ def build_parser() -> argparse.ArgumentParser:
                    "stride:K, lanes joined by commas (with --activations: the one plan)")
     c.add_argument("--overlap", nargs="+", type=_auto_on_off, metavar="auto|on|off", help="DOS rows with the update as "
                    "the strategy decides (auto, default), overlapped with the next forward (on) or serial (off)")
-    c.add_argument("--leaf-blocks", dest="leaf_blocks", nargs="+", type=_on_off, metavar="on|off",
+    c.add_argument("--leaf-blocks", nargs="+", type=_on_off, metavar="on|off",
                    help="DOS rows with ZeRO-3 hooking each block once (on, default) or every layer (off)")
-    c.add_argument("--resident-gib", dest="resident_gib", nargs="+", type=_gib_or_auto, metavar="GIB",
+    c.add_argument("--resident-gib", nargs="+", type=_gib_or_auto, metavar="GIB",
                    help="DOS rows with this much optimizer state resident (auto, default: what fits; 0: none)")
-    c.add_argument("--force-no-offload", dest="force_no_offload", action="store_true",
-                   help="run no_offload even when it clearly cannot fit")
+    c.add_argument("--force-no-offload", action="store_true", help="run no_offload even when it clearly cannot fit")
     c.add_argument("--devices", nargs="+", type=int, metavar="N", help="data-parallel device counts (default 1)")
     s = p.add_argument_group("plan sweep")
     s.add_argument("--sweep", action="store_true", help="per budget, every fixed plan and auto in one DOS process")
-    s.add_argument("--sweep-plans", dest="sweep_plans", nargs="+", metavar="PLAN",
+    s.add_argument("--sweep-plans", nargs="+", metavar="PLAN",
                    help=f"fixed plans (default {' '.join(DEFAULT_SWEEP_PLANS)})")
-    s.add_argument("--steps-per-plan", dest="steps_per_plan", type=int, metavar="N",
+    s.add_argument("--steps-per-plan", type=int, metavar="N",
                    help="iterations of each fixed plan, the first left out (default 3)")
     s.add_argument("--budgets", nargs="+", metavar="BUDGET",
                    help=f"unlimited, quarter or GiB (default {' '.join(DEFAULT_BUDGETS)})")
     r = p.add_argument_group("ROK curve")
     r.add_argument("--activations", nargs="+", metavar="PLACEMENT", help=f"the ROK curve: {', '.join(PLACEMENTS)}, "
                    f"under one strategy (default {DEFAULT_STRATEGY}, or zero3_offload)")
-    r.add_argument("--nvme-path", dest="nvme_path", metavar="DIR", help="a local NVMe directory, for offload-nvme")
-    r.add_argument("--activation-budget-gib", dest="activation_budget_gib", type=float, metavar="GIB",
+    r.add_argument("--nvme-path", metavar="DIR", help="a local NVMe directory, for offload-nvme")
+    r.add_argument("--activation-budget-gib", type=float, metavar="GIB",
                    help="search each placement's largest micro-batch within GIB of activation memory")
-    r.add_argument("--activation-min-tensor-bytes", dest="activation_min_tensor_bytes", type=_count, metavar="N",
+    r.add_argument("--activation-min-tensor-bytes", type=_count, metavar="N",
                    help="smaller saved tensors stay on the device (default 1048576)")
-    r.add_argument("--activation-keep-last-layers", dest="activation_keep_last_layers", type=int, metavar="N",
+    r.add_argument("--activation-keep-last-layers", type=int, metavar="N",
                    help="the last N blocks keep their activations (default 1)")
-    r.add_argument("--max-micro-batch", dest="max_micro_batch", type=int, metavar="N",
+    r.add_argument("--max-micro-batch", type=int, metavar="N",
                    help=f"the search's largest micro-batch (default {rok_config.DEFAULT_MAX_MICRO_BATCH})")
-    r.add_argument("--disk-probe-mib", dest="disk_probe_mib", type=int, metavar="MIB",
+    r.add_argument("--disk-probe-mib", type=int, metavar="MIB",
                    help=f"MiB measuring --nvme-path's bandwidth (default {rok_config.DEFAULT_DISK_PROBE_MIB}; 0: none)")
     x = p.add_argument_group("running")
     x.add_argument("--timeout", dest="timeout_s", type=float, metavar="SECONDS", help="per worker (default 1800)")
     x.add_argument("--out", metavar="DIR", help="output directory (default runs/<bench|sweep|rok>/<model>_<time>)")
-    x.add_argument("--dry-run", dest="dry_run", action="store_true", help="print the settings and each run's "
-                   "lightning-dos fit, run nothing")
+    x.add_argument("--dry-run", action="store_true",
+                   help="print the settings and each run's lightning-dos fit, run nothing")
     x.add_argument("--resume", action="store_true", help="with --out: reuse the runs that finished there running "
                    "exactly the same, run the others")
     return p
@@ -185,20 +180,20 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return data["config"] if "config" in data and "results" in data else data
 
 
-def _mode(given: dict[str, Any], flag: str, own: dict[str, tuple[str, str]],
+def _mode(given: dict[str, Any], flag: str, own: dict[str, str],
           refused: dict[str, str]) -> tuple[Any, dict[str, Any]] | None:
-    """Take a mode's own options (``own``: flag and field of each) out of ``given`` when ``flag`` is set: its value and
+    """Take a mode's own options (``own``: the field each sets) out of ``given`` when ``flag`` is set: its value and
     the mode's fields they set (None when it is not set); ``ValueError`` for options of another mode."""
     on = given.pop(flag.strip("-"), None)
     taken = {key: given.pop(key) for key in list(own) if key in given}
     if not on:
         if taken:
-            raise ValueError(f"{', '.join(own[key][0] for key in taken)}: only with {flag}")
+            raise ValueError(f"{', '.join('--' + key.replace('_', '-') for key in taken)}: only with {flag}")
         return None
     wrong = [text for key, text in refused.items() if key in given]
     if wrong:
         raise ValueError(f"{', '.join(wrong)}: not used by {flag}")
-    return on, {own[key][1]: value for key, value in taken.items()}
+    return on, {own[key]: value for key, value in taken.items()}
 
 
 def parse_args(argv: list[str] | None) -> Invocation:

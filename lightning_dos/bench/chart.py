@@ -21,13 +21,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 PHASE_COLOURS = {"fwd_ms": "#4c72b0", "bwd_ms": "#dd8452", "step_ms": "#55a868"}
 #: Draw the GPU's capacity as a line only when the tallest bar reaches this share of it (else it flattens the bars).
 CAPACITY_LINE_SHARE = 0.25
-PHASE_NAMES = {"fwd_ms": "fwd", "bwd_ms": "bwd", "step_ms": "step"}
 #: Plan kinds drawn as the line of fraction plans in sweep.png.
 FRACTION_KINDS = ("fraction", "host", "device")
-
-
-def _has_gpu_memory(results: list[dict[str, Any]]) -> bool:
-    return any(r.get("peak_gpu_gib") is not None for r in results)
 
 
 def render(doc: dict[str, Any], path: str | Path) -> Path:
@@ -41,7 +36,7 @@ def render(doc: dict[str, Any], path: str | Path) -> Path:
     bottoms = [0.0] * len(results)
     for phase, colour in PHASE_COLOURS.items():
         heights = [r.get(phase) or 0.0 for r in results]
-        times.bar(positions, heights, bottom=bottoms, color=colour, label=PHASE_NAMES[phase], width=0.6)
+        times.bar(positions, heights, bottom=bottoms, color=colour, label=phase.removesuffix("_ms"), width=0.6)
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     iteration = [r.get("iteration_ms") for r in results]
     marked = [(x, y) for x, y in zip(positions, iteration) if y is not None]
@@ -61,7 +56,7 @@ def render(doc: dict[str, Any], path: str | Path) -> Path:
     times.legend(loc="upper center", ncols=2, fontsize="small", framealpha=0.8)
     times.grid(axis="y", alpha=0.3)
 
-    if _has_gpu_memory(results):
+    if any(r.get("peak_gpu_gib") is not None for r in results):
         reserved = [r.get("peak_gpu_reserved_gib") or 0.0 for r in results]
         allocated = [r.get("peak_gpu_gib") or 0.0 for r in results]
         memory.bar(positions, reserved, width=0.6, color="#cccccc", label="reserved")

@@ -8,13 +8,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 
-def one_device_problems(devices: Sequence[int], flag: str, mode: str) -> list[str]:
-    """What is wrong with ``devices`` (``flag``) for ``mode``, which runs on one device."""
-    if list(devices) == [1]:
-        return []
-    return [f"{flag}: {devices!r}; {mode} runs on one device: drop --devices or set --devices 1"]
-
-
 def is_count(value: Any, least: int) -> bool:
     """Whether ``value`` is an integer (not a bool) of at least ``least``."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= least

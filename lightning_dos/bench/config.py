@@ -135,19 +135,15 @@ class BenchConfig:
         for ratio in self.ratios:
             if not 0.0 <= ratio < 1.0:
                 problems.append(f"ratios: {ratio} must be in [0, 1) (1.0 is zero3_offload itself)")
-        if (not isinstance(self.overlap, list) or not self.overlap
-                or not all(value in ("auto", True, False) for value in self.overlap)):
-            problems.append(f"overlap: {self.overlap!r} must be a non-empty list of auto, true or false "
-                            "(--overlap auto off on)")
-        if (not isinstance(self.leaf_blocks, list) or not self.leaf_blocks
-                or not all(isinstance(value, bool) for value in self.leaf_blocks)):
-            problems.append(f"leaf_blocks: {self.leaf_blocks!r} must be a non-empty list of true/false "
-                            "(--leaf-blocks on off)")
-        if (not isinstance(self.resident_gib, list) or not self.resident_gib
-                or not all(v == "auto" or (isinstance(v, (int, float)) and not isinstance(v, bool)
-                                             and 0 <= v < float("inf")) for v in self.resident_gib)):
-            problems.append(f"resident_gib: {self.resident_gib!r} must be a non-empty list of auto or sizes >= 0 in "
-                            "GiB (--resident-gib auto 0 3.5)")
+        for name, valid, allowed in (
+                ("overlap", lambda v: v in ("auto", True, False), "auto, true or false (--overlap auto off on)"),
+                ("leaf_blocks", lambda v: isinstance(v, bool), "true/false (--leaf-blocks on off)"),
+                ("resident_gib", lambda v: v == "auto" or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                           and 0 <= v < float("inf")),
+                 "auto or sizes >= 0 in GiB (--resident-gib auto 0 3.5)")):
+            values = getattr(self, name)
+            if not isinstance(values, list) or not values or not all(valid(v) for v in values):
+                problems.append(f"{name}: {values!r} must be a non-empty list of {allowed}")
         if self.data is not None and self.data not in DATA_SOURCES:
             problems.append(f"data: {self.data!r}; choose one of {', '.join(DATA_SOURCES)}")
         if not self.timeout_s > 0:

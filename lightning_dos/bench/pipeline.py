@@ -23,9 +23,10 @@ from lightning_dos.bench.compose import describe, payload
 from lightning_dos.bench.config import BenchConfig
 from lightning_dos.bench.kinds import RunSpec
 from lightning_dos.bench.launcher import launch
-from lightning_dos.bench.results import document, skipped, write_json
+from lightning_dos.bench.results import skipped, write_json
 from lightning_dos.telemetry.environment import hardware_info, merge_worker_device, versions
 
+SCHEMA_VERSION = 1
 GPU_TIMING = ("GPU: torch.cuda.synchronize() is called at every phase boundary (bench mode), so each phase's "
               "kernels are charged to it; this costs a little and removes overlap across boundaries, so these "
               "iteration times are slightly above the unsynchronised end-to-end ones.")
@@ -159,11 +160,13 @@ class Pipeline:
             self.bar.close()
 
     def document(self, kind: str | None, measurement: dict[str, Any], **rest: Any) -> dict[str, Any]:
-        """The mode's JSON document (:func:`~lightning_dos.bench.results.document`), ``measurement`` ending with
-        how the phases were timed."""
+        """The mode's JSON document: schema, kind (None: a comparison's, which predates kinds), date, host, versions,
+        the settings with the workload resolved, the model, how it measured (ending with how the phases were timed),
+        then the mode's own entries."""
         timing = timing_note(self.resolved, self.hardware, self.devices)
-        return document(kind, self.hardware, self.versions, self.resolved, self.model, self.date,
-                        {**measurement, "timing": timing}, **rest)
+        return {"schema_version": SCHEMA_VERSION, **({"kind": kind} if kind else {}), "date": self.date,
+                "hardware": self.hardware, "versions": self.versions, "config": self.resolved.to_dict(),
+                "model": self.model, "measurement": {**measurement, "timing": timing}, **rest}
 
     def run(self, config: BenchConfig, spec: RunSpec, run_dir: Path, extra: dict[str, Any] | None = None,
             skip: str | None = None,

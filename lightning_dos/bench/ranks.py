@@ -77,16 +77,11 @@ def watch_children(trainer: Any) -> None:
         _launchers.append(launcher)
 
 
-def children() -> list[subprocess.Popen]:
-    """The rank processes started from this one so far."""
-    return [proc for launcher in _launchers for proc in launcher.procs]
-
-
 def wait_for_children(succeeded: bool) -> None:
     """Wait for the child ranks to exit (up to :data:`CHILD_EXIT_S` after a success, :data:`CHILD_FAILURE_GRACE_S`
     after a failure, when they may hang in a collective), then kill those still running: none is left behind."""
     deadline = time.monotonic() + (CHILD_EXIT_S if succeeded else CHILD_FAILURE_GRACE_S)
-    for proc in children():
+    for proc in [p for launcher in _launchers for p in launcher.procs]:  # the ranks started from this one
         try:
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:

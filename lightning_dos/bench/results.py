@@ -22,7 +22,6 @@ from lightning_dos.bench.config import HOST_KEYS, PHASE_PEAKS, PHASES, BenchConf
 from lightning_dos.bench.kinds import BASELINE, RunSpec, base_label, devices_of
 from lightning_dos.bench.stats import finite, median, spread
 
-SCHEMA_VERSION = 1
 #: How the headline was measured, for results.json and the report.
 E2E_NOTE = ("no synchronisation at all in these iterations (no phase marks, losses read after training); each "
             "sample is the wall time from the previous iteration's end to this one's (time.perf_counter at "
@@ -316,27 +315,16 @@ def scaling(results: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
             ref, at_n = done.get((label, reference)), done.get((label, devices))
             if devices_of(r) != devices or ref is None or at_n is None:
                 continue
-            speedup = {key: (ref.get("speedup_vs_zero3_offload") or {}).get(key) for key in ("e2e_iteration",
-                                                                                            "iteration")}
-            speedup_n = {key: (at_n.get("speedup_vs_zero3_offload") or {}).get(key) for key in ("e2e_iteration",
-                                                                                               "iteration")}
+            speedups = [side.get("speedup_vs_zero3_offload") or {} for side in (ref, at_n)]
             rows.append({
                 "label": label, "strategy": r["strategy"], "plan": r["plan"], "devices": devices,
                 "reference_devices": reference,
-                "speedup_e2e": _scale(speedup["e2e_iteration"], speedup_n["e2e_iteration"]),
-                "speedup_iteration": _scale(speedup["iteration"], speedup_n["iteration"]),
+                "speedup_e2e": _scale(*(s.get("e2e_iteration") for s in speedups)),
+                "speedup_iteration": _scale(*(s.get("iteration") for s in speedups)),
                 "e2e_tokens_per_s": _scale(ref.get("e2e_tokens_per_s"), at_n.get("e2e_tokens_per_s")),
                 "tokens_per_s": _scale(ref.get("tokens_per_s"), at_n.get("tokens_per_s")),
             })
     return {"device_counts": counts, "reference_devices": reference, "baseline": BASELINE, "rows": rows}
-
-
-def document(kind: str | None, hardware: dict[str, Any], versions: dict[str, Any], config: BenchConfig,
-             model: dict[str, Any], date: str, measurement: dict[str, Any], **rest: Any) -> dict[str, Any]:
-    """A JSON document of any mode: schema, kind (None: a comparison's, which predates kinds), date, host, versions,
-    the settings with the workload resolved, the model, how it measured, then the mode's own entries."""
-    return {"schema_version": SCHEMA_VERSION, **({"kind": kind} if kind else {}), "date": date, "hardware": hardware,
-            "versions": versions, "config": config.to_dict(), "model": model, "measurement": measurement, **rest}
 
 
 def iteration_windows(config: BenchConfig) -> dict[str, list[int]]:

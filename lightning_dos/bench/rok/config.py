@@ -124,7 +124,9 @@ class RokConfig:
     def validate(self) -> None:
         """Raise ``ValueError`` listing every setting this invocation cannot run (the bench settings' included)."""
         problems = checks.problems_of(self.bench.validate) + self._placement_problems()
-        problems += checks.one_device_problems(self.bench.devices, "--devices", "--activations")
+        if list(self.bench.devices) != [1]:
+            problems.append(f"--devices: {self.bench.devices!r}; --activations runs on one device: drop --devices or "
+                            "set --devices 1")
         if len(self.bench.strategies) != 1 or self.strategy not in ROK_STRATEGIES:
             problems.append(f"--strategies: {self.bench.strategies!r}; --activations runs under one strategy: set "
                             f"--strategies to one of {', '.join(ROK_STRATEGIES)} (default {DEFAULT_STRATEGY})")

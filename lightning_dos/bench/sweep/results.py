@@ -56,18 +56,17 @@ def _update_summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def failed_plan_of(result: dict[str, Any], steps_per_plan: int, plans: Sequence[str],
-                   auto_steps: int = 0) -> str | None:
+def failed_plan_of(result: dict[str, Any], sweep: SweepConfig) -> str | None:
     """The plan in force when a sweep process stopped without completing (``auto`` for its part), or None."""
     if result.get("status") == "ok":
         return None
     if result.get("failed_plan"):
         return str(result["failed_plan"])
     iterations = (result.get("sweep") or {}).get("iterations") or []
-    if not plans:
+    if not sweep.plans:
         return None
     # only completed iterations reach progress.json: the run stopped in the next one
-    schedule = sweep_schedule(plans, steps_per_plan, auto_steps)
+    schedule = sweep_schedule(sweep.plans, sweep.steps_per_plan, sweep.auto_steps)
     return schedule[min(len(iterations), len(schedule) - 1)]
 
 
@@ -77,7 +76,7 @@ def summarize_plans(result: dict[str, Any], sweep: SweepConfig) -> list[dict[str
     iterations = raw.get("iterations") or []
     resolved = {entry["plan"]: entry for entry in raw.get("resolved") or []}
     status = result.get("status", "failed")
-    failed = failed_plan_of(result, sweep.steps_per_plan, sweep.plans, sweep.auto_steps)
+    failed = failed_plan_of(result, sweep)
     out = []
     for index, plan in enumerate(sweep.plans):
         its = [it for it in iterations if it["plan_index"] == index]
@@ -112,7 +111,7 @@ def summarize_plans(result: dict[str, Any], sweep: SweepConfig) -> list[dict[str
 def auto_status(result: dict[str, Any], sweep: SweepConfig, ran: int) -> tuple[str, str | None]:
     """Status and reason of ``auto``'s part of a sweep process that ran ``ran`` of its iterations to the end."""
     status = result.get("status", "failed")
-    failed = failed_plan_of(result, sweep.steps_per_plan, sweep.plans, sweep.auto_steps)
+    failed = failed_plan_of(result, sweep)
     if status == "ok" or failed == AUTO:
         return status, result.get("reason")
     if ran:  # stopped during a fixed plan: auto's iterations so far still count, as the fixed plans' do
@@ -183,8 +182,7 @@ def summarize_budget(budget: Budget, result: dict[str, Any], sweep: SweepConfig)
     errors = [e for p in plans for e in p["rel_errors"]]
     return {
         "budget": budget.to_dict(),
-        "fixed": {**_process(result),
-                  "failed_plan": failed_plan_of(result, sweep.steps_per_plan, sweep.plans, sweep.auto_steps),
+        "fixed": {**_process(result), "failed_plan": failed_plan_of(result, sweep),
                   "plans_completed": sum(p["status"] == "ok" for p in plans)},
         "plans": plans,
         "auto": auto_summary,
