@@ -739,13 +739,14 @@ def _records(report: str, budget: str) -> dict[str, Any]:
     """The per-update records a sweep report summarises (``..._run<X>_updates.json``, one key per budget). Where every
     rank's records were kept (``per_rank``, a sweep on several devices), each iteration is the slowest rank's: the
     ranks meet at the next collective, so the rank whose update phase took longest sets the pace."""
+    from lightning_dos.bench.sweep.worker import slowest_rank  # the bench's own rule, as for its summary below
+
     raw = dict(_load(f"{report.removesuffix('_quarter')}_updates")[budget])
     if "per_rank" in raw:
-        ranks = [r["iterations"] for r in raw.pop("per_rank")]
+        per_rank = raw.pop("per_rank")
+        ranks = [r["iterations"] for r in per_rank]
         assert len({tuple(it["plan"] for it in its) for its in ranks}) == 1, "the ranks ran different plans"
-        took = [[sum(r["update_ms"] for r in its[i]["records"]) for its in ranks] for i in range(len(ranks[0]))]
-        raw["iterations"] = [ranks[max(range(len(row)), key=row.__getitem__)][i] for i, row in enumerate(took)]
-        raw["ranks"] = ranks
+        raw["iterations"], raw["ranks"] = slowest_rank(per_rank)["iterations"], ranks
     return raw
 
 
