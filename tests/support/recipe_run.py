@@ -23,14 +23,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def recipe_copy(recipe: Path, out: Path, *, max_steps: int, every_n_train_steps: int | None = None,
-                **trainer: Any) -> Path:
+                checkpoints: bool = True, **trainer: Any) -> Path:
     """``recipe`` with ``max_steps``, the checkpoint interval and any trainer value replaced; logs and checkpoints
-    under ``out``. Returns the path of the copy."""
+    under ``out``. ``checkpoints=False`` drops the recipe's ``ModelCheckpoint`` (its ``save_last`` would still write
+    one when training ends) and turns checkpointing off: nothing is written. Returns the path of the copy."""
     config = yaml.safe_load(recipe.read_text())
     t = config["trainer"]
     t["max_steps"] = max_steps
     t.update(trainer)
     t["logger"]["init_args"]["save_dir"] = str(out / "runs")
+    if not checkpoints:
+        t["callbacks"] = [c for c in t.get("callbacks") or [] if not c["class_path"].endswith("ModelCheckpoint")]
+        t["enable_checkpointing"] = False
     for callback in t.get("callbacks") or []:
         if callback["class_path"].endswith("ModelCheckpoint"):
             callback["init_args"]["dirpath"] = str(out / "checkpoints")

@@ -62,6 +62,9 @@ RUN_AC, RUN_AD = "gpt-2.7b_H100x4_2026-11-27_runAC", "gpt-2.7b_H100x4_2026-11-27
 RUN_AE, RUN_AF = "gpt-13b_H100x4_2026-11-28_runAE", "gpt-2.7b_H100x4_2026-11-28_runAF"
 S4 = "static_split(0.5)@dp4"
 RUN_AG = "sweep_gpt-2.7b_H100x4_2026-11-28_runAG"
+RUN_AH, RUN_AI = "gpt-4b_H100_2026-11-28_runAH", "gpt-5b_H100_2026-11-28_runAI"
+RUN_AJ = "gpt-2.7b_H100_2026-11-28_runAJ"
+RESIDENT_GIB = "row(D).dos.resident_params*12/1024**3"  # fp32 master and both moments of the resident subgroups
 
 #: report (its JSON's stem, or its folder for converging and soak) -> [(file, template)]
 QUOTES: dict[str, list[tuple[str, str]]] = {
@@ -89,8 +92,6 @@ QUOTES: dict[str, list[tuple[str, str]]] = {
                 "{claim(STEP).value:.1f}x vanilla's step"),
     ],
     "gpt-4b_H200_2026-11-21_runH": [
-        (README, "| gpt-4b ({model.params/1e9:.2f}B) | H200 | {it(V):.0f} ms, {gpu(V):.1f} GiB | {it(S):.0f} ms, "
-                 "{gpu(S):.1f} GiB | {it(D):.0f} ms, {gpu(D):.1f} GiB | {it(V)/it(D):.2f}x |"),
         (OSM, "| {it(V):.0f} ms, {gpu(V):.1f} GiB | {it(S):.0f} ms, {gpu(S):.1f} GiB | {it(D):.0f} ms, "
               "{gpu(D):.1f} GiB | **{claim(IT).value:.2f}x** | **{claim(SPLIT).value:.2f}x** |"),
         (INDEX, "DOS `auto` **{claim(IT).value:.2f}x** vanilla ({it(D):.0f} vs {it(V):.0f} ms); "
@@ -521,6 +522,55 @@ QUOTES: dict[str, list[tuple[str, str]]] = {
                "({row(D4).dos.resident_params*12/1024**3:.2f} GiB) and offloaded nothing; ZeRO-3 without offload "
                "fits too ({gpu(N4):.2f} GiB)"),
     ],
+    RUN_AH: [
+        (README, "| gpt-4b ({model.params/1e9:.2f}B) | H100 | {e2e(V):.0f} ms, {gpu(V):.2f} GiB | not run | "
+                 "{e2e(D):.0f} ms, {gpu(D):.2f} GiB (all state resident) | {e2e(V)/e2e(D):.2f}x |"),
+        (PAGE, "DOS with no options ran an iteration in {e2e(D):.0f} ms end to end against vanilla ZeRO-3 offload's "
+               "{e2e(V):,.0f} ms, {e2e(V)/e2e(D):.2f}x (3.5x aimed: met). gpt-4b's optimizer state fits this GPU beside "
+               "the training: `resident_gib=\"auto\"` kept all "
+               "{one(len(row(D).dos.resident_subgroups), row(D).dos.subgroups)} subgroups resident "
+               "({" + RESIDENT_GIB + ":.2f} GiB, {gpu(D):.2f} GiB peak)"),
+        (INDEX, "end to end: DOS **{e2e(V)/e2e(D):.2f}x** vanilla ({e2e(D):.0f} vs {e2e(V):.0f} ms, 3.5x aimed: met); "
+                "every subgroup resident ({" + RESIDENT_GIB + ":.2f} GiB)"),
+    ],
+    RUN_AI: [
+        (README, "| gpt-5b ({model.params/1e9:.2f}B) | H100 | {e2e(V):.0f} ms, {gpu(V):.2f} GiB | not run | "
+                 "{e2e(D):.0f} ms, {gpu(D):.2f} GiB ({len(row(D).dos.resident_subgroups)} of {row(D).dos.subgroups} "
+                 "subgroups resident, the rest offloaded) | {e2e(V)/e2e(D):.2f}x |"),
+        (PAGE, "DOS with no options ran an iteration in {e2e(D):.0f} ms end to end against vanilla ZeRO-3 offload's "
+               "{e2e(V):,.0f} ms, {e2e(V)/e2e(D):.2f}x (3.5x aimed: met). This model's state does not fit the GPU: "
+               "`resident_gib=\"auto\"` kept {len(row(D).dos.resident_subgroups)} of its {row(D).dos.subgroups} "
+               "subgroups resident ({" + RESIDENT_GIB + ":.2f} GiB) and `auto` shared the other "
+               "{row(D).dos.subgroups-len(row(D).dos.resident_subgroups)} between the host's CPU Adam and the device "
+               "lane, an update phase of {upd(D):.0f} ms (synchronised median) overlapped with the next forward. Host "
+               "memory bounds the model size on this host: DOS peaked at {host(D):.2f} GiB of host memory and vanilla "
+               "at {host(V):.2f}"),
+        (INDEX, "end to end: DOS **{e2e(V)/e2e(D):.2f}x** vanilla ({e2e(D):.0f} vs {e2e(V):.0f} ms, 3.5x aimed: met); "
+                "{len(row(D).dos.resident_subgroups)} of {row(D).dos.subgroups} subgroups resident "
+                "({" + RESIDENT_GIB + ":.2f} GiB), the rest offloaded; host memory {host(D):.2f} GiB at its peak"),
+    ],
+    RUN_AJ: [
+        (README, "(in run AJ, 4.5 GiB on one H100: gpt-2.7b ran {e2e(D):.0f} ms at {gpu(D):.2f} GiB peak, torchao's "
+                 "offload {e2e(T):.0f} ms at {gpu(T):.2f} GiB)"),
+        (PAGE, "with `memory_budget_gib` 4.5 DOS ran an iteration in {e2e(D):,.0f} ms end to end at {gpu(D):.2f} GiB "
+               "peak, torchao's offload {e2e(T):,.0f} ms at {gpu(T):.2f} GiB: {e2e(D)/e2e(T):.2f}x torchao's time at "
+               "{gpu(D)/gpu(T):.0%} of its peak GPU memory (at most 0.85x at 60% aimed: **missed** on this host). "
+               "Where the time went: the budget kept {len(row(D).dos.resident_subgroups)} subgroups resident "
+               "({" + RESIDENT_GIB + ":.2f} GiB) and left the device lane one buffer slot; the host's CPU Adam updated "
+               "{1-row(D).dos.device_fraction:.0%} of the other subgroups' parameters and the device lane streamed the "
+               "rest through that slot. The update phase ({upd(D):.0f} ms, synchronised median) outlasts the next "
+               "forward it overlaps, so DOS's forward took {fwd(D):.0f} ms against torchao's {fwd(T):.0f} ms"),
+        (PAGE, "its probe's mixed step ran with all {updates(D)[2].demoted_subgroups} of its device-lane subgroups "
+               "demoted to the host (two buffer slots did not fit the budget), so `auto` chose before it had measured "
+               "the device lane, and updates 4-9 ran {min(u.update_ms for u in updates(D)[3:9]):.0f}-"
+               "{max(u.update_ms for u in updates(D)[3:9]):.0f} ms against "
+               "{min(u.predicted_ms for u in updates(D)[3:9]):.0f}-{max(u.predicted_ms for u in updates(D)[3:9]):.0f} "
+               "ms predicted, {'the device' if min(u.device_busy_ms - u.host_busy_ms for u in updates(D)[3:9]) > 0 else 'no'} "
+               "lane ending last in each"),
+        (INDEX, "end to end: DOS {e2e(D):.0f} ms at {gpu(D):.2f} GiB, torchao {e2e(T):.0f} ms at {gpu(T):.2f} GiB: "
+                "**{e2e(D)/e2e(T):.2f}x** its time at {gpu(D)/gpu(T):.0%} of its peak GPU memory (0.85x at 60% aimed: "
+                "missed; `auto` chose before it had measured the device lane)"),
+    ],
     "rok_gpt-1b_H200_2026-11-25_runV": [
         (ACT, "`\"host\"` cut peak activation memory by {pl('offload-host').reduction_vs_keep:.0%} against keeping "
               "everything ({pl('offload-host').peak_activation_gib:.2f} vs {pl('keep').peak_activation_gib:.1f} GiB) "
@@ -892,6 +942,10 @@ def names_for(report: str) -> dict[str, Any]:
         _converging(names, doc, report)
     if report.startswith("soak_"):
         names.update(r=lambda run: Obj(doc["runs"][run]), loss=lambda run: Obj(doc["loss"][run]))
+    records = BENCHMARKS / f"{report}_updates.json"
+    if kind == "comparison" and records.exists():  # a comparison's update records: one list per DOS row
+        by_label = json.loads(records.read_text())
+        names["updates"] = lambda label: [Obj(u) for u in by_label[label]]
     names["run"] = lambda stem: SimpleNamespace(**names_for(stem))
     names["report"] = report
     {"gpt-2.7b_H200_2026-11-21_runL_table": _run_l_table,

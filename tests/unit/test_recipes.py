@@ -325,3 +325,16 @@ def test_the_family_table_of_docs_recipes_gives_each_recipes_steps() -> None:
     steps = {cells[1].strip(" `"): int(cells[6].replace(",", ""))
              for cells in (line.split("|") for line in family.splitlines() if line.startswith("| `"))}
     assert steps == {p.stem: yaml.safe_load(p.read_text())["trainer"]["max_steps"] for p in RECIPES}
+
+
+@pytest.mark.parametrize("checkpoints", [True, False])
+def test_a_copy_for_the_gpu_tier_saves_checkpoints_only_when_asked(checkpoints: bool, tmp_path: Path) -> None:
+    """The GPU tier's copies of a recipe: with ``checkpoints=False`` no ModelCheckpoint is left (a recipe's
+    ``save_last`` writes one when training ends, whatever the interval: gigabytes on a GPU host's disk)."""
+    from tests.support.recipe_run import recipe_copy
+
+    recipe = ROOT / "recipes" / "llama-3b.yaml"
+    cli = _cli(recipe_copy(recipe, tmp_path / "copy", max_steps=3, every_n_train_steps=2, checkpoints=checkpoints))
+    saving = cli.trainer.checkpoint_callbacks
+    assert [c._every_n_train_steps for c in saving] == ([2] if checkpoints else [])
+    assert [Path(c.dirpath) for c in saving] == ([tmp_path / "copy" / "checkpoints"] if checkpoints else [])
