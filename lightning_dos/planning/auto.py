@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from .calibration import Calibrator, probe_plans
 from .perf_model import CostParams, predicted_makespan_s
 from .plan import Plan
-from .planner import best_plan, kept_grads, rank_plans
+from .planner import best_plan, fewer_slots_to_fit, kept_grads, rank_plans
 from .trials import PlanTrials
 
 #: ``auto`` starts with two probe steps (:func:`~.calibration.probe_plans`): the host lane alone, then half the
@@ -62,6 +62,10 @@ class PlanModel(Protocol):
 
     def kept_grads(self, plan: Plan) -> frozenset[int]:
         """The subgroups of ``plan`` whose gradients stay on the device through backward."""
+        ...
+
+    def fit_slots(self, plan: Plan) -> Plan:
+        """``plan`` with as many buffer slots as the budget holds, at least one (its lanes unchanged)."""
         ...
 
     def drifted(self, patience: int) -> bool:
@@ -105,6 +109,11 @@ class CalibratedModel:
     def predict(self, plan: Plan) -> float:
         return predicted_makespan_s(plan, self.sizes, self.cost, grads_on_device=self.kept_grads(plan))
 
+    def fit_slots(self, plan: Plan) -> Plan:
+        if self.budget_bytes is None:
+            return plan
+        return fewer_slots_to_fit(plan, self.sizes, self.budget_bytes, self.cost)
+
     def drifted(self, patience: int) -> bool:
         return self.calibrator.should_replan(patience)
 
@@ -133,7 +142,7 @@ class AutoPlanner:
     def __init__(self, sizes: Sequence[int], buffers: int, model: Callable[[], PlanModel]) -> None:
         self.model = model
         self.buffers = buffers
-        self.probes = probe_plans(sizes, buffers=buffers)
+        self.probes = self._probes(sizes)
         """The probe's plans, one per update phase."""
         assert len(self.probes) == PROBE_STEPS
         self.steps = 0
@@ -198,12 +207,19 @@ class AutoPlanner:
         the plan to put in force now. While the probe runs, its plan for the next update phase made for ``sizes``;
         after it, the planner's choice, from which the re-plan check and the trials start over."""
         if self.probing:
-            self.probes = probe_plans(sizes, buffers=self.buffers)
+            self.probes = self._probes(sizes)
             return self.probes[self.steps]
         plan = self.model().best_plan()
         self._replan_checked = self.steps
         self.trials.start(plan)
         return plan
+
+    def _probes(self, sizes: Sequence[int]) -> tuple[Plan, ...]:
+        """The probe's plans for ``sizes``, each with as many buffer slots as the budget holds: the probe is there to
+        measure both lanes, and a mixed step demoted to the host for want of a second slot would leave the planner to
+        choose with the device lane unmeasured (dispatch still demotes what one slot cannot hold)."""
+        model = self.model()
+        return tuple(model.fit_slots(plan) for plan in probe_plans(sizes, buffers=self.buffers))
 
     def _adopt(self, plan: Plan, step: int) -> AutoDecision:
         """The planner's choice is in force from the next update phase; trials start over from it."""

@@ -6,7 +6,8 @@
 budget is weighed as it would run, demoted to fit (:func:`demote_to_fit`, as dispatch would demote a named plan); it
 keeps the smallest predicted makespan. Each candidate is weighed with its host lane in id order and largest first
 (:func:`largest_first`). :func:`demote_to_fit` shrinks an existing plan
-when the GPU turns out to have less free memory than planned for.
+when the GPU turns out to have less free memory than planned for; :func:`fewer_slots_to_fit` first takes buffer slots
+from ``auto``'s probe instead, so that its device lane runs and is measured.
 
 Pure Python: no torch.
 """
@@ -226,6 +227,23 @@ def demote_to_fit(
         demoted.append(queue[len(demoted)])
         current = plan.demote(demoted)
     return current, tuple(demoted)
+
+
+def fewer_slots_to_fit(
+    plan: Plan,
+    sizes: Sequence[int],
+    free_bytes: float,
+    params: CostParams | None = None,
+    grads_on_device: frozenset[int] = frozenset(),
+) -> Plan:
+    """``plan`` with as many buffer slots as fit in ``free_bytes``, at least one: its device lane keeps every subgroup
+    and pipelines less. ``auto``'s probe is fitted so (it is there to measure both lanes); whatever still does not fit
+    is then demoted (:func:`demote_to_fit`)."""
+    sizes = _check_sizes(sizes)
+    _check_length(plan, sizes)
+    while plan.buffers > 1 and device_memory_bytes(plan, sizes, params, grads_on_device) > free_bytes:
+        plan = replace(plan, buffers=plan.buffers - 1)
+    return plan
 
 
 #: Device bytes per parameter of a resident subgroup (``resident_gib``): fp32 master, exp_avg and exp_avg_sq.

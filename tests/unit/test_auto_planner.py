@@ -46,6 +46,9 @@ class Scripted:
     def kept_grads(self, plan: Plan) -> frozenset[int]:
         return self.kept(plan)
 
+    def fit_slots(self, plan: Plan) -> Plan:
+        return plan
+
     def drifted(self, patience: int) -> bool:
         assert patience == REPLAN_PATIENCE
         self.drift_checks += 1

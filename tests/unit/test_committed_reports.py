@@ -526,8 +526,8 @@ QUOTES: dict[str, list[tuple[str, str]]] = {
         (README, "| gpt-4b ({model.params/1e9:.2f}B) | H100 | {e2e(V):.0f} ms, {gpu(V):.2f} GiB | not run | "
                  "{e2e(D):.0f} ms, {gpu(D):.2f} GiB (all state resident) | {e2e(V)/e2e(D):.2f}x |"),
         (PAGE, "DOS with no options ran an iteration in {e2e(D):.0f} ms end to end against vanilla ZeRO-3 offload's "
-               "{e2e(V):,.0f} ms, {e2e(V)/e2e(D):.2f}x (3.5x aimed: met). gpt-4b's optimizer state fits this GPU beside "
-               "the training: `resident_gib=\"auto\"` kept all "
+               "{e2e(V):,.0f} ms, {e2e(V)/e2e(D):.2f}x (3.5x aimed: met). gpt-4b's optimizer state fits this GPU "
+               "beside the training: `resident_gib=\"auto\"` kept all "
                "{one(len(row(D).dos.resident_subgroups), row(D).dos.subgroups)} subgroups resident "
                "({" + RESIDENT_GIB + ":.2f} GiB, {gpu(D):.2f} GiB peak)"),
         (INDEX, "end to end: DOS **{e2e(V)/e2e(D):.2f}x** vanilla ({e2e(D):.0f} vs {e2e(V):.0f} ms, 3.5x aimed: met); "
@@ -565,8 +565,8 @@ QUOTES: dict[str, list[tuple[str, str]]] = {
                "the device lane, and updates 4-9 ran {min(u.update_ms for u in updates(D)[3:9]):.0f}-"
                "{max(u.update_ms for u in updates(D)[3:9]):.0f} ms against "
                "{min(u.predicted_ms for u in updates(D)[3:9]):.0f}-{max(u.predicted_ms for u in updates(D)[3:9]):.0f} "
-               "ms predicted, {'the device' if min(u.device_busy_ms - u.host_busy_ms for u in updates(D)[3:9]) > 0 else 'no'} "
-               "lane ending last in each"),
+               "ms predicted, {'the device' if min(u.device_busy_ms - u.host_busy_ms for u in updates(D)[3:9]) > 0 "
+               "else 'no'} lane ending last in each"),
         (INDEX, "end to end: DOS {e2e(D):.0f} ms at {gpu(D):.2f} GiB, torchao {e2e(T):.0f} ms at {gpu(T):.2f} GiB: "
                 "**{e2e(D)/e2e(T):.2f}x** its time at {gpu(D)/gpu(T):.0%} of its peak GPU memory (0.85x at 60% aimed: "
                 "missed; `auto` chose before it had measured the device lane)"),

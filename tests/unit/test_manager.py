@@ -140,6 +140,22 @@ def test_the_probe_puts_its_plans_in_force_with_their_gradients_and_the_choice_i
     assert manager.optimizer.device_grad_subgroups == manager.plan_model.kept_grads(manager.base_plan)
 
 
+@pytest.mark.parametrize("budget_bytes", [None, 60_000])
+def test_the_probe_measures_the_device_lane_with_the_slots_the_budget_holds(budget_bytes: int | None) -> None:
+    """Sizes 3000 and five of 1000; the probe's mixed step puts subgroups 0, 2 and 4 on the device lane, whose slots
+    are sized by subgroup 0: 48,000 B each. Within 60,000 B two slots do not fit and one does, so the probe runs its
+    device lane with one slot, every device subgroup kept. Demoting for want of a second slot moved subgroup 0 to the
+    host here; in run AJ, where two slots of no subgroup fitted, it moved all of them and the planner chose without
+    the device lane's rate. No budget: two slots."""
+    gib = None if budget_bytes is None else budget_bytes / GIB
+    manager = OptimizerStateManager(_UnevenOptimizer(), plan=parse_plan("auto"), memory_budget_gib=gib)
+    probe = [_step(manager) for _ in range(PROBE_STEPS)]
+    assert [_letters(r.plan) for r in probe] == ["HHHHHH", "DHDHDH"]
+    assert [r.demoted for r in probe] == [(), ()]
+    assert probe[1].plan.buffers == (2 if budget_bytes is None else 1)
+    assert probe[1].timings.device_params == 5000  # the device lane ran and was measured
+
+
 def test_start_auto_begins_cold_after_fixed_plans() -> None:
     """A fixed-plan run switched to ``auto`` (the plan sweep does this) starts as a new ``auto`` run would: the
     starting cost values (user overrides kept), the two probe steps, then the planner's choice."""
@@ -198,6 +214,9 @@ class _Scripted:
 
     def kept_grads(self, plan: Plan) -> frozenset[int]:
         return frozenset(plan.device_subgroups())
+
+    def fit_slots(self, plan: Plan) -> Plan:
+        return plan
 
     def drifted(self, patience: int) -> bool:
         return False

@@ -25,6 +25,7 @@ from lightning_dos.planning import (
     demote_to_fit,
     device_memory_bytes,
     even_device_lanes,
+    fewer_slots_to_fit,
     grads_for,
     kept_grads,
     largest_first,
@@ -491,6 +492,19 @@ def test_demote_to_fit_moves_the_largest_last_in_order_first():
     fitted, demoted = demote_to_fit(plan, sizes, 0)
     assert demoted == (2, 1, 3, 0) and letters(fitted) == "HHHH"
     assert demote_to_fit(plan, sizes, 960) == (plan, ())
+
+
+def test_fewer_slots_to_fit_keeps_the_lanes_and_takes_slots_down_to_one():
+    """Sizes 4 1 1 1 all on the device, 3 slots of 4 * 16 B: 192 B. Within 130 B two slots (128 B) remain; within
+    10 B not even one fits, and one is what it keeps (what still does not fit is demote_to_fit's)."""
+    sizes = [4, 1, 1, 1]
+    plan = Plan(lanes=(D, D, D, D), buffers=3, source="probe")
+    assert fewer_slots_to_fit(plan, sizes, 192) is plan
+    two = fewer_slots_to_fit(plan, sizes, 130)
+    assert (two.buffers, two.lanes, two.source, device_memory_bytes(two, sizes)) == (2, plan.lanes, "probe", 128)
+    assert fewer_slots_to_fit(plan, sizes, 10).buffers == 1
+    fitted, demoted = demote_to_fit(fewer_slots_to_fit(plan, sizes, 20), sizes, 20)  # one slot of 1 param: 16 B
+    assert (letters(fitted), fitted.buffers, demoted) == ("HDDD", 1, (0,))
 
 
 # --- calibration ----------------------------------------------------------------------------------------------------
