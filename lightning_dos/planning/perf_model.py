@@ -28,6 +28,9 @@ from .plan import Lane, Plan, _check_length, _check_sizes
 #: The device lane's prefetch window: while its subgroups are issued between host-lane subgroups, at most this many
 #: prefetches are outstanding; at dispatch, this many (at most one per buffer slot) are issued before the phase.
 PREFETCH_WINDOW = 2
+#: Parameters per piece of a device-lane subgroup: the device lane streams a subgroup through its buffer slots a piece
+#: at a time, so a slot holds one piece (``update/device_lane.py`` takes its size from here).
+PIECE_PARAMS = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,9 @@ class CostParams:
     device_grad_bytes_per_param: int = 4
     """Bytes per parameter of a gradient kept on the device through backward, in its own dtype (the manager sets
     it from the optimizer: 2 for 16-bit gradients, 4 when they accumulate in fp32)."""
+    slot_params: int = PIECE_PARAMS
+    """Parameters a device-lane buffer slot holds: a piece of the largest device-lane subgroup, at most this many (the
+    lane streams larger subgroups a piece at a time)."""
     ranks_per_host: int = 1
     """Ranks sharing this host's CPU cores (the CPU rate is divided among them; PCIe is per GPU)."""
     dispatch_lead_s: float = 0.0
@@ -86,6 +92,8 @@ class CostParams:
                 raise ValueError(f"{name}: {value!r} is not a byte count; set {name} to an integer >= 0")
         if self.state_bytes_per_param == 0:
             raise ValueError("state_bytes_per_param: must be > 0; set it to 12 for fp32 master + exp_avg + exp_avg_sq")
+        if isinstance(self.slot_params, bool) or not isinstance(self.slot_params, int) or self.slot_params < 1:
+            raise ValueError(f"slot_params: {self.slot_params!r}; set slot_params to an integer >= 1")
         if isinstance(self.ranks_per_host, bool) or not isinstance(self.ranks_per_host, int) or self.ranks_per_host < 1:
             raise ValueError(f"ranks_per_host: {self.ranks_per_host!r}; set ranks_per_host to an integer >= 1")
 
@@ -350,7 +358,9 @@ def device_memory_bytes(
 ) -> int:
     """GPU memory the device lane needs, bytes.
 
-    ``buffers * max device-subgroup size * (state + grad bytes per param)`` for the buffer slots, plus
+    ``buffers * min(max device-subgroup size, slot_params) * (state + grad bytes per param)`` for the buffer slots
+    (each holds a piece of a subgroup; counted with a gradient row, which a lane whose gradients all stayed on the
+    device does without: a quarter more than it takes then), plus
     ``device_grad_bytes_per_param`` for every parameter of a device-lane subgroup whose grad stays on the GPU
     (host-lane subgroups in ``grads_on_device`` are ignored: their grad goes to the host). 0 without device
     subgroups. ``params`` defaults to :class:`CostParams`; a set of ids passed in its place is taken as
@@ -365,6 +375,7 @@ def device_memory_bytes(
     device = plan.device_subgroups()
     if not device:
         return 0
-    slot = max(sizes[g] for g in device) * (params.state_bytes_per_param + params.grad_bytes_per_param)
+    piece = min(max(sizes[g] for g in device), params.slot_params)
+    slot = piece * (params.state_bytes_per_param + params.grad_bytes_per_param)
     kept = sum(sizes[g] for g in device if g in grads_on_device) * params.device_grad_bytes_per_param
     return plan.buffers * slot + kept

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .perf_model import PIECE_PARAMS
 from .plan import _check_sizes
 from .planner import RESIDENT_BYTES_PER_PARAM
 
@@ -38,8 +39,8 @@ GIB = 1024**3
 HEADROOM_SHARE = 0.08
 #: ... and at least this much.
 HEADROOM_MIN_BYTES = 2 * GIB
-#: Device-lane slots ``auto`` leaves room for: two pieces of 32M parameters at 16 bytes each (state and gradient).
-SLOT_RESERVE_BYTES = 2 * 32 * 1024 * 1024 * 16
+#: Device-lane slots ``auto`` leaves room for: two pieces at 16 bytes per parameter (state and gradient).
+SLOT_RESERVE_BYTES = 2 * PIECE_PARAMS * 16
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ device, then write the 16-bit params) -> ``flush`` (device->host: master, exp_av
 the device through backward is not prefetched; kept in its 16-bit dtype, ``adam`` widens it (exactly) into the slot's
 gradient row, or, when every gradient of the lane stayed on the device, chunk by chunk through one 64 MB scratch
 buffer and the slot has no gradient row (a quarter less memory; :mod:`lightning_dos.update.device_adam`). The
-performance model's ``device_memory_bytes`` still counts slots of a whole subgroup with the row: under a memory budget
-it may demote early, never late.
+performance model's ``device_memory_bytes`` counts slots of a piece with the row: it may demote early by that quarter,
+never late.
 
 Each stage has its own stream (:mod:`lightning_dos.update.streams`); a piece's prefetch waits for the flush that last
 used its slot, adam waits for its prefetch, flush waits for its adam. The lane's first prefetches may be issued
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from lightning_dos.planning.perf_model import PREFETCH_WINDOW, buffer_slots, early_prefetches
+from lightning_dos.planning.perf_model import PIECE_PARAMS, PREFETCH_WINDOW, buffer_slots, early_prefetches
 from lightning_dos.update.device_adam import adam, adam_widened, scratch_for
 from lightning_dos.update.phase import Phase
 from lightning_dos.update.streams import COPY_CHUNK, Streams, chunked_copy
@@ -36,8 +36,10 @@ from lightning_dos.update.timings import LaneTimings, Span
 # ``DeviceLane``): enough to keep the link busy, few enough that a host-lane upload never queues behind the whole
 # lane. The performance model owns the constant, since it predicts the prefetches issued at dispatch from it.
 #: Parameters per piece of a device-lane subgroup: the buffer slots hold a piece, not a whole subgroup (see
-#: ``DeviceLane``). Two copy chunks, a multiple of every vector width; a piece's state is 384 MB in fp32.
-PIECE = 2 * COPY_CHUNK
+#: ``DeviceLane``); the performance model's, so it weighs the slots that run. Two copy chunks, a multiple of every
+#: vector width; a piece's state is 384 MB in fp32.
+PIECE = PIECE_PARAMS
+assert PIECE == 2 * COPY_CHUNK, "a piece is two copy chunks"
 
 
 class DeviceLane:

@@ -26,8 +26,9 @@ CASES = [("Q", "gpt-1b", "unlimited"), ("Q", "gpt-1b", "quarter"), ("Q", "gpt-2.
          ("Q", "gpt-2.7b", "quarter"), ("Q2", "gpt-1b", "unlimited"), ("Q2", "gpt-1b", "quarter"),
          ("Q2", "gpt-2.7b", "quarter"), ("Q3", "gpt-1b", "unlimited")]
 #: The starting cost values of a bf16 run: the manager sets the bytes of a gradient kept on the device from the
-#: optimizer (2 for bf16 gradients), which enters the memory a plan needs.
-START = CostParams(device_grad_bytes_per_param=2)
+#: optimizer (2 for bf16 gradients), which enters the memory a plan needs. Runs Q-Q3 streamed whole subgroups through
+#: the device lane's slots (pieces came later): each slot held the largest device-lane subgroup (``slot_params``).
+START = CostParams(device_grad_bytes_per_param=2, slot_params=10**12)
 
 
 def _case(run: str, model: str, budget: str) -> tuple[list[int], list[dict], float | None]:

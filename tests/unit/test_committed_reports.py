@@ -561,8 +561,9 @@ QUOTES: dict[str, list[tuple[str, str]]] = {
                "rest through that slot. The update phase ({upd(D):.0f} ms, synchronised median) outlasts the next "
                "forward it overlaps, so DOS's forward took {fwd(D):.0f} ms against torchao's {fwd(T):.0f} ms"),
         (PAGE, "its probe's mixed step ran with all {updates(D)[2].demoted_subgroups} of its device-lane subgroups "
-               "demoted to the host (two buffer slots did not fit the budget), so `auto` chose before it had measured "
-               "the device lane, and updates 4-9 ran {min(u.update_ms for u in updates(D)[3:9]):.0f}-"
+               "demoted to the host (two buffer slots, each counted as a whole subgroup, did not fit the budget), so "
+               "`auto` chose before it had measured the device lane, and updates 4-9 ran "
+               "{min(u.update_ms for u in updates(D)[3:9]):.0f}-"
                "{max(u.update_ms for u in updates(D)[3:9]):.0f} ms against "
                "{min(u.predicted_ms for u in updates(D)[3:9]):.0f}-{max(u.predicted_ms for u in updates(D)[3:9]):.0f} "
                "ms predicted, {'the device' if min(u.device_busy_ms - u.host_busy_ms for u in updates(D)[3:9]) > 0 "

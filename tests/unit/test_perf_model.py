@@ -35,7 +35,13 @@ from lightning_dos.planning import (
     rank_plans,
     resolve_plan,
 )
-from lightning_dos.planning.perf_model import PREFETCH_WINDOW, buffer_slots, early_prefetches, predicted_makespan_s
+from lightning_dos.planning.perf_model import (
+    PIECE_PARAMS,
+    PREFETCH_WINDOW,
+    buffer_slots,
+    early_prefetches,
+    predicted_makespan_s,
+)
 
 H, D = Lane.HOST, Lane.DEVICE
 
@@ -281,6 +287,16 @@ def test_predict_rejects_mismatches():
 
 
 # --- device memory --------------------------------------------------------------------------------------------------
+
+
+def test_a_buffer_slot_holds_a_piece_of_a_subgroup_larger_than_a_piece():
+    """The device lane streams a subgroup a piece at a time: two slots for gpt-2.7b's largest subgroup (128,778,240
+    parameters) take 2 x 32M x 16 B = 1 GiB, not 3.8 GiB; a subgroup smaller than a piece sizes the slot itself."""
+    sizes = [128_778_240, 78_676_480, 1000]
+    assert device_memory_bytes(Plan(lanes=(D, D, H)), sizes) == 2 * PIECE_PARAMS * 16 == 2**30
+    assert device_memory_bytes(Plan(lanes=(H, H, D)), sizes) == 2 * 1000 * 16
+    whole = CostParams(slot_params=10**12)  # the device lane before pieces: a slot held the largest subgroup
+    assert device_memory_bytes(Plan(lanes=(D, D, H)), sizes, whole) == 2 * 128_778_240 * 16
 
 
 def test_device_memory_bytes():
