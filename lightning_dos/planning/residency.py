@@ -30,8 +30,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .perf_model import PIECE_PARAMS
-from .plan import _check_sizes
+from .perf_model import PIECE_PARAMS, device_memory_bytes
+from .plan import Lane, Plan, _check_sizes
 from .planner import RESIDENT_BYTES_PER_PARAM
 
 GIB = 1024**3
@@ -39,8 +39,8 @@ GIB = 1024**3
 HEADROOM_SHARE = 0.08
 #: ... and at least this much.
 HEADROOM_MIN_BYTES = 2 * GIB
-#: Device-lane slots ``auto`` leaves room for: two pieces at 16 bytes per parameter (state and gradient).
-SLOT_RESERVE_BYTES = 2 * PIECE_PARAMS * 16
+#: Device-lane slots ``auto`` leaves room for at most: two slots of a whole piece, as the planner weighs them.
+SLOT_RESERVE_BYTES = device_memory_bytes(Plan(lanes=(Lane.DEVICE,)), [PIECE_PARAMS])
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def choose_residents(sizes: Sequence[int], memory: DeviceMemory | None, grad_byt
     sizes = _check_sizes(sizes)
     if memory is None:
         return Residency(ids=(), params=0, room=0, memory=None)
-    slots = min(SLOT_RESERVE_BYTES, 2 * max(sizes, default=0) * 16)
+    slots = device_memory_bytes(Plan(lanes=(Lane.DEVICE,) * len(sizes)), sizes)  # two slots, as the planner weighs
     room = resident_room(memory, sum(sizes), grad_bytes_per_param, budget_bytes, slots)
     ids, used = [], 0
     for i, size in enumerate(sizes):

@@ -145,8 +145,8 @@ def test_the_probe_measures_the_device_lane_with_the_slots_the_budget_holds(budg
     """Sizes 3000 and five of 1000; the probe's mixed step puts subgroups 0, 2 and 4 on the device lane, whose slots
     are sized by subgroup 0: 48,000 B each. Within 60,000 B two slots do not fit and one does, so the probe runs its
     device lane with one slot, every device subgroup kept. Demoting for want of a second slot moved subgroup 0 to the
-    host here; in run AJ, where two slots of no subgroup fitted, it moved all of them and the planner chose without
-    the device lane's rate. No budget: two slots."""
+    host here; in run AJ, where (each slot then counted as a whole subgroup) two slots of no subgroup fitted, it moved
+    all of them and the planner chose without the device lane's rate. No budget: two slots."""
     gib = None if budget_bytes is None else budget_bytes / GIB
     manager = OptimizerStateManager(_UnevenOptimizer(), plan=parse_plan("auto"), memory_budget_gib=gib)
     probe = [_step(manager) for _ in range(PROBE_STEPS)]
