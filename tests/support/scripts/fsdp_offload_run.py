@@ -18,7 +18,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from lightning_dos import FSDPOffloadStrategy, PlainStrategy
 from lightning_dos.models import GPTModule
@@ -48,12 +48,19 @@ class TinyGPT(GPTModule):
                 super().configure_model()
 
 
-def loader(devices: int) -> DataLoader:
-    """The same ``STEPS`` global batches at every device count (Lightning's distributed sampler splits each):
-    runs of consecutive token ids from random starts, which the model learns to continue within a few steps."""
-    starts = torch.randint(0, VOCAB, (STEPS * BATCH, 1), generator=torch.Generator().manual_seed(1234))
-    data = (starts + torch.arange(SEQ + 1)) % VOCAB
-    return DataLoader(TensorDataset(data[:, :-1], data[:, 1:]), batch_size=BATCH // devices, shuffle=False)
+class Batches(pl.LightningDataModule):
+    """The same ``STEPS`` global batches, in order, at every device count: runs of consecutive token ids from random
+    starts, which the model learns to continue within a few steps. Each rank takes every ``world_size``-th sequence
+    of a global batch through its own unshuffled sampler (the Trainer's ``use_distributed_sampler`` is off: Lightning's
+    own shuffles a training set, so the runs would see other batches than ``plain``)."""
+
+    def train_dataloader(self) -> DataLoader:
+        starts = torch.randint(0, VOCAB, (STEPS * BATCH, 1), generator=torch.Generator().manual_seed(1234))
+        data = (starts + torch.arange(SEQ + 1)) % VOCAB
+        dataset = TensorDataset(data[:, :-1], data[:, 1:])
+        ranks, rank = self.trainer.world_size, self.trainer.global_rank
+        sampler = DistributedSampler(dataset, num_replicas=ranks, rank=rank, shuffle=False) if ranks > 1 else None
+        return DataLoader(dataset, batch_size=BATCH // ranks, sampler=sampler)
 
 
 class Losses(pl.Callback):
@@ -70,10 +77,10 @@ def train(strategy: str, devices: int, precision: str, checkpointing: bool) -> t
         accelerator="cuda", devices=devices,
         strategy=FSDPOffloadStrategy() if strategy == "fsdp_offload" else PlainStrategy(),
         precision=precision, max_steps=STEPS, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[losses],
+        enable_model_summary=False, callbacks=[losses], use_distributed_sampler=False,
     )
     module = TinyGPT(checkpointing)
-    trainer.fit(module, train_dataloaders=loader(devices))
+    trainer.fit(module, datamodule=Batches())
     return trainer, module, losses
 
 
