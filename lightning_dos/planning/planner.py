@@ -32,14 +32,6 @@ from .plan import (
 TIE_TOLERANCE = 1e-9
 """Makespans within this relative distance count as a tie (float noise must not buy a bigger plan)."""
 
-ONE_SLOT_ONLY_WHERE_TWO_DO_NOT_FIT = True
-"""The search weighs a device lane of one buffer slot only where two slots do not fit the budget. With one slot each
-prefetch waits on the copy stream for the last flush, and the host lane's uploads, queued on the same stream, wait
-behind it; the model lets an upload pass a prefetch that is not ready, so it under-predicts such plans: on a GPU host
-(gpt-2.7b, ``memory_budget_gib``, docs/performance-model.md) one-slot plans ran 1.2-1.35x their predictions and won
-the search on paper (trading the second slot for kept gradients), while two-slot plans ran within a few percent of
-theirs."""
-
 
 #: Fractions whose lanes ``auto`` also weighs, by size: 1/20 .. 19/20 (the fraction plans a user would name; read
 #: exactly as j/20 by :func:`~.plan.fraction_lanes`).
@@ -114,9 +106,6 @@ def _ranked(
         # weighed as it would run under the budget: dispatch demotes a plan that does not fit, and a demoted plan can
         # be the fastest one that does
         fitted, grads = _as_run(plan, sizes, params, memory_budget_bytes, grads_on_device)
-        if ONE_SLOT_ONLY_WHERE_TWO_DO_NOT_FIT and fitted is plan and _one_slot_where_two_fit(
-                plan, sizes, params, memory_budget_bytes, max_buffers, grads_on_device):
-            continue
         plan = plan if fitted is plan else replace(fitted, source=plan.source)
         key = (plan.lanes, plan.order, plan.host_order, plan.buffers)
         if grads is None or key in seen or (not plan.order and plan.buffers != 1):  # the all-host plan is there
@@ -133,21 +122,6 @@ def _ranked(
                 plan.host_order != plan.host_subgroups())
 
     return [(plan, grads) for plan, grads, _ in sorted(scored, key=key)]
-
-
-def _one_slot_where_two_fit(
-    plan: Plan,
-    sizes: Sequence[int],
-    params: CostParams,
-    memory_budget_bytes: float | None,
-    max_buffers: int,
-    grads_on_device: frozenset[int],
-) -> bool:
-    """Whether ``plan`` runs its device lane through one buffer slot where two would fit the budget (with or without
-    its kept gradients): such a candidate is not weighed (:data:`ONE_SLOT_ONLY_WHERE_TWO_DO_NOT_FIT`)."""
-    if plan.buffers != 1 or not plan.order or max_buffers < 2:
-        return False
-    return grads_for(replace(plan, buffers=2), sizes, params, memory_budget_bytes, grads_on_device) is not None
 
 
 def grads_for(

@@ -453,41 +453,17 @@ def test_rank_plans_orders_ties_by_fewer_device_subgroups_then_fewer_buffers():
         ("DHDD", 3, 2.5), ("DDHD", 3, 2.5), ("DDDH", 3, 2.5), ("DHDD", 4, 2.5), ("DDHD", 4, 2.5), ("DDDH", 4, 2.5),
         ("HDHD", 2, 2.5625), ("DHDH", 2, 2.5625), ("HDHD", 3, 2.5625), ("DHDH", 3, 2.5625), ("HDHD", 4, 2.5625),
         ("DHDH", 4, 2.5625),
-        ("DHDD", 2, 3.0), ("DDHD", 2, 3.0), ("DDDH", 2, 3.0), ("DDDD", 3, 3.0),
+        ("HDHD", 1, 3.0), ("DHDH", 1, 3.0), ("DHDD", 2, 3.0), ("DDHD", 2, 3.0), ("DDDH", 2, 3.0), ("DDDD", 3, 3.0),
         ("DDDD", 4, 3.0),
         ("DDDD", 2, 3.5),
-        ("HHDH", 2, 3.8125), ("HHHD", 2, 3.8125),
+        ("HHDH", 1, 3.8125), ("HHHD", 1, 3.8125), ("HDHH", 1, 3.8125), ("HHDH", 2, 3.8125), ("HHHD", 2, 3.8125),
         ("HDHH", 2, 3.8125), ("HHDH", 3, 3.8125), ("HHHD", 3, 3.8125), ("HDHH", 3, 3.8125), ("HHDH", 4, 3.8125),
         ("HHHD", 4, 3.8125), ("HDHH", 4, 3.8125),
         ("HHHH", 1, 4.0625),
-    ]  # no device lane of one slot: two fit (no budget), so one is not weighed (test_one_slot_...)
+        ("DHDD", 1, 4.5), ("DDHD", 1, 4.5), ("DDDH", 1, 4.5),
+        ("DDDD", 1, 6.0),
+    ]
 
-
-def test_one_slot_is_weighed_only_where_two_slots_do_not_fit():
-    """A device lane of one slot, predicted faster because the memory of the second slot keeps gradients on the device,
-    is not weighed while two slots fit (the model under-predicts one-slot lanes: the planner's
-    ONE_SLOT_ONLY_WHERE_TWO_DO_NOT_FIT); it is where only one fits. The case of run AK (gpt-2.7b on a GPU host,
-    ``memory_budget_gib`` 6.0): the costs ``auto`` had calibrated, 4 resident subgroups (weighing 0) and 23 of 105.9M
-    parameters sharing 2.15 GiB; the one-slot plan it chose there ran 543-591 ms against 407-467 predicted."""
-    params = CostParams(cpu_adam_params_per_s=4.594e9, cpu_contention=0.9639, h2d_bytes_per_s=42.46e9,
-                        d2h_bytes_per_s=48.09e9, gpu_adam_params_per_s=80.3e9, device_grad_bytes_per_param=2,
-                        dispatch_lead_s=0.00865)
-    sizes = [0] * 4 + [105_897_628] * 23
-    keep = frozenset(range(len(sizes)))
-    budget = int(2.15 * 2**30)
-    ranked = rank_plans(sizes, params, budget, max_buffers=2, grads_on_device=keep)
-    best = ranked[0][0]
-    assert best.buffers == 2 and best.order
-    assert all(plan.buffers == 2 for plan, _ in ranked if plan.order)
-    # on paper, a one-slot plan that keeps its gradients is faster than every plan weighed
-    one = replace(resolve_plan(0.3, sizes, buffers=1), source="auto")
-    kept = kept_grads(one, sizes, params, budget, keep)
-    assert kept == frozenset(one.order)  # its gradients fit beside one slot ...
-    assert device_memory_bytes(replace(one, buffers=2), sizes, params, kept) > budget  # ... not beside two
-    assert predict(one, sizes, params, kept).makespan_s < ranked[0][1].makespan_s
-    # where only one slot fits, one slot is what runs
-    one_only = device_memory_bytes(replace(best, buffers=1), sizes, params)
-    assert best_plan(sizes, params, one_only, max_buffers=2, grads_on_device=keep).buffers == 1
 
 def test_best_plan_never_exceeds_the_budget():
     sizes = [40_000_000] * 11 + [13_000_000]
