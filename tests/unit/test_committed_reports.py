@@ -63,7 +63,7 @@ RUN_AE, RUN_AF = "gpt-13b_H100x4_2026-11-28_runAE", "gpt-2.7b_H100x4_2026-11-28_
 S4 = "static_split(0.5)@dp4"
 RUN_AG = "sweep_gpt-2.7b_H100x4_2026-11-28_runAG"
 RUN_AH, RUN_AI = "gpt-4b_H100_2026-11-28_runAH", "gpt-5b_H100_2026-11-28_runAI"
-RUN_AJ = "gpt-2.7b_H100_2026-11-28_runAJ"
+RUN_AJ, RUN_AK = "gpt-2.7b_H100_2026-11-28_runAJ", "gpt-2.7b_H200_2026-11-28_runAK"
 RESIDENT_GIB = "row(D).dos.resident_params*12/1024**3"  # fp32 master and both moments of the resident subgroups
 
 #: report (its JSON's stem, or its folder for converging and soak) -> [(file, template)]
@@ -549,9 +549,34 @@ QUOTES: dict[str, list[tuple[str, str]]] = {
                 "{len(row(D).dos.resident_subgroups)} of {row(D).dos.subgroups} subgroups resident "
                 "({" + RESIDENT_GIB + ":.2f} GiB), the rest offloaded; host memory {host(D):.2f} GiB at its peak"),
     ],
-    RUN_AJ: [
-        (README, "(in run AJ, 4.5 GiB on one H100: gpt-2.7b ran {e2e(D):.0f} ms at {gpu(D):.2f} GiB peak, torchao's "
+    RUN_AK: [
+        (README, "(in run AK, 6.0 GiB on one H200: gpt-2.7b ran {e2e(D):.0f} ms at {gpu(D):.2f} GiB peak, torchao's "
                  "offload {e2e(T):.0f} ms at {gpu(T):.2f} GiB)"),
+        (PAGE, "with `memory_budget_gib` 6.0 DOS ran an iteration in {e2e(D):,.0f} ms end to end at {gpu(D):.2f} GiB "
+               "peak, torchao's offload {e2e(T):,.0f} ms at {gpu(T):.2f} GiB: {e2e(D)/e2e(T):.2f}x torchao's time at "
+               "{gpu(D)/gpu(T):.0%} of its peak GPU memory (at most 0.85x at 60% aimed: **missed** on this host). "
+               "Where the time went: the budget kept {len(row(D).dos.resident_subgroups)} subgroups resident "
+               "({" + RESIDENT_GIB + ":.2f} GiB). The probe's mixed step now ran its device lane with both buffer "
+               "slots and {'none' if updates(D)[2].demoted_subgroups == 0 else updates(D)[2].demoted_subgroups} of "
+               "its subgroups demoted ({updates(D)[2].update_ms:.0f} ms against {updates(D)[2].predicted_ms:.0f} "
+               "predicted), and `auto` then chose {'one slot' if updates(D)[3].buffers == 1 else 'slots'} with the "
+               "gradients of its device subgroups kept on the GPU, the device lane taking "
+               "{updates(D)[3].device_fraction:.0%} of the other subgroups' parameters: updates 4-{len(updates(D))} "
+               "ran {min(u.update_ms for u in updates(D)[3:]):.0f}-{max(u.update_ms for u in updates(D)[3:]):.0f} ms "
+               "against {min(u.predicted_ms for u in updates(D)[3:]):.0f}-"
+               "{max(u.predicted_ms for u in updates(D)[3:]):.0f} ms predicted, the host lane waiting "
+               "{min(u.host_busy_ms - u.host_compute_ms for u in updates(D)[3:]):.0f}-"
+               "{max(u.host_busy_ms - u.host_compute_ms for u in updates(D)[3:]):.0f} ms beyond its CPU Adam for the "
+               "link its uploads share with the device lane's prefetches. The update phase ({upd(D):.0f} ms, "
+               "synchronised median) outlasts the next forward it overlaps, so DOS's forward took {fwd(D):.0f} ms "
+               "against torchao's {fwd(T):.0f} ms"),
+        (INDEX, "end to end: DOS {e2e(D):.0f} ms at {gpu(D):.2f} GiB, torchao {e2e(T):.0f} ms at {gpu(T):.2f} GiB: "
+                "**{e2e(D)/e2e(T):.2f}x** its time at {gpu(D)/gpu(T):.0%} of its peak GPU memory (0.85x at 60% aimed: "
+                "missed); the probe measured both lanes this time, and `auto`'s plans ran "
+                "{min(u.update_ms / u.predicted_ms for u in updates(D)[3:]):.2f}-"
+                "{max(u.update_ms / u.predicted_ms for u in updates(D)[3:]):.2f}x their predicted update phase"),
+    ],
+    RUN_AJ: [
         (PAGE, "with `memory_budget_gib` 4.5 DOS ran an iteration in {e2e(D):,.0f} ms end to end at {gpu(D):.2f} GiB "
                "peak, torchao's offload {e2e(T):,.0f} ms at {gpu(T):.2f} GiB: {e2e(D)/e2e(T):.2f}x torchao's time at "
                "{gpu(D)/gpu(T):.0%} of its peak GPU memory (at most 0.85x at 60% aimed: **missed** on this host). "
