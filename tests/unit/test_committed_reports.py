@@ -38,6 +38,7 @@ BENCHMARKS = ROOT / "docs" / "benchmarks"
 README, INDEX, PAGE = "README.md", "docs/benchmarks/README.md", "page"
 OSM, STRATEGY, PERF = "docs/optimizer-state-manager.md", "docs/strategy.md", "docs/performance-model.md"
 MULTI, ACT, REL, CONV = "docs/multi-node.md", "docs/activation-offload.md", "docs/reliability.md", "docs/converging.md"
+RECIPES, DOS = "docs/recipes.md", "deep_optimizer_states"
 
 # row labels and claim names, short
 V, S, D, O, P, T, N = ("zero3_offload", "static_split(0.5)", "dos(auto)", "dos(auto,overlap)", "plain",  # noqa: E741
@@ -576,6 +577,19 @@ QUOTES: dict[str, list[tuple[str, str]]] = {
                 "{min(u.update_ms / u.predicted_ms for u in updates(D)[3:]):.2f}-"
                 "{max(u.update_ms / u.predicted_ms for u in updates(D)[3:]):.2f}x their predicted update phase"),
     ],
+    "hf-llama-1b_H200_2026-11-28": [
+        (RECIPES, "| `deep_optimizer_states` (`plan: auto`) | {r(DOS).iteration_ms:.1f} ms | "
+                  "{r(DOS).tokens_per_s:,.0f} | {r(DOS).update_ms:.1f} ms | {r(DOS).peak_gpu_gib:.2f} GiB | "
+                  "{r(DOS).peak_host_gib:.2f} GiB |"),
+        (RECIPES, "| `zero3_offload` | {r(V).iteration_ms:,.1f} ms | {r(V).tokens_per_s:,.0f} | | "
+                  "{r(V).peak_gpu_gib:.2f} GiB | {r(V).peak_host_gib:.2f} GiB |"),
+        (RECIPES, "DOS ran an iteration in {r(V).iteration_ms/r(DOS).iteration_ms:.2f}x less time than vanilla ZeRO-3 "
+                  "offload; after {r(DOS).steps} steps both reached the same validation loss "
+                  "({r(DOS).val_loss_last:.3f} and {r(V).val_loss_last:.3f}) and train loss "
+                  "({r(DOS).train_loss_last:.3f} and {r(V).train_loss_last:.3f})"),
+        (INDEX, "DOS {r(DOS).iteration_ms:.0f} ms, vanilla ZeRO-3 offload {r(V).iteration_ms:,.0f} ms: "
+                "**{r(V).iteration_ms/r(DOS).iteration_ms:.2f}x**"),
+    ],
     RUN_AJ: [
         (PAGE, "with `memory_budget_gib` 4.5 DOS ran an iteration in {e2e(D):,.0f} ms end to end at {gpu(D):.2f} GiB "
                "peak, torchao's offload {e2e(T):,.0f} ms at {gpu(T):.2f} GiB: {e2e(D)/e2e(T):.2f}x torchao's time at "
@@ -779,6 +793,12 @@ def _comparison(doc: dict) -> dict[str, Any]:
             "upd": lambda label: rows[label]["dos"]["update_ms"], "tps": field("e2e_tokens_per_s")}
 
 
+def _recipe_pair(doc: dict) -> dict[str, Any]:
+    """A recipe trained under two strategies (the hf recipe's GPU test): ``r(strategy)`` is one run's figures."""
+    runs = {r["strategy"]: Obj(r) for r in doc["runs"]}
+    return {"r": runs.__getitem__, "doc": Obj(doc)}
+
+
 def _rok(doc: dict) -> dict[str, Any]:
     placements = {p["placement"]: Obj(p) for p in doc["placements"]}
     searches = {s["placement"]: Obj(s) for s in (doc["budget"] or {"searches": []})["searches"]}
@@ -963,7 +983,8 @@ def names_for(report: str) -> dict[str, Any]:
     report's, and the helpers below."""
     doc = _load(report)
     kind = "comparison" if "results" in doc else doc.get("kind") or report.split("_")[0]
-    names = {"comparison": _comparison, "rok_curve": _rok, "plan_sweep": _sweep}.get(kind, lambda d: {})(doc)
+    names = {"comparison": _comparison, "rok_curve": _rok, "plan_sweep": _sweep,
+             "recipe_pair": _recipe_pair}.get(kind, lambda d: {})(doc)
     if report.startswith("converging_"):
         _converging(names, doc, report)
     if report.startswith("soak_"):
