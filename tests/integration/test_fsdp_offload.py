@@ -215,3 +215,31 @@ def test_weight_decay_groups_see_the_whole_shapes_fsdp_flattens() -> None:
     unmarked = GPT(GPTConfig.from_name("debug"))  # what the groups would be without the marks: nothing decays
     _flatten_as_fsdp_does(unmarked)
     assert [group["weight_decay"] for group in weight_decay_groups(unmarked.parameters(), 0.1)] == [0.0]
+
+
+def test_the_gpu_tests_runs_see_the_same_global_batches_in_order_at_every_rank_count() -> None:
+    """tests/gpu/test_fsdp_offload_gpu.py compares FSDP at one and two ranks with ``plain`` step by step, so each
+    step's global batch must be the same sequences in every run: the ranks' batches together are ``plain``'s batch of
+    that step (Lightning's own distributed sampler shuffles a training set: on a GPU host the FSDP run at one rank
+    started from another batch than ``plain``)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support" / "scripts"))
+    import fsdp_offload_run as run_script
+
+    def batches(world_size: int, rank: int) -> list[torch.Tensor]:
+        data = run_script.Batches()
+        data.trainer = SimpleNamespace(world_size=world_size, global_rank=rank)
+        return [inputs for inputs, _ in data.train_dataloader()]
+
+    plain = batches(1, 0)
+    assert len(plain) == run_script.STEPS and all(len(b) == run_script.BATCH for b in plain)
+    starts = torch.cat(plain)[:, 0]
+    assert not torch.equal(starts, starts.sort().values)  # random starts, so an order change would show
+    halves = [batches(2, rank) for rank in (0, 1)]
+    assert all(len(h) == run_script.STEPS for h in halves)
+    for step, whole in enumerate(plain):
+        shares = [h[step] for h in halves]
+        assert [len(s) for s in shares] == [run_script.BATCH // 2] * 2
+        assert sorted(map(tuple, torch.cat(shares).tolist())) == sorted(map(tuple, whole.tolist()))
