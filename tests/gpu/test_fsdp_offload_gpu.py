@@ -24,10 +24,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support" / "scripts"))
-import fsdp_offload_run as run_script  # noqa: E402
-
 from tests.support.parity import rel, subprocess_env  # noqa: E402
+from tests.support.script_loader import SUPPORT_SCRIPTS, load_script  # noqa: E402
+
+run_script = load_script("fsdp_offload_run", SUPPORT_SCRIPTS)
 
 pytestmark = [
     pytest.mark.gpu,

@@ -27,6 +27,7 @@ from lightning_dos.models.gpt import GPT, Block, GPTConfig
 from lightning_dos.optim import FULL_SHAPE, adamw, weight_decay_groups
 from lightning_dos.strategies.fsdp_offload import block_wrap_policy, mark_full_shapes, wrap_blocks
 from tests.support.parity import SEQ, VOCAB, token_loader
+from tests.support.script_loader import SUPPORT_SCRIPTS, load_script
 
 
 def _trainer(strategy: Any = "fsdp_offload", **kwargs: Any) -> pl.Trainer:
@@ -222,11 +223,7 @@ def test_the_gpu_tests_runs_see_the_same_global_batches_in_order_at_every_rank_c
     step's global batch must be the same sequences in every run: the ranks' batches together are ``plain``'s batch of
     that step (Lightning's own distributed sampler shuffles a training set: on a GPU host the FSDP run at one rank
     started from another batch than ``plain``)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support" / "scripts"))
-    import fsdp_offload_run as run_script
+    run_script = load_script("fsdp_offload_run", SUPPORT_SCRIPTS)
 
     def batches(world_size: int, rank: int) -> list[torch.Tensor]:
         data = run_script.Batches()
