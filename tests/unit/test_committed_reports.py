@@ -796,7 +796,7 @@ def _comparison(doc: dict) -> dict[str, Any]:
 def _recipe_pair(doc: dict) -> dict[str, Any]:
     """A recipe trained under two strategies (the hf recipe's GPU test): ``r(strategy)`` is one run's figures."""
     runs = {r["strategy"]: Obj(r) for r in doc["runs"]}
-    return {"r": runs.__getitem__, "doc": Obj(doc)}
+    return {"r": runs.__getitem__}
 
 
 def _rok(doc: dict) -> dict[str, Any]:
