@@ -65,6 +65,8 @@ S4 = "static_split(0.5)@dp4"
 RUN_AG = "sweep_gpt-2.7b_H100x4_2026-11-28_runAG"
 RUN_AH, RUN_AI = "gpt-4b_H100_2026-11-28_runAH", "gpt-5b_H100_2026-11-28_runAI"
 RUN_AJ, RUN_AK = "gpt-2.7b_H100_2026-11-28_runAJ", "gpt-2.7b_H200_2026-11-28_runAK"
+RUN_AL, RUN_AM = "gpt-2.7b_H200x2_2026-11-28_runAL", "gpt-2.7b_H200x2_2026-11-28_runAM"
+D2 = "dos(auto)@dp2"
 RESIDENT_GIB = "row(D).dos.resident_params*12/1024**3"  # fp32 master and both moments of the resident subgroups
 
 #: report (its JSON's stem, or its folder for converging and soak) -> [(file, template)]
@@ -576,6 +578,62 @@ QUOTES: dict[str, list[tuple[str, str]]] = {
                 "missed); the probe measured both lanes this time, and `auto`'s plans ran "
                 "{min(u.update_ms / u.predicted_ms for u in updates(D)[3:]):.2f}-"
                 "{max(u.update_ms / u.predicted_ms for u in updates(D)[3:]):.2f}x their predicted update phase"),
+    ],
+    RUN_AL: [
+        (PAGE, "End to end DOS ran an iteration in {e2e(D):.0f} ms at one GPU and {e2e(D2):.0f} ms at two: "
+               "**{e2e(V)/e2e(D):.2f}x** vanilla at one and **{e2e(V2)/e2e(D2):.2f}x** at two, "
+               "{(e2e(V2)/e2e(D2))/(e2e(V)/e2e(D)):.2f} of its one-GPU lead kept ({(it(V2)/it(D2))/(it(V)/it(D)):.2f} "
+               "synchronised; 0.9 aimed at two GPUs: **missed**), and two GPUs gave DOS {tps(D2)/tps(D):.2f}x the "
+               "tokens/s of one (vanilla {tps(V2)/tps(V):.2f}x). Where the time went: vanilla's own iteration fell "
+               "only to {e2e(V2)/e2e(V):.0%} at two GPUs ({e2e(V):,.0f} → {e2e(V2):,.0f} ms), so even a second GPU "
+               "that cost DOS nothing would keep {e2e(V2)/e2e(V):.2f} of the lead; it cost DOS {e2e(D2)-e2e(D):.0f} ms "
+               "per iteration end to end, {it(D2)-it(D):.0f} ms synchronised: {fwd(D2)-fwd(D):.0f} ms of forward, "
+               "{bwd(D2)-bwd(D):.0f} of backward (where the gradients' reduce-scatter runs) and {step(D2)-step(D):.0f} "
+               "of step (where the gather per subgroup and the gradient norm's all-reduce run). Every subgroup stayed "
+               "resident at both rank counts ({len(row(D).dos.resident_subgroups)} and "
+               "{len(row(D2).dos.resident_subgroups)}; {gpu(D):.2f} and {gpu(D2):.2f} GiB peak): no state crossed the "
+               "host."),
+        (MULTI, "| DOS, no options (every subgroup resident) | {e2e(D):.1f} ms | {e2e(D2):.1f} ms | | {tps(D2):,.0f} "
+                "({tps(D2)/tps(D):.2f}x) | {gpu(D2):.2f} GiB |"),
+        (MULTI, "| vanilla ZeRO-3 offload (same invocation) | {e2e(V):.1f} ms | {e2e(V2):.1f} ms | "
+                "{e2e(V2)/e2e(D2):.2f}x | {tps(V2):,.0f} ({tps(V2)/tps(V):.2f}x) | {gpu(V2):.2f} GiB |"),
+        (MULTI, "With nothing streamed DOS keeps {(e2e(V2)/e2e(D2))/(e2e(V)/e2e(D)):.2f} of its one-GPU lead at two "
+                "GPUs (0.9 aimed: **missed**): a second GPU costs it {e2e(D2)-e2e(D):.0f} ms per iteration (the "
+                "gathers and reduce-scatters of data parallelism) while vanilla's iteration falls only to "
+                "{e2e(V2)/e2e(V):.0%}."),
+        (INDEX, "end to end: DOS **{e2e(V)/e2e(D):.2f}x** vanilla at one GPU ({e2e(D):.0f} vs {e2e(V):.0f} ms, every "
+                "subgroup resident) and **{e2e(V2)/e2e(D2):.2f}x** at two ({e2e(D2):.0f} vs {e2e(V2):.0f} ms; "
+                "{(e2e(V2)/e2e(D2))/(e2e(V)/e2e(D)):.0%} kept, 90% aimed: missed); two GPUs give "
+                "**{tps(D2)/tps(D):.2f}x** one GPU's tokens/s"),
+    ],
+    RUN_AM: [
+        (PAGE, "End to end DOS ran an iteration in {e2e(D):.0f} ms at one GPU and {e2e(D2):.0f} ms at two: "
+               "**{e2e(V)/e2e(D):.2f}x** vanilla at one and **{e2e(V2)/e2e(D2):.2f}x** at two, "
+               "{(e2e(V2)/e2e(D2))/(e2e(V)/e2e(D)):.2f} of its one-GPU lead kept ({(it(V2)/it(D2))/(it(V)/it(D)):.2f} "
+               "synchronised; 0.9 aimed: met), and two GPUs gave DOS {tps(D2)/tps(D):.2f}x the tokens/s of one "
+               "(vanilla {tps(V2)/tps(V):.2f}x). With the state streaming the update shrinks with the partition: its "
+               "update phase (synchronised median) took {upd(D):.0f} ms at one GPU and {upd(D2):.0f} ms at two, with "
+               "{row(D).dos.h2d_gb:.2f} and {row(D2).dos.h2d_gb:.2f} GB host-to-device per rank; the budget kept "
+               "{len(row(D).dos.resident_subgroups)} and {len(row(D2).dos.resident_subgroups)} subgroups resident. "
+               "Where the time went at two GPUs: the update no longer overlaps the next forward. On one GPU the "
+               "forward waits for it subgroup by subgroup (forward {fwd(D):.0f} ms, step {step(D):.0f} ms, "
+               "synchronised); on two the gather per subgroup after the step issues every subgroup's all-gather on the "
+               "training stream, each waiting for its subgroup's update, so the step holds the whole update (step "
+               "{step(D2):.0f} ms, forward {fwd(D2):.0f} ms)."),
+        (MULTI, "| DOS, `memory_budget_gib` 6.0 (state streamed) | {e2e(D):.1f} ms | {e2e(D2):.1f} ms | | "
+                "{tps(D2):,.0f} ({tps(D2)/tps(D):.2f}x) | {gpu(D2):.2f} GiB |"),
+        (MULTI, "| vanilla ZeRO-3 offload (same invocation) | {e2e(V):.1f} ms | {e2e(V2):.1f} ms | "
+                "{e2e(V2)/e2e(D2):.2f}x | {tps(V2):,.0f} ({tps(V2)/tps(V):.2f}x) | {gpu(V2):.2f} GiB |"),
+        (MULTI, "With the state streamed it keeps {(e2e(V2)/e2e(D2))/(e2e(V)/e2e(D)):.2f} (met): the update shrinks "
+                "with the partition (update phase {upd(D):.0f} → {upd(D2):.0f} ms, {row(D).dos.h2d_gb:.2f} → "
+                "{row(D2).dos.h2d_gb:.2f} GB host-to-device per rank;"),
+        (MULTI, "there the update runs inside the step ({step(D2):.0f} ms, synchronised), not beside the next forward "
+                "as on one GPU"),
+        (INDEX, "end to end: DOS **{e2e(V)/e2e(D):.2f}x** vanilla at one GPU ({e2e(D):.0f} vs {e2e(V):.0f} ms) and "
+                "**{e2e(V2)/e2e(D2):.2f}x** at two ({e2e(D2):.0f} vs {e2e(V2):.0f} ms; "
+                "{(e2e(V2)/e2e(D2))/(e2e(V)/e2e(D)):.0%} kept); two GPUs give **{tps(D2)/tps(D):.2f}x** one GPU's "
+                "tokens/s; update phase {upd(D):.0f} → {upd(D2):.0f} ms, but at two ranks it runs inside the step, not "
+                "beside the next forward"),
     ],
     "hf-llama-1b_H200_2026-11-28": [
         (RECIPES, "| `deep_optimizer_states` (`plan: auto`) | {r(DOS).iteration_ms:.1f} ms | "
