@@ -15,7 +15,7 @@ from typing import Any
 from lightning_dos.bench import markdown as md
 from lightning_dos.bench.config import HOST_KEYS
 from lightning_dos.bench.kinds import BASELINE, KINDS
-from lightning_dos.planning.planner import RESIDENT_BYTES_PER_PARAM
+from lightning_dos.planning.placement import RESIDENT_BYTES_PER_PARAM
 
 
 def hardware_slug(hardware: dict[str, Any]) -> str:

@@ -29,7 +29,6 @@ from .planner import (
     kept_grads,
     largest_first,
     rank_plans,
-    resident_subgroups,
 )
 
 __all__ = [
@@ -59,7 +58,6 @@ __all__ = [
     "probe_plan",
     "probe_plans",
     "rank_plans",
-    "resident_subgroups",
     "resolve_plan",
     "stride_lanes",
 ]

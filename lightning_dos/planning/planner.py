@@ -244,21 +244,3 @@ def fewer_slots_to_fit(
     while plan.buffers > 1 and device_memory_bytes(plan, sizes, params, grads_on_device) > free_bytes:
         plan = replace(plan, buffers=plan.buffers - 1)
     return plan
-
-
-#: Device bytes per parameter of a resident subgroup (``resident_gib``): fp32 master, exp_avg and exp_avg_sq.
-RESIDENT_BYTES_PER_PARAM = 12
-
-
-def resident_subgroups(sizes: Sequence[int], budget_bytes: int,
-                       bytes_per_param: int = RESIDENT_BYTES_PER_PARAM) -> tuple[int, ...]:
-    """The subgroups whose optimizer state stays on the device (``resident_gib``): in id order (the forward reads the
-    lowest ids first), each that still fits in ``budget_bytes`` at ``bytes_per_param`` (fp32 master and both
-    moments). The planner then weighs them as empty: they take no time in either lane."""
-    sizes = _check_sizes(sizes)
-    chosen, used = [], 0
-    for i, size in enumerate(sizes):
-        if 0 < size and used + size * bytes_per_param <= budget_bytes:
-            chosen.append(i)
-            used += size * bytes_per_param
-    return tuple(chosen)

@@ -71,14 +71,16 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             the device lane's buffers and kept gradients (``None``: whatever is free beside the training, less a
             headroom and a safety margin).
         resident_gib: accelerator memory in which to keep optimizer-state subgroups for the whole run. ``"auto"``
-            (the default): after the first forward and backward, as many subgroups as fit beside the measured peak, a
-            headroom (8% of the device, at least 2 GiB), every gradient kept on the device and two device-lane slots,
-            within ``memory_budget_gib``; given back to the host, newest first, if something else later takes more
-            than half the headroom (``lightning_dos.planning.residency``). A number: that many GiB, allocated when the
-            engine is built; 0: none. Resident subgroups, in id order at 12 bytes per parameter (fp32 master and both
-            moments), are updated on the device by fused Adam and never cross the host-device link; the plan
-            balances the others across the two lanes. Their host copies are written before anything reads the
-            optimizer state (a checkpoint save, ``safe_get_*``); see ``docs/optimizer-state-manager.md``.
+            (the default): after the first forward and backward (which keeps every gradient on the device), as many
+            subgroups as fit beside the measured peak, a headroom (8% of the device, at least 2 GiB) and two
+            device-lane slots, within ``memory_budget_gib``; given back to the host, newest first, if something else
+            later takes more than half the headroom (``lightning_dos.planning.placement``). A number: that many GiB;
+            0: none. Resident subgroups, in id order at 12 bytes per parameter (fp32 master and both moments), live
+            on the device only (no host copy), are updated there by fused Adam and never cross the host-device link;
+            the plan balances the others across the two lanes. The others live on the host, 16 bytes per parameter.
+            Nothing is allocated for the state before the first update boundary; the memory plan is printed at start
+            and then, and a run the box cannot hold stops before its state is allocated
+            (``docs/optimizer-state-manager.md``).
         buffers: device-lane buffer slots (prefetch depth); ``None`` lets the planner choose.
         cost_overrides: fixed values for performance-model parameters (e.g. ``{"h2d_bytes_per_s": 25e9}``);
             calibration never changes an overridden parameter. See ``docs/performance-model.md``.
@@ -322,9 +324,11 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
 
     @override
     def after_initialize(self, engine: Any, optimizer: Any) -> None:
+        from lightning_dos.zero.checkpoint_io import load_mapped
         from lightning_dos.zero.forward_trace import reset_once_per_forward
 
         reset_once_per_forward(optimizer)  # ZeRO-3 completes its module trace under Lightning
+        load_mapped(engine)  # a resume reads the state from the file's pages into each home, not whole first
         self.manager = self._build_manager(optimizer)
         if self.overlap is True and not self.manager.active:
             raise MisconfigurationException(
@@ -353,17 +357,20 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         self.overlapped = manager.overlap  # "auto" where the interleaved update does not run: serial
         rank_zero_info(manager.describe() + ("; 16-bit parameters kept whole on the device" if persistent else "")
                        + blocks)
+        for plan in manager.memory_plans:
+            rank_zero_info("deep_optimizer_states: " + plan.describe())
         return manager
 
     # ------------------------------------------------------------------ overlap: joins
     def wait_for_update(self) -> None:
-        """Wait for the update phase running beside the forward (``overlap=True``), if any, and record it, and write
-        the resident subgroups' state (``resident_gib``) into its host homes. Call it from a callback before reading
-        weights or optimizer state directly (an EMA, a weight histogram): the strategy does it by itself at the end
-        of training, joins before checkpoints, validation, plan changes and at the end of each epoch, and
-        DeepSpeed's own readers of the optimizer state (a checkpoint save, ``safe_get_*``) get it current."""
+        """Wait for the update phase running beside the forward (``overlap=True``), if any, and record it; the
+        optimizer state is then where it lives (resident subgroups' on the device, the others' on the host), current.
+        Call it from a callback before reading weights or optimizer state directly (an EMA, a weight histogram): the
+        strategy does it by itself at the end of training, joins before checkpoints, validation, plan changes and at
+        the end of each epoch, and DeepSpeed's own readers of the optimizer state (a checkpoint save, ``safe_get_*``)
+        get it current."""
         if self.manager is not None:
-            self.manager.state_to_host()
+            self.manager.settle()
 
     def _join(self) -> None:
         """Wait for the update phase in flight, if any (what reads the 16-bit params or the host gradients needs)."""
@@ -408,11 +415,10 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         engine = self.model
         if hasattr(engine, "is_gradient_accumulation_boundary") and not engine.is_gradient_accumulation_boundary():
             return
-        decided = self.manager.residency is not None
+        shown = len(self.manager.memory_plans)
         self.manager.dispatch()
-        if not decided and self.manager.residency is not None:  # resident_gib="auto" has just chosen
-            rank_zero_info("deep_optimizer_states: " + self.manager.residency.describe(
-                len(self.manager.subgroup_sizes)))
+        for plan in self.manager.memory_plans[shown:]:  # the homes have just been placed
+            rank_zero_info("deep_optimizer_states: " + plan.describe())
 
 
 class _DispatchCallback(Callback):

@@ -39,7 +39,7 @@ from lightning_dos.planning.plan import Lane
 from lightning_dos.update.device_lane import DeviceLane
 from lightning_dos.update.host_lane import HostLane
 from lightning_dos.update.phase import Phase, Worker
-from lightning_dos.update.resident import ResidentState
+from lightning_dos.update.resident import ResidentUpdate
 from lightning_dos.update.streams import Streams
 from lightning_dos.update.subgroup import Subgroup
 from lightning_dos.update.timings import LaneTimings, Span, resolve_spans
@@ -67,7 +67,7 @@ class UpdateExecutor:
         self._ahead: DeviceLane | None = None
         self._worker = Worker()
         #: the subgroups whose state stays on the device (``resident_gib``): in neither lane, updated first
-        self.resident: ResidentState | None = None
+        self.resident: ResidentUpdate | None = None
 
     @torch.no_grad()
     def prefetch_ahead(

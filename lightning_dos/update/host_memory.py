@@ -66,6 +66,12 @@ class PinnedRegistry:
         self._tensors[address] = tensor
         return tensor
 
+    def unpin(self, tensor: torch.Tensor) -> None:
+        """Unlock ``tensor``'s storage, if this registry locked it, so that its memory can be freed."""
+        address = tensor.untyped_storage().data_ptr() if tensor.device.type == "cpu" else None
+        if address in self._tensors:
+            _unregister_all({address: self._tensors.pop(address)})
+
     def release(self) -> None:
         """Unlock every registered tensor (idempotent)."""
         _unregister_all(self._tensors)
@@ -79,4 +85,4 @@ def _unregister_all(tensors: dict[int, torch.Tensor]) -> None:
             code = -1
         if code != 0:
             log.debug("cudaHostUnregister(%#x) returned %d", address, code)
-        del tensors[address]
+        tensors.pop(address, None)

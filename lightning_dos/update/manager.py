@@ -9,10 +9,13 @@ step (plan, timings, bytes) for telemetry. No DeepSpeed import: the optimizer is
 ``plan="auto"``'s probe, choice, re-plans and trials are :class:`~lightning_dos.planning.auto.AutoPlanner`'s: the
 manager calibrates the cost model with every measured step, hands the step to it and carries out its decision.
 
-It also decides which subgroups stay resident on the device (``resident_gib``): a number, when it starts; ``"auto"``,
-at the first dispatch, from the device's memory and the training's measured peak
-(:mod:`lightning_dos.planning.residency`), giving residents back under memory pressure at later dispatches. The
-planner then weighs the resident subgroups as empty, so one plan covers the three places.
+It also decides where each subgroup's state lives (:mod:`lightning_dos.planning.placement`): resident on the device,
+or on the host. Nothing is allocated for the state before that: the first backward keeps every gradient on the device,
+and at the first dispatch, once the training's peak is known, the resident subgroups are chosen (``resident_gib``: a
+number, or ``"auto"``: as many as fit beside the peak), the memory plan is checked against the box (an error naming
+the numbers before anything is allocated, if it cannot hold the run) and the seam makes each home. Residents go back
+to the host under memory pressure at later dispatches. The planner weighs the resident subgroups as empty, so one plan
+covers the three places.
 
 With ``overlap=True`` the update phase is issued to the executor's worker thread and runs beside the next forward
 and backward (:mod:`lightning_dos.update.phase`); the manager joins it at the next dispatch, before any plan change and
@@ -32,13 +35,26 @@ import torch
 from lightning_dos.planning.auto import AUTO_MAX_BUFFERS, AutoPlanner, CalibratedModel
 from lightning_dos.planning.calibration import Calibrator, StepMeasurement
 from lightning_dos.planning.perf_model import CostParams, device_memory_bytes, predicted_makespan_s
+from lightning_dos.planning.placement import (
+    HOST_BYTES_PER_PARAM,
+    DeviceMemory,
+    DoesNotFit,
+    Home,
+    HostMemory,
+    MemoryPlan,
+    Placement,
+    fill,
+    memory_plan,
+    place,
+    residents_to_release,
+    start_plan,
+)
 from lightning_dos.planning.plan import Lane, Plan, PlanSpec, parse_plan, resolve_plan
-from lightning_dos.planning.planner import demote_to_fit, resident_subgroups
-from lightning_dos.planning.residency import DeviceMemory, Residency, choose_residents, residents_to_release
+from lightning_dos.planning.planner import demote_to_fit
 from lightning_dos.planning.trials import TRIAL_SOURCE
 from lightning_dos.update.executor import UpdateExecutor
 from lightning_dos.update.phase import Phase
-from lightning_dos.update.resident import RESIDENT_BYTES_PER_PARAM, ResidentState, resident_bytes
+from lightning_dos.update.resident import ResidentUpdate, resident_bytes
 from lightning_dos.update.timings import LaneTimings
 
 log = logging.getLogger(__name__)
@@ -92,8 +108,6 @@ class OptimizerStateManager:
 
     #: subgroups whose gradients stay on the device through the next backward (the seam reads it)
     device_grad_subgroups: frozenset[int] = frozenset()
-    #: the resident subgroups' device state, or None (the seam reads it)
-    resident_state: ResidentState | None = None
 
     def __init__(
         self,
@@ -128,16 +142,23 @@ class OptimizerStateManager:
         #: whether update phases run beside the next forward (only where the interleaved update runs)
         self.overlap = overlap and self.active
         sizes = list(optimizer.subgroup_sizes())
+        self.ranks_per_host = max(1, ranks_per_host)
         #: ``resident_gib="auto"``: the resident subgroups are chosen at the first dispatch, from the measured peak
         self.resident_auto = resident_gib == "auto"
-        #: ``auto``'s decision and the reading behind it (None until it is made, or without ``auto``)
-        self.residency: Residency | None = None
+        self._resident_bytes = None if self.resident_auto else int(float(resident_gib) * GIB)
+        #: each subgroup's home and the reading behind it (None until placed: at the first dispatch)
+        self.placement: Placement | None = None
+        #: the memory plans made so far: before the first step (the best case), then at placement
+        self.memory_plans: list[MemoryPlan] = []
         #: residents given back under memory pressure since the start (``auto``)
         self.released: tuple[int, ...] = ()
-        #: subgroups whose state stays on the device (``resident_gib``); the planner weighs them as empty
+        #: subgroups whose state lives on the device (``resident_gib``); the planner weighs them as empty. With a
+        #: number they are known from the start; with ``"auto"`` once placed
         self.resident: tuple[int, ...] = ()
-        if self.active and not self.resident_auto and float(resident_gib) > 0:
-            self.resident = resident_subgroups(sizes, int(float(resident_gib) * GIB), RESIDENT_BYTES_PER_PARAM)
+        #: ``"auto"`` before the first dispatch: the subgroups the device could hold (their homes wait for the peak)
+        self.candidates: tuple[int, ...] = ()
+        if self.active and self._resident_bytes:
+            self.resident = fill(sizes, self._resident_bytes)
         self.subgroup_sizes = sizes
         self.sizes = [0 if i in self.resident else n for i, n in enumerate(sizes)]  # what the planner weighs
         #: ``auto``'s state machine (None for any other plan): the probe first, the planner chooses after it
@@ -148,8 +169,6 @@ class OptimizerStateManager:
         self.executor = UpdateExecutor(self.device)
         if self.active:  # a fixed device footprint (the host lane's upload ring), allocated before any plan runs
             self.executor.reserve_upload_buffers(max(self.sizes, default=1))
-        if self.resident:  # likewise the resident copies; the seam keeps the host homes current for its readers
-            self._attach_resident(ResidentState(self.resident, sizes, self.device))
         self.records: list[StepRecord] = []
         # plan, free, demoted, early prefetches, (device order, host order) it runs in
         self._pending: tuple[Plan, int | None, tuple[int, ...], int, tuple[tuple[int, ...], tuple[int, ...]]] | None
@@ -159,6 +178,7 @@ class OptimizerStateManager:
         if self.active:
             self._plan_gradients()
             optimizer.attach(self)
+            self._plan_memory_at_start()
 
     # ------------------------------------------------------------------ planning
     @property
@@ -276,8 +296,10 @@ class OptimizerStateManager:
         from backward to the end of the update, beside the buffer slots; when a budget is set and both do not fit,
         gradients go to the host as in vanilla.
         """
-        resident = frozenset(self.resident) if self.device_gradients else frozenset()
-        self.device_grad_subgroups = self._kept_grads(self.base_plan) | resident
+        kept = frozenset(self.resident) | frozenset(self.candidates) if self.device_gradients else frozenset()
+        # a candidate has no host gradient before it is placed: the first backward keeps its gradient on the device,
+        # and the peak it shows then includes it
+        self.device_grad_subgroups = self._kept_grads(self.base_plan) | kept
         self._grads_plan = self.base_plan
 
     def _kept_grads(self, plan: Plan) -> frozenset[int]:
@@ -310,60 +332,112 @@ class OptimizerStateManager:
         peak = max(int(torch.cuda.max_memory_allocated(self.device)), int(reserved))
         return DeviceMemory(total=int(total), peak=peak, other=max(0, int(total - free - reserved)))
 
-    def _place_residents(self) -> bool:
-        """``resident_gib="auto"``, at a dispatch: at the first one, keep resident every subgroup that fits beside the
-        peak the first forward and backward measured (:func:`~lightning_dos.planning.residency.choose_residents`);
-        at later ones, give residents back, newest first, when something else has taken more than half the headroom
-        (:func:`~lightning_dos.planning.residency.residents_to_release`). Given back, a subgroup's state goes to its
-        host home and the planner weighs it again; it is not taken back later in the run. Returns whether the
+    def host_memory(self) -> HostMemory | None:
+        """The whole host's memory now (``MemAvailable``: driver-pinned pages count as used), shared by this run's
+        ranks on the host; None where it cannot be read."""
+        try:
+            with open("/proc/meminfo") as handle:
+                fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in handle if ":" in line}
+            return HostMemory(total=fields["MemTotal"], available=fields["MemAvailable"], ranks=self.ranks_per_host)
+        except (OSError, KeyError, ValueError, IndexError):
+            return None
+
+    def _plan_memory_at_start(self) -> None:
+        """When the engine is built: the memory plan of the best case the box allows
+        (:func:`~lightning_dos.planning.placement.start_plan`). If even that does not fit the host, the run stops here,
+        with the numbers, before anything is allocated for its state. The subgroups it keeps resident are the
+        candidates, placed at the first dispatch from the measured peak; the others live on the host, and their homes
+        are made now. With residents set by hand, or nothing to measure, every home is made now."""
+        plan = start_plan(self.subgroup_sizes, self.host_memory(), self.device_memory(),
+                          self.optimizer.device_grad_bytes_per_param() if self.device_gradients else 0,
+                          self.memory_budget_bytes, self._resident_bytes, self.optimizer.host_gradient_bytes())
+        self.memory_plans.append(plan)
+        plan.check()
+        if self._resident_bytes is not None or plan.device is None:
+            self._put_in_force(plan.placement)
+            self.optimizer.ensure_placed()
+            return
+        self.candidates = plan.placement.resident
+        self.optimizer.place([None if i in self.candidates else Home.HOST for i in range(len(self.sizes))])
+        self._plan_gradients()
+
+    def choose_homes(self, measured: bool = True) -> tuple[Home, ...]:
+        """Each subgroup's home, decided now if it is not yet (the seam asks, then places the state there): at the
+        first dispatch, ``measured``, the candidates that fit beside the peak the first forward and backward showed
+        (which holds their gradients) stay on the device, in id order. If something reads the state before any
+        backward (a universal checkpoint's load), the plan at start decides. The memory plan is checked before
+        anything is allocated: a run the box cannot hold stops here, with the numbers."""
+        if self.placement is None:
+            if measured:
+                reading = self.device_memory()
+                placement = place(self.subgroup_sizes, reading, self.memory_budget_bytes, candidates=self.candidates)
+                when = "after the first forward and backward"
+            else:
+                placement, reading = self.memory_plans[0].placement, self.memory_plans[0].device
+                when = "before the first step, with no peak measured"
+            plan = memory_plan(self.subgroup_sizes, placement, self.host_memory(), reading, when,
+                               host_extra_bytes=self.optimizer.host_gradient_bytes())
+            self.memory_plans.append(plan)
+            plan.check()
+            self._put_in_force(placement)
+        assert self.placement is not None
+        return self.placement.homes
+
+    def _put_in_force(self, placement: Placement) -> None:
+        """The residents of ``placement`` set, and the plan made again for the subgroups left to the lanes."""
+        self.placement = placement
+        self.candidates = ()
+        self._set_resident(placement.resident)
+
+    def _release_under_pressure(self) -> bool:
+        """At a later dispatch, with ``resident_gib="auto"``: give residents back to the host, newest first, when
+        something else has taken more than half the headroom (:func:`~lightning_dos.planning.placement
+        .residents_to_release`); they move to host homes and the planner weighs them again. The host must have room
+        for them: if it has not, the run stops with the numbers instead of a kill by the kernel. Returns whether the
         residents changed."""
-        if self.residency is None:
-            self.residency = choose_residents(self.subgroup_sizes, self.device_memory(),
-                                              self.optimizer.device_grad_bytes_per_param(), self.memory_budget_bytes)
-            log.info("deep_optimizer_states: %s", self.residency.describe(len(self.subgroup_sizes)))
-            if self.residency.ids:
-                self._set_resident(self.residency.ids)
-            return bool(self.residency.ids)
-        memory = self.residency.memory
-        if not self.resident or memory is None:
+        placement = self.placement
+        if placement is None or placement.memory is None or not self.resident:
             return False
         free = self.free_device_bytes()
-        if free is None or free >= memory.headroom // 2:
+        headroom = placement.memory.headroom
+        if free is None or free >= headroom // 2:
             return False
-        released = residents_to_release(self.resident, self.subgroup_sizes, free, memory.headroom)
+        released = residents_to_release(self.resident, self.subgroup_sizes, free, headroom)
+        needed = HOST_BYTES_PER_PARAM * sum(self.subgroup_sizes[i] for i in released)
+        host = self.host_memory()
+        if host is not None and needed > host.share:
+            raise DoesNotFit(
+                f"deep_optimizer_states: {free / GIB:.2f} GiB free on the device (under half the {headroom / GIB:.2f} "
+                f"GiB headroom): subgroups {', '.join(map(str, released))} would go back to the host, which needs "
+                f"{needed / GIB:.2f} GiB for them and has {host.share / GIB:.2f} GiB this rank may take; free device "
+                "memory (whatever else took it), or set a smaller resident_gib or memory_budget_gib")
         log.warning("deep_optimizer_states: %.2f GiB free on the device (under half the %.2f GiB headroom): subgroups "
-                    "%s given back to the host", free / GIB, memory.headroom / GIB, ", ".join(map(str, released)))
+                    "%s given back to the host", free / GIB, headroom / GIB, ", ".join(map(str, released)))
+        self.join()
+        homes = tuple(Home.HOST if i in released else home for i, home in enumerate(placement.homes))
+        self.optimizer.place(homes)
+        self.placement = Placement(homes=homes, room=placement.room, memory=placement.memory)
         self.released += released
-        self._set_resident(tuple(i for i in self.resident if i not in released))
+        self._set_resident(self.placement.resident)
         return True
 
-    def _attach_resident(self, state: ResidentState | None) -> None:
-        """The executor updates ``state``'s subgroups in neither lane, and the seam keeps their homes current."""
-        self.executor.resident = state
-        self.resident_state = state
-
     def _set_resident(self, ids: tuple[int, ...]) -> None:
-        """Keep exactly ``ids`` resident from this dispatch on (no phase in flight): new residents load their state
-        from the homes at their first update, released ones write theirs back to the homes now; then the plan is
-        made again for the subgroups left to the lanes (``auto``: its probe from the start if it has not run yet,
-        else the planner's choice with the calibration so far)."""
+        """The subgroups ``ids`` live on the device from this dispatch on (no phase in flight): they are updated in
+        neither lane, and the plan is made again for the subgroups left to the lanes (``auto``: its probe from the
+        start if it has not run yet, else the planner's choice with the calibration so far)."""
         self.join()
         kept = tuple(sorted(ids))
-        old = self.executor.resident
-        if old is not None:  # shrinking keeps the other copies as they are; anything else starts from the homes
-            old.release([i for i in old.ids if i not in kept] if set(kept) <= set(old.ids) else old.ids,
-                        self.optimizer.state_homes)
-        state = old if old is not None and kept and old.ids == kept else None
-        if kept and state is None:
-            state = ResidentState(kept, self.subgroup_sizes, self.device)
-        self._attach_resident(state)
+        self.executor.resident = ResidentUpdate(kept, self.subgroup_sizes, self.device) if kept else None
+        changed = kept != self.resident
         self.resident = kept
         self.sizes = [0 if i in kept else n for i, n in enumerate(self.subgroup_sizes)]
-        if self.auto is not None:
+        if self.auto is not None and changed:
             self.set_plan(self.auto.resize(self.sizes))
-        elif self.base_plan is self._spec_plan:  # a plan set from outside (set_plan) is left as it is
+        elif self.base_plan is self._spec_plan and changed:  # a plan set from outside (set_plan) is left as it is
             self.set_plan(self._resolve(self.spec))
             self._spec_plan = self.base_plan
+        else:
+            self._plan_gradients()
 
     def dispatch(self) -> Plan:
         """Finalise this step's plan: fit the device lane into the memory free now and within the budget, and issue
@@ -376,7 +450,10 @@ class OptimizerStateManager:
         first reads the subgroups (``forward_order``), so the next forward waits for as little as it can."""
         placed = self._grads_plan
         self.join()
-        if self.active and self.resident_auto and self._place_residents():
+        if self.active and self.placement is None:
+            self.optimizer.ensure_placed()  # the homes are made now, from the peak the first step showed
+            placed = self.base_plan  # the plan made for the residents runs now, with or without overlap
+        elif self.active and self.resident_auto and self._release_under_pressure():
             placed = self.base_plan  # the residents changed: the plan made for them runs now, with or without overlap
         plan = placed if self.overlap else self.base_plan
         free = self.free_device_bytes()
@@ -395,7 +472,7 @@ class OptimizerStateManager:
             first_reads = self.optimizer.forward_order()
             orders = (forward_order(plan.order, first_reads), forward_order(plan.host_order, first_reads))
         ahead = 0
-        if self.active and self.optimizer.state_homes_ready():  # not before the first update phase made them
+        if self.active and self.optimizer.placed:
             ahead = self.executor.prefetch_ahead(plan.lanes, orders[0], plan.buffers, self.optimizer.subgroups())
         self._pending = (plan, free, demoted, ahead, orders)
         return plan
@@ -448,13 +525,12 @@ class OptimizerStateManager:
         if timings is not None:
             self._record(issued.plan, timings, issued.free_bytes, issued.demoted, issued.predicted_s)
 
-    def state_to_host(self) -> None:
-        """Join the phase in flight and write the resident subgroups' device copies into their host homes: the
-        optimizer state DeepSpeed holds is then the run's, for a reader that goes around DeepSpeed's own methods
-        (those do this themselves)."""
+    def settle(self) -> None:
+        """Join the phase in flight and have every subgroup placed: the optimizer state DeepSpeed holds is then the
+        run's, where it lives, for a reader that goes around DeepSpeed's own methods (those do this themselves)."""
         self.join()
         if self.active:
-            self.optimizer.state_to_host()
+            self.optimizer.settle()
 
     def close(self) -> None:
         """At the end of a run: join what is in flight (its failure, if any, is raised) and stop the worker."""
@@ -521,6 +597,9 @@ class OptimizerStateManager:
         kept = (f"; subgroups {', '.join(map(str, self.resident))} ({resident.params:,} params, "
                 f"{resident.nbytes / GIB:.2f} GiB) resident on the device, in neither lane"
                 if resident is not None else "")
+        if self.placement is None:
+            kept = ("; the resident subgroups are chosen after the first forward and backward" if self.resident_auto
+                    else f"; {len(self.resident)} subgroups resident from the first step")
         return (
             f"deep_optimizer_states: {len(sizes)} subgroups ({total:,} params on this rank, "
             f"largest {max(sizes):,}); {plan}{kept}; device lane runs on {self.device.type}"
@@ -555,6 +634,9 @@ class OptimizerStateManager:
             "dos/resident_subgroups": float(len(self.resident)),
             "dos/resident_gib": resident_bytes(self.subgroup_sizes, self.resident) / GIB,
         }
+        if self.placement is not None:
+            out["dos/host_state_gib"] = HOST_BYTES_PER_PARAM * self.placement.params(self.subgroup_sizes,
+                                                                                     Home.HOST) / GIB
         if t.host_compute_s > 0:
             out["dos/cpu_adam_gparam_s"] = t.host_params / t.host_compute_s / 1e9
         if r.free_bytes is not None:

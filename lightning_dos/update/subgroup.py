@@ -27,13 +27,13 @@ class AdamHyper:
 
 @dataclass
 class Subgroup:
-    """One subgroup of this rank's ZeRO-3 partition: host-resident optimizer state and its 16-bit params."""
+    """One subgroup of this rank's ZeRO-3 partition: its optimizer state, where it lives, and its 16-bit params."""
 
     index: int
     numel: int
-    master: torch.Tensor  # fp32 master weights, host (pinned when pin_memory)
-    exp_avg: torch.Tensor  # fp32 first moment, host, the tensor in the optimizer's state dict
-    exp_avg_sq: torch.Tensor  # fp32 second moment, host, likewise
+    master: torch.Tensor  # fp32 master weights in the subgroup's home: the device (resident) or the host (pinned)
+    exp_avg: torch.Tensor  # fp32 first moment, beside the master, the tensor in the optimizer's state dict
+    exp_avg_sq: torch.Tensor  # fp32 second moment, likewise
     state: dict[str, Any]  # the optimizer's state dict entry; holds the integer 'step'
     # gradient: fp32 pinned host buffer, or on the device in its own dtype (grad_on_device); None in the device
     # lane's own list once its last read is issued (the executor lets it go early, ``DeviceLane.let_go``)
@@ -41,8 +41,3 @@ class Subgroup:
     param16: torch.Tensor  # flat partition of the model's params on the device, in their own dtype
     hyper: AdamHyper
     grad_on_device: bool = False  # the gradient stayed on the device through backward (no PCIe for it)
-
-    @property
-    def state_bytes(self) -> int:
-        """Bytes of fp32 master + exp_avg + exp_avg_sq (what one prefetch or one flush moves)."""
-        return 12 * self.numel

@@ -2,10 +2,11 @@
 
 ``InterleavedZeroOptimizer`` is a thin subclass of ``DeepSpeedZeroOptimizer_Stage3``:
 
-- it keeps the fp32 master partitions and both Adam moments in host memory page-locked in place (no
-  rounding up by the pinned allocator), the moments *in DeepSpeed's own optimizer state dict*, created at the
-  first update phase as vanilla's CPU Adam creates its own (pageable, there), so both lanes read and write one
-  copy and DeepSpeed's checkpoint code saves all of it;
+- each subgroup's fp32 master, both Adam moments and the gradient its update reads live in one home, the device
+  (resident) or page-locked host memory, in DeepSpeed's own lists and optimizer state dict, allocated only once the
+  home is chosen (:mod:`lightning_dos.zero.homes`), so both lanes read and write one copy and DeepSpeed's checkpoint
+  code saves all of it; DeepSpeed's whole-partition host gradient buffers are made only under gradient accumulation,
+  which reads them;
 - its ``step`` is vanilla's preamble (overflow check, global grad norm, loss scale) followed by one call
   to the update phase of the runner given to ``attach`` (the manager; ``UpdateRunner`` says what the seam reads of it)
   instead of the sequential per-subgroup loop; in the preamble the subgroups' norms
@@ -18,8 +19,8 @@
   with them, and everything else that reads optimizer state (checkpoints, ``safe_get_*``) joins the phase first.
   The host lane then runs CPU Adam through the GIL-free op (:mod:`lightning_dos.zero.cpu_adam_nogil`) with the
   hyperparameters read when the step was issued: Lightning steps the LR scheduler before the next forward;
-- with resident subgroups (``resident_gib``) their state lives on the device, and DeepSpeed's host copies are
-  written before every read of the optimizer state here and read back after every write to it.
+- every reader and writer of the optimizer state (checkpoints, ``safe_get_*``/``safe_set_*``) first joins the phase
+  in flight and has the homes placed, so it reads and writes the state where it lives.
 
 Everything below this module (executor, manager, planner) sees only plain objects.
 """
@@ -27,7 +28,8 @@ Everything below this module (executor, manager, planner) sees only plain object
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import itertools
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -40,9 +42,10 @@ from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 from deepspeed.runtime.zero.partitioned_param_coordinator import iter_params
 from deepspeed.utils import z3_leaf_module
 
-from lightning_dos.update.host_memory import PinnedRegistry
+from lightning_dos.planning.placement import Home
 from lightning_dos.update.phase import Phase
 from lightning_dos.update.subgroup import AdamHyper, Subgroup
+from lightning_dos.zero.homes import StateHomes
 
 _VanillaStage3 = _stage3.DeepSpeedZeroOptimizer_Stage3
 
@@ -56,8 +59,10 @@ class UpdateRunner(Protocol):
     overlap: bool
     #: subgroups whose gradients stay on the device through the next backward
     device_grad_subgroups: frozenset[int]
-    #: the device copies of the resident subgroups' state (a ``ResidentState``), or None
-    resident_state: Any
+
+    def choose_homes(self, measured: bool = True) -> Sequence[Home]:
+        """Each subgroup's home, decided now if it is not yet (the seam places the state there); ``measured``: a
+        backward has run, so the device's peak shows the training's own memory."""
 
     @property
     def phase_in_flight(self) -> Phase | None:
@@ -76,6 +81,8 @@ _ALLGATHER_STREAM = "_PartitionedParameterCoordinator__allgather_stream"
 #: The coordinator's name-mangled gathers in flight and its release of one param (``release_and_reset_all``'s parts).
 _INFLIGHT = "_PartitionedParameterCoordinator__inflight_param_registry"
 _RELEASE = "_PartitionedParameterCoordinator__release_param"
+#: Vanilla's name-mangled map of each parameter to its view of the whole-partition gradient buffer.
+_GRAD_PARTITIONS = "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition"
 #: One gradient partition of a reduce bucket: (param id, subgroup, offset in the subgroup, 1-D gradient).
 _GradPartition = tuple[int, int, int, torch.Tensor]
 #: Vanilla's ``_constant_buffered_norm2`` sums larger partitions chunk by chunk; those keep its code.
@@ -92,7 +99,7 @@ REDUCE_EVENTS = 64
 _FUSED_NORM = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 6)
 
 
-class InterleavedZeroOptimizer(_VanillaStage3):
+class InterleavedZeroOptimizer(StateHomes, _VanillaStage3):
     """ZeRO-3 optimizer whose update phase is delegated to an attached runner (see module docstring)."""
 
     #: the owner of the update phase (``attach``); without one, the step is DeepSpeed's own
@@ -133,59 +140,48 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         """The update phase in flight (overlap), or None."""
         return self.runner.phase_in_flight if self.runner is not None else None
 
-    @property
-    def resident_state(self) -> Any:
-        """The resident subgroups' device state (the runner's), or None."""
-        return self.runner.resident_state if self.runner is not None else None
-
-    # ------------------------------------------------------------------ pinned, single-home state
-    def _create_fp32_partitions(self) -> None:
-        super()._create_fp32_partitions()
+    # ------------------------------------------------------------------ homes: nothing before placement
+    def _setup_for_real_optimizer(self) -> None:
+        """Vanilla's set-up without its host state: the fp32 partitions are placeholders until placed
+        (:mod:`lightning_dos.zero.homes`), no per-subgroup fp32 gradient is made before then, and the whole-partition
+        gradient buffer only under gradient accumulation (at a boundary without it, ``partition_grads`` sends each
+        gradient partition once, straight to where its update reads it)."""
         if not self._dos_supported():
+            return super()._setup_for_real_optimizer()
+        self._create_placeholders()
+        dist.barrier()
+        if self.contiguous_gradients:
+            for dtype, bucket in self.ipg_buckets.items():
+                bucket.buffer = torch.empty(self.reduce_bucket_size, dtype=dtype,
+                                            device=get_accelerator().current_device_name())
+        params = list(itertools.chain.from_iterable(self.fp16_groups))
+        numel = sum(p.partition_numel() for p in params) if self.gradient_accumulation_steps > 1 else 0
+        flat = torch.zeros(numel, dtype=self.gradient_accumulation_dtype, device=self.device)
+        registry = self._pinned_registry()
+        if registry is not None and flat.device.type == "cpu":
+            registry.pin(flat)
+        self.grad_partitions_flat_buffer = flat
+        views, offset = {}, 0
+        if numel:
+            for param in params:
+                views[param.ds_id] = flat.narrow(0, offset, param.partition_numel())
+                offset += param.partition_numel()
+        setattr(self, _GRAD_PARTITIONS, views)
+
+    def ensure_placed(self) -> None:
+        """Place every subgroup's state in its home, if that is not done yet: where the runner says (it decides now
+        if it has not), or on the host without one."""
+        if not self._dos_supported() or self.placed:
             return
-        registry = self._pinned_registry()
-        if registry is not None:
-            for master in self.fp32_partitioned_groups_flat:  # one home: DeepSpeed's own tensor, locked in place
-                registry.pin(master)
+        measured = bool(self.__dict__.get("_dos_backward_seen"))
+        homes = (self.runner.choose_homes(measured) if self.runner is not None
+                 else (Home.HOST,) * len(self.fp16_groups))
+        self.place(homes)
 
-    def _ensure_state_homes(self) -> None:
-        """Give every subgroup its exp_avg / exp_avg_sq home (page-locked in place when pinning) before it is updated.
-
-        The moments are created at the first update phase, where vanilla's CPU Adam creates its own, and not with
-        the master weights at start-up, where they would coexist with the engine's start-up transients and raise
-        the process's peak host memory. Moments that exist but are not page-locked by this optimizer (loaded from
-        a checkpoint before the first step, or created by vanilla's step) are copied into fresh homes, so every
-        subgroup's state is locked exactly once and lives in exactly one place.
-        """
-        registry = self._pinned_registry()
-        for master in self.fp32_partitioned_groups_flat:
-            state = self.optimizer.state.setdefault(master, {})
-            for key in ("exp_avg", "exp_avg_sq"):
-                current = state.get(key)
-                if _is_home(current, registry):
-                    continue
-                home = torch.zeros(master.numel(), dtype=torch.float32)
-                if current is not None:
-                    home.copy_(current.reshape(-1))
-                if registry is not None:
-                    registry.pin(home)
-                state[key] = home
-            state.setdefault("step", 0)
-
-    def state_homes_ready(self) -> bool:
-        """Whether every subgroup's moments are in their homes (then ``subgroups()`` names the tensors the next
-        update phase will use, and its first prefetches may be issued before it)."""
-        registry = self._pinned_registry()
-        return all(_is_home(self.optimizer.state.get(master, {}).get(key), registry)
-                   for master in self.fp32_partitioned_groups_flat for key in ("exp_avg", "exp_avg_sq"))
-
-    def _pinned_registry(self) -> PinnedRegistry | None:
-        """Where the state is page-locked in place (None when not pinning, or with no CUDA device)."""
-        if not (self.offload_optimizer_pin_memory and torch.cuda.is_available()):
-            return None
-        if "_dos_pinned" not in self.__dict__:
-            self._dos_pinned = PinnedRegistry()
-        return self._dos_pinned
+    def host_gradient_bytes(self) -> int:
+        """Host bytes of DeepSpeed's whole-partition gradient buffer (made only under gradient accumulation)."""
+        flat = getattr(self, "grad_partitions_flat_buffer", None)
+        return flat.numel() * flat.element_size() if flat is not None and flat.device.type == "cpu" else 0
 
     def _dos_supported(self) -> bool:
         """Whether this configuration is one the interleaved update handles (else vanilla runs)."""
@@ -266,6 +262,7 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         Same gradient values; the same per-parameter norms up to fp64 summation order. With gradient accumulation
         vanilla's path runs unchanged.
         """
+        self._dos_backward_seen = True
         if not (self._dos_supported() and self.is_gradient_accumulation_boundary() and self.micro_step_id == 0):
             return super().partition_grads(params_to_release, grad_partitions)
         # the params of one bucket share a partition group (DeepSpeed asserts it): one rank lookup per bucket
@@ -336,7 +333,9 @@ class InterleavedZeroOptimizer(_VanillaStage3):
                 pos += numel
 
     def _offload_grad_partition_at_boundary(self, param: Any, *args: Any, **kwargs: Any) -> Any:
-        """Vanilla's boundary copy into the host gradient (gradient accumulation), once the update is done with it."""
+        """Vanilla's boundary copy into the fp32 gradient (gradient accumulation), once the update is done with it. The
+        homes must exist by then: the first boundary places them (its forwards and backwards have shown the peak)."""
+        self.ensure_placed()
         self._wait_grads((self.grad_position[self.get_param_id(param)][0],))
         return super()._offload_grad_partition_at_boundary(param, *args, **kwargs)
 
@@ -564,7 +563,7 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         self.timers(_stage3.OPTIMIZER_STEP_TIMER).start()
 
         inv_scale = self._inverse_combined_scale(scaled_global_grad_norm)
-        self._ensure_state_homes()
+        self.ensure_placed()
         host_step = self._host_lane_step(float(inv_scale), bring_grads=not self.runner.overlap)
         self.runner.run_update_phase(self, host_step, inv_scale)
         # a user's LR scheduler wraps the client optimizer's step to note that it ran (torch warns at the scheduler's
@@ -699,114 +698,72 @@ class InterleavedZeroOptimizer(_VanillaStage3):
         return inv if torch.is_tensor(inv) else torch.tensor(inv, dtype=torch.float32)
 
     # ------------------------------------------------------------------ checkpoints and other readers and writers
-    def state_to_host(self) -> None:
-        """Before anything reads the optimizer state: the phase in flight joined, the resident subgroups' device copies
-        written to their homes (DeepSpeed's own tensors, which its readers read)."""
+    def settle(self) -> None:
+        """Before anything reads or writes the optimizer state: the phase in flight joined, every subgroup placed (its
+        state then exists where it lives, in DeepSpeed's own tensors, which its readers read)."""
         self.wait_for_update()
-        if self.resident_state is not None:
-            self.resident_state.flush(self.state_homes)
-
-    def _state_written(self) -> None:
-        """After something wrote the homes: the next update phase loads the resident copies from them again."""
-        if self.resident_state is not None:
-            self.resident_state.invalidate()
-
-    def state_homes(self, sub_group_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Subgroup ``sub_group_id``'s host homes: fp32 master, exp_avg, exp_avg_sq (DeepSpeed's own tensors)."""
-        master = self.fp32_partitioned_groups_flat[sub_group_id]
-        state = self.optimizer.state[master]
-        return master, state["exp_avg"], state["exp_avg_sq"]
+        self.ensure_placed()
 
     def state_dict(self) -> Any:
-        self.state_to_host()
+        self.settle()
         return super().state_dict()
 
     def get_lean_optimizer_state(self) -> Any:
-        self.state_to_host()
+        self.settle()
         return super().get_lean_optimizer_state()
 
-    def _get_fp32_opt_state_partition(self, param: Any, release_swap_buffers: Any, *args: Any, **kwargs: Any) -> Any:
-        """A view of the host state, for ``safe_get_*`` (``release_swap_buffers`` true) and ``safe_set_*`` (false: the
-        caller writes through the view, so the resident copies are loaded again before the next update)."""
-        self.state_to_host()
-        if not release_swap_buffers:
-            self._state_written()
-        return super()._get_fp32_opt_state_partition(param, release_swap_buffers, *args, **kwargs)
+    def _get_fp32_opt_state_partition(self, *args: Any, **kwargs: Any) -> Any:
+        self.settle()
+        return super()._get_fp32_opt_state_partition(*args, **kwargs)
 
     def _get_fp32_grad_state_partition(self, *args: Any, **kwargs: Any) -> Any:
-        self.wait_for_update()
+        self.settle()
         return super()._get_fp32_grad_state_partition(*args, **kwargs)
 
     def get_fp32_grad_partitions(self) -> Any:
-        self.wait_for_update()
+        self.settle()
         return super().get_fp32_grad_partitions()
 
     def offload_states(self, *args: Any, **kwargs: Any) -> Any:
-        self.state_to_host()
-        self._state_written()
+        self.settle()
         return super().offload_states(*args, **kwargs)
 
     def reload_states(self, *args: Any, **kwargs: Any) -> Any:
-        self.state_to_host()
-        self._state_written()
+        self.settle()
         return super().reload_states(*args, **kwargs)
 
     def refresh_fp32_params(self) -> None:
-        self.state_to_host()
+        self.settle()
         super().refresh_fp32_params()
-        self._state_written()
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        self.wait_for_update()
+        return super().load_state_dict(*args, **kwargs)
+
+    def _rigid_load_state_dict(self, state_dict: Any, load_optimizer_states: bool = True) -> Any:
+        """A checkpoint of this world size: unplaced subgroups keep the loaded tensors until placement (their
+        placeholders take the loaded masters: ``StateHomes._adopt_loaded_masters``); placed ones get the loaded
+        values copied into their homes."""
+        if not self._dos_supported():
+            return super()._rigid_load_state_dict(state_dict, load_optimizer_states)
+        self._adopt_loaded_masters(state_dict[_stage3.FP32_FLAT_GROUPS])
+        homes = self._moment_homes()
+        out = super()._rigid_load_state_dict(state_dict, load_optimizer_states)
+        self._restore_moment_homes(homes)
+        return out
 
     def load_hp_checkpoint_state_from_checkpoint_dir_stage3(self, *args: Any, **kwargs: Any) -> Any:
-        self.state_to_host()
+        """A universal checkpoint (any world size): DeepSpeed reads it into the state of placed subgroups, so the
+        homes are placed first (before the first step, as the runner decides without a measured peak)."""
+        self.settle()
+        homes = self._moment_homes()
         out = super().load_hp_checkpoint_state_from_checkpoint_dir_stage3(*args, **kwargs)
-        self._state_written()
+        self._restore_moment_homes(homes)
         return out
 
     def load_module_checkpoint_state_from_checkpoint_dir_stage3(self, *args: Any, **kwargs: Any) -> Any:
-        self.state_to_host()
-        out = super().load_module_checkpoint_state_from_checkpoint_dir_stage3(*args, **kwargs)
-        self._state_written()
-        return out
-
-    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        self.state_to_host()
-        homes = self._state_homes()
-        out = super().load_state_dict(*args, **kwargs)
-        self._restore_homes(homes)
-        self._state_written()
-        return out
-
-    def _state_homes(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The (exp_avg, exp_avg_sq) tensors each subgroup's state lives in now (before a load replaces them)."""
-        if not self._dos_supported():
-            return []
-        states = [self.optimizer.state.get(m, {}) for m in self.fp32_partitioned_groups_flat]
-        if not all("exp_avg" in s and "exp_avg_sq" in s for s in states):
-            return []  # no homes yet (before the first step): the first update phase makes them from what is loaded
-        return [(s["exp_avg"], s["exp_avg_sq"]) for s in states]
-
-    def _restore_homes(self, homes: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """After a load: copy the loaded moments into their homes, so each subgroup keeps one (pinned) copy.
-
-        torch's ``Optimizer.load_state_dict`` puts the checkpoint's tensors into the state; DeepSpeed copies the
-        master weights in place. Copying the moments back keeps master, exp_avg and exp_avg_sq where the device
-        lane's copies expect them, page-locked when asked.
-        """
-        if not homes:
-            return
-        for master, (exp_avg, exp_avg_sq) in zip(self.fp32_partitioned_groups_flat, homes):
-            state = self.optimizer.state.get(master)
-            if state is None or "exp_avg" not in state or "exp_avg_sq" not in state:
-                raise RuntimeError("optimizer state lost its exp_avg/exp_avg_sq after loading a checkpoint")
-            for key, home in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
-                if state[key] is not home:
-                    home.copy_(state[key].reshape(home.shape))
-                    state[key] = home
-
-
-def _is_home(moment: torch.Tensor | None, registry: PinnedRegistry | None) -> bool:
-    """Whether ``moment`` exists and is a home of this optimizer (page-locked by it, when it pins)."""
-    return moment is not None and (registry is None or registry.holds(moment))
+        self.settle()
+        return super().load_module_checkpoint_state_from_checkpoint_dir_stage3(*args, **kwargs)
 
 
 def _batches(kept: list[_GradPartition], limit: int) -> Iterator[list[_GradPartition]]:

@@ -611,12 +611,12 @@ def test_a_kept_gradient_goes_as_soon_as_its_subgroups_adam_is_issued_not_at_the
     import weakref
 
     from lightning_dos.update import device_lane
-    from lightning_dos.update.resident import ResidentState
+    from lightning_dos.update.resident import ResidentUpdate
 
     sizes = [300, 120, 500, 80, 200]
     reference = _kept_gradient_subgroups(sizes)
     ref_executor = UpdateExecutor(torch.device("cpu"))
-    ref_executor.resident = ResidentState([4], sizes, torch.device("cpu"))
+    ref_executor.resident = ResidentUpdate([4], sizes, torch.device("cpu"))
     ref_executor.run([Lane.DEVICE] * len(sizes), [], 2, reference, 0.5, lambda i: None)
 
     reached, go = threading.Event(), threading.Event()
@@ -632,7 +632,7 @@ def test_a_kept_gradient_goes_as_soon_as_its_subgroups_adam_is_issued_not_at_the
     subgroups = _kept_gradient_subgroups(sizes)
     kept = [weakref.ref(sg.grad) for sg in subgroups]
     executor = UpdateExecutor(torch.device("cpu"))
-    executor.resident = ResidentState([4], sizes, torch.device("cpu"))
+    executor.resident = ResidentUpdate([4], sizes, torch.device("cpu"))
     phase = executor.issue([Lane.DEVICE] * len(sizes), [], 2, subgroups, 0.5, lambda i: None)
     masters = [sg.master for sg in subgroups]
     params = [sg.param16 for sg in subgroups]

@@ -135,7 +135,7 @@ class _KeptGradDtypes(pl.Callback):
         self.dtypes: list[set[torch.dtype]] = []
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: object, batch: object, idx: int) -> None:
-        if self.to_host:
+        if self.to_host:  # every subgroup lives on the host here, from the start: each has its host gradient
             trainer.strategy.manager.device_grad_subgroups = frozenset()
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: object, optimizer: object) -> None:

@@ -80,35 +80,85 @@ def test_only_host_tensors(cudart: FakeCudart) -> None:
         PinnedRegistry().pin(torch.zeros(2, device="meta"))
 
 
-def test_state_homes_are_made_at_the_first_update_and_locked_once(cudart: FakeCudart) -> None:
-    """The moments are created when the first update phase needs them (as vanilla's CPU Adam does), page-locked
-    once each; moments that exist but are not locked (a checkpoint loaded before the first step) are copied into
-    fresh locked homes with their values; the next call changes nothing."""
-    from types import SimpleNamespace
+def test_unpinning_one_tensor_leaves_the_others_locked(cudart: FakeCudart) -> None:
+    registry = PinnedRegistry()
+    a, b = torch.zeros(10), torch.zeros(20)
+    registry.pin(a)
+    registry.pin(b)
+    registry.unpin(a)
+    assert not registry.holds(a) and registry.holds(b) and registry.nbytes == 80
+    registry.unpin(torch.zeros(3))  # not ours: nothing happens
+    assert list(cudart.registered.values()) == [80]
+    registry.release()
 
-    from lightning_dos.zero.optimizer import InterleavedZeroOptimizer
+
+def _homes_of(sizes: list[int], registry: PinnedRegistry, accumulation: int = 1) -> object:
+    """The homes mixin over DeepSpeed-like lists for ``sizes`` (16-bit partitions here in bf16 on the host)."""
+    from lightning_dos.zero.homes import StateHomes
+
+    class Optimizer(StateHomes):
+        def _pinned_registry(self) -> PinnedRegistry:
+            return registry
+
+    opt = Optimizer()
+    g = torch.Generator().manual_seed(0)
+    opt.fp16_partitioned_groups_flat = [torch.randn(n, generator=g).to(torch.bfloat16) for n in sizes]
+    opt.fp16_partitioned_groups_flat_numel = list(sizes)
+    opt.fp16_partitioned_groups_flat_id = [[10 * i, 10 * i + 1] for i in range(len(sizes))]
+    opt.fp32_partitioned_groups_flat = []
+    opt.master_weights_and_grads_dtype = torch.float32
+    opt.gradient_accumulation_steps = accumulation
+    opt.optimizer = type("CPUAdam", (), {"state": {}, "param_groups": [{"params": ["x"]}]})()
+    opt._create_placeholders()
+    return opt
+
+
+def test_homes_are_made_once_placed_each_tensor_locked_once_at_its_exact_size(cudart: FakeCudart) -> None:
+    """Nothing before placement; then each host subgroup's master (its 16-bit partition widened), zero moments and
+    fp32 gradient, locked once each; a device subgroup (the host stands in here) has no gradient and nothing locked;
+    placing again changes nothing; moving a subgroup carries its values and unlocks what it leaves."""
+    from lightning_dos.planning.placement import Home
 
     registry = PinnedRegistry()
-    masters = [torch.randn(100), torch.randn(60)]
-    for master in masters:
-        registry.pin(master)  # done with the master weights at start-up
-    loaded = {"step": 7, "exp_avg": torch.full((60,), 0.5), "exp_avg_sq": torch.full((60,), 0.25)}
-    state = {masters[1]: dict(loaded)}
-    fake = SimpleNamespace(fp32_partitioned_groups_flat=masters, optimizer=SimpleNamespace(state=state),
-                           _pinned_registry=lambda: registry)
+    opt = _homes_of([100, 60], registry)
+    assert [m.numel() for m in opt.fp32_partitioned_groups_flat] == [0, 0] and not opt.placed
+    assert opt.optimizer.param_groups[0]["params"] == []  # the partitions join their groups only around a step
+    opt.place([Home.DEVICE, None])
+    assert opt.homes() == (Home.DEVICE, None) and not cudart.registered
+    opt.place([Home.DEVICE, Home.HOST])
+    assert opt.placed
+    device, host = opt.fp32_partitioned_groups_flat
+    assert torch.equal(device, opt.fp16_partitioned_groups_flat[0].float()) and device.grad is None
+    assert torch.equal(host, opt.fp16_partitioned_groups_flat[1].float())
+    state = opt.optimizer.state[host]
+    assert state["step"] == 0 and torch.equal(state["exp_avg"], torch.zeros(60)) and host.grad.shape == (60,)
+    assert sorted(cudart.registered.values()) == [240] * 4 and registry.nbytes == 16 * 60  # master, m, v, grad
+    assert opt.home_bytes() == {Home.DEVICE: 12 * 100, Home.HOST: 16 * 60}
+    opt.place([Home.DEVICE, Home.HOST])
+    assert len(cudart.registered) == 4  # nothing re-made
+    state["exp_avg"].fill_(0.5)
+    host.data.add_(1.0)  # as an update would write it (DeepSpeed's partitions require grad)
+    values = host.detach().clone()
+    opt.place([Home.DEVICE, Home.DEVICE])  # under no pressure now: the host subgroup moves to the device
+    assert opt.fp32_partitioned_groups_flat[1] is host and torch.equal(host, values)  # the same key, its values
+    assert torch.equal(opt.optimizer.state[host]["exp_avg"], torch.full((60,), 0.5)) and host.grad is None
+    assert not cudart.registered and registry.nbytes == 0  # everything it left on the host unlocked
+    registry.release()
 
-    InterleavedZeroOptimizer._ensure_state_homes(fake)
-    first, second = state[masters[0]], state[masters[1]]
-    assert first["step"] == 0 and torch.equal(first["exp_avg"], torch.zeros(100))
-    assert second["step"] == 7 and torch.equal(second["exp_avg_sq"], loaded["exp_avg_sq"])
-    assert second["exp_avg"] is not loaded["exp_avg"]  # copied into a home of its own
-    for s in (first, second):
-        assert registry.holds(s["exp_avg"]) and registry.holds(s["exp_avg_sq"])
-    assert len(cudart.registered) == 6 and registry.nbytes == 12 * 160  # master, m, v: 12 bytes/param, once
 
-    homes = [(s["exp_avg"], s["exp_avg_sq"]) for s in (first, second)]
-    InterleavedZeroOptimizer._ensure_state_homes(fake)
-    for s, (exp_avg, exp_avg_sq) in zip((first, second), homes):  # the same tensors: nothing re-made
-        assert s["exp_avg"] is exp_avg and s["exp_avg_sq"] is exp_avg_sq
-    assert len(cudart.registered) == 6
+def test_a_checkpoint_loaded_before_placement_is_what_placement_copies_in(cudart: FakeCudart) -> None:
+    from lightning_dos.planning.placement import Home
+
+    registry = PinnedRegistry()
+    opt = _homes_of([50], registry, accumulation=2)
+    loaded = torch.arange(50, dtype=torch.float32)
+    opt._adopt_loaded_masters([loaded])
+    master = opt.fp32_partitioned_groups_flat[0]
+    assert master.data_ptr() == loaded.data_ptr()  # the loaded tensor itself: no copy before placement
+    opt.optimizer.state[master] = {"step": 7, "exp_avg": torch.full((50,), 2.0), "exp_avg_sq": torch.ones(50)}
+    opt.place([Home.HOST])
+    assert master.data_ptr() != loaded.data_ptr() and torch.equal(master, loaded) and registry.holds(master)
+    state = opt.optimizer.state[master]
+    assert state["step"] == 7 and torch.equal(state["exp_avg"], torch.full((50,), 2.0))
+    assert registry.holds(state["exp_avg"]) and registry.holds(state["exp_avg_sq"])
     registry.release()

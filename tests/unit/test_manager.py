@@ -49,8 +49,13 @@ class FakeOptimizer:
     def _dos_supported(self) -> bool:
         return True
 
-    def state_homes_ready(self) -> bool:
-        return False  # no prefetch at dispatch
+    placed = False  # no prefetch at dispatch
+
+    def ensure_placed(self) -> None:
+        """Its subgroups are in host memory from the start."""
+
+    def host_gradient_bytes(self) -> int:
+        return 0
 
     def subgroups(self) -> list[Subgroup]:
         return self._subgroups

@@ -1,8 +1,9 @@
-"""GPU tier (``pytest -m gpu`` on a GPU host): ``resident_gib`` with the resident copies in device memory.
+"""GPU tier (``pytest -m gpu`` on a GPU host): one home per subgroup, the resident ones in device memory only.
 
 The resident subgroups' updates run on the ``adam`` stream ahead of the device lane, their 16-bit writes are what the
-next forward waits for, and their host homes are written only for a reader. The controls are DeepSpeed's own ZeRO-3
-optimizer offload and the same plan without residents, in the same process, for 200 steps.
+next forward waits for, and they have no host copy: checkpoints and DeepSpeed's readers read them where they live. The
+others live in page-locked host memory. The controls are DeepSpeed's own ZeRO-3 optimizer offload and the same plan
+without residents, in the same process, for 200 steps.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.integration.test_resident import RESIDENT, _ReadAndWrite, _SaveAfter  # noqa: E402
+from lightning_dos.planning.placement import Home  # noqa: E402
+from tests.integration.test_homes import RESIDENT, _ReadAndWrite, _SaveAfter  # noqa: E402
 from tests.support.parity import make_strategy, rel, train  # noqa: E402
 
 pytestmark = [
@@ -53,8 +55,15 @@ def test_200_steps_with_resident_subgroups_track_vanilla(plan: object, overlap: 
     _assert_close(run, vanilla, 1e-4)  # the 200-step fp32 bound of test_cuda_parity
     manager = run.strategy.manager
     assert manager.resident == tuple(range(RESIDENT))
-    assert manager.executor.resident.blocks[0].is_cuda
     assert all(r.timings.resident_params > 0 for r in manager.records)
+    opt = run.strategy.model.optimizer
+    for i, (home, master) in enumerate(zip(opt.homes(), opt.fp32_partitioned_groups_flat)):
+        state = opt.optimizer.state[master]
+        tensors = (master, state["exp_avg"], state["exp_avg_sq"])
+        if home == Home.DEVICE:  # resident: on the GPU only, no host gradient
+            assert i < RESIDENT and all(t.is_cuda for t in tensors) and master.grad is None
+        else:  # on the host, page-locked in place, with the fp32 gradient CPU Adam reads
+            assert all(t.device.type == "cpu" and t.is_pinned() for t in (*tensors, master.grad))
 
 
 def test_resident_subgroups_on_the_device_equal_the_device_lane(gib: float) -> None:
@@ -93,7 +102,7 @@ def test_auto_keeps_the_tiny_model_whole_on_the_device_and_tracks_vanilla(overla
                 strategy=make_strategy("auto", resident_gib="auto", overlap=overlap))
     _assert_close(run, vanilla, 1e-4)
     manager = run.strategy.manager
-    memory = manager.residency.memory
+    memory = manager.placement.memory
     assert memory is not None and memory.total > memory.peak > 0
     assert manager.resident == tuple(range(len(manager.subgroup_sizes)))
     assert all(r.timings.host_params == r.timings.device_params == 0 for r in manager.records)
