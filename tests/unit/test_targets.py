@@ -19,28 +19,10 @@ TARGETS = load_script("targets")
 AUTO_VS_BEST, AUTO_VS_STRIDES, NO_OOM, PREDICTION = (TARGETS.AUTO_VS_BEST, TARGETS.AUTO_VS_STRIDES, TARGETS.NO_OOM,
                                                      TARGETS.PREDICTION)
 ROK_BUDGET, check_claims, rok_claims = TARGETS.ROK_BUDGET, TARGETS.check_claims, TARGETS.rok_claims
-BENCHMARKS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
-RUN_F_1B = BENCHMARKS / "gpt-1b_H200_2026-11-21_runF.json"
-RUN_H = BENCHMARKS / "gpt-2.7b_H200_2026-11-21_runH.json"
-RUN_H_4B = BENCHMARKS / "gpt-4b_H200_2026-11-21_runH.json"
-RUN_L_TABLE = BENCHMARKS / "gpt-2.7b_H200_2026-11-21_runL_table.json"
-RUN_L_VANILLA = BENCHMARKS / "gpt-2.7b_H200_2026-11-21_runL_vanilla.json"
-RUN_L_BACKWARD = BENCHMARKS / "gpt-2.7b_H200_2026-11-21_runL_backward.json"
-RUN_P = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runP.json"
-RUN_P2 = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runP2.json"
-RUN_S = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runS.json"
-RUN_T = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runT.json"
-RUN_U = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runU.json"
-RUN_V = BENCHMARKS / "rok_gpt-1b_H200_2026-11-25_runV.json"
-RUN_W = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runW.json"
-RUN_X = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runX.json"
-RUN_Y = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runY.json"
-RUN_Z = BENCHMARKS / "gpt-2.7b_H200_2026-11-26_runZ.json"
-RUN_Z1 = BENCHMARKS / "gpt-2.7b_H200_2026-11-26_runZ1.json"
-RUN_Z2 = BENCHMARKS / "gpt-2.7b_H200_2026-11-26_runZ2.json"
-RUN_Z3 = BENCHMARKS / "gpt-2.7b_H200_2026-11-26_runZ3.json"
-RUN_AA = BENCHMARKS / "gpt-2.7b_H200_2026-11-27_runAA.json"
-RUN_V_NVME = BENCHMARKS / "rok_gpt-1b_H200_2026-11-25_runV_nvme.json"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+RUN_L_TABLE = BENCHMARKS / "gpt-2.7b_H200_2026-11-21_runL-table" / "results.json"
+RUN_L_BACKWARD = BENCHMARKS / "gpt-2.7b_H200_2026-11-21_runL-backward" / "results.json"
+RUN_P = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runP" / "results.json"
 
 
 def _result(label: str, strategy: str, plan: str, iteration: float, step: float, gpu: float, loss: float) -> dict:
@@ -56,11 +38,11 @@ def _results(path: Path) -> dict[str, dict]:
     return {r["label"]: r for r in json.loads(path.read_text())["results"]}
 
 
-COMPARISONS = sorted(p for p in BENCHMARKS.glob("*.json")
+COMPARISONS = sorted(p for p in BENCHMARKS.glob("*/results.json")
                      if "claims" in (doc := json.loads(p.read_text())) and "results" in doc)
 
 
-@pytest.mark.parametrize("path", COMPARISONS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", COMPARISONS, ids=lambda p: p.parent.name)
 def test_the_script_gives_each_committed_report_the_verdicts_it_carries(path: Path) -> None:
     """The reports written while the bench still judged them carry their claims; the script, which judges today,
     gives every one of them the same status and value (claims added since are not in them)."""
@@ -198,7 +180,8 @@ def test_missing_configurations_are_not_measured_and_the_script_prints_them(
 
 
 def _iterations(name: str) -> dict:
-    return json.loads((BENCHMARKS / f"gpt-2.7b_H200_2026-11-21_runL_{name}_iterations.json").read_text())["workers"]
+    path = BENCHMARKS / f"gpt-2.7b_H200_2026-11-21_runL-{name}" / "iterations.json"
+    return json.loads(path.read_text())["workers"]
 
 
 def test_run_l_backward_figures_follow_from_the_committed_iterations() -> None:
