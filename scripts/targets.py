@@ -8,7 +8,7 @@ project, not for a user's report, so the thresholds live here, outside the packa
     python scripts/targets.py runs/sweep/<run>/sweep.json      # plan sweep: the four targets, per budget and overall
     python scripts/targets.py runs/rok/<run>/rok.json          # ROK curve: the curve's claims
 
-``tests/unit/test_targets.py`` checks the committed reports under docs/benchmarks with these functions (their JSON
+``tests/unit/test_targets.py`` checks the committed reports under benchmarks/ with these functions (their JSON
 carries the statuses the bench printed when they were measured).
 
 **Claims** (a comparison): every claim is a ratio of two figures from the same invocation (never against numbers from

@@ -547,7 +547,7 @@ def _complete_user_config(config: dict[str, Any], pin_memory: bool, sub_group_si
 
 def overlap_by_default(world_size: int, device_type: str) -> bool:
     """What ``overlap="auto"`` turns on before the engine is built: training on CUDA devices, at any number of ranks
-    (measured faster on one GPU in docs/benchmarks runs Z and Z3, and on four in docs/multi-node.md). Where the host
+    (measured faster on one GPU in benchmarks/ runs Z and Z3, and on four in docs/multi-node.md). Where the host
     stands in for the device the update and the forward would share the same cores. The engine may still run
     serially: where the interleaved update does not run (``OptimizerStateManager.overlap``)."""
     del world_size  # every rank overlaps its own update: the collectives stay on the training thread, in order

@@ -605,8 +605,8 @@ def test_the_sweep_charts_title_fits_in_the_figure(monkeypatch: pytest.MonkeyPat
 
     from lightning_dos.bench import chart
 
-    doc = json.loads((Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
-                      / "sweep_gpt-1b_H200_2026-11-21_runQ3.json").read_text())
+    doc = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "gpt-1b_H200_2026-11-21_runQ3-sweep"
+                      / "sweep.json").read_text())
     doc["budgets"] = doc["budgets"] * budgets
     figures = []
     real_save = chart.save

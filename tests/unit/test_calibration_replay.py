@@ -1,4 +1,4 @@
-"""Calibration and planning replayed on the update records of runs Q-Q3 (docs/benchmarks, the current plan sweeps).
+"""Calibration and planning replayed on the update records of runs Q-Q3 (benchmarks/, the current plan sweeps).
 
 Each sweep process keeps two planning states: the fixed plans' and ``auto``'s (started cold). Feeding each state's
 recorded update phases, in order, to a fresh :class:`Calibrator` as the manager does must give back every prediction
@@ -19,7 +19,7 @@ from lightning_dos.planning import Calibrator, CostParams, StepMeasurement, best
 from lightning_dos.planning.perf_model import predicted_makespan_s
 from lightning_dos.planning.plan import Lane, Plan
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 GIB = 2**30
 #: (run, model, budget) of every sweep of runs Q, Q2 and Q3.
 CASES = [("Q", "gpt-1b", "unlimited"), ("Q", "gpt-1b", "quarter"), ("Q", "gpt-2.7b", "unlimited"),
@@ -33,9 +33,9 @@ START = CostParams(device_grad_bytes_per_param=2, slot_params=10**12)
 
 def _case(run: str, model: str, budget: str) -> tuple[list[int], list[dict], float | None]:
     """The subgroup sizes, the iterations of that budget's process in order, and its budget in bytes."""
-    stem = BENCHMARKS / f"sweep_{model}_H200_2026-11-21_run{run}"
-    records = json.loads(Path(f"{stem}_updates.json").read_text())
-    report = json.loads(Path(f"{stem}{'' if budget == 'unlimited' else '_quarter'}.json").read_text())
+    folder = BENCHMARKS / f"{model}_H200_2026-11-21_run{run}-sweep"
+    records = json.loads((folder / "updates.json").read_text())
+    report = json.loads((folder / f"sweep{'' if budget == 'unlimited' else '_quarter'}.json").read_text())
     (gib,) = [b["budget"]["gib"] for b in report["budgets"] if b["budget"]["name"] == budget]
     return records["subgroup_sizes"], records[budget]["iterations"], None if gib is None else gib * GIB
 

@@ -1,5 +1,5 @@
-"""Every relative link and image in the README and docs/ points at a file of the repository (a report whose chart was
-left out of its commit fails here)."""
+"""Every relative link and image in the README, docs/ and the reports under benchmarks/ points at a file of the
+repository (a report whose chart was left out of its commit fails here)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+PAGES = [*sorted(ROOT.glob("*.md")), *sorted((ROOT / "docs").rglob("*.md")),
+         *sorted((ROOT / "benchmarks").rglob("*.md"))]
 #: ``[text](target)`` and ``![alt](target)``; the target up to a space (a title) or the closing parenthesis
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 CODE = re.compile(r"```.*?```|`[^`\n]*`", re.DOTALL)

@@ -1,8 +1,6 @@
 """The project's own targets (``scripts/targets.py``, outside the package), checked against the committed reports:
 the JSON of those written before the targets left the bench carries the claims it printed, and the script must still
-give the same.
-The plan sweeps' targets, re-derived from their per-update records with auto's trials replayed, and what the docs
-quote from each report are checked by tests/unit/test_committed_reports.py.
+give the same. The figures the docs show are rendered from the reports (tests/unit/test_results_rendered.py).
 """
 
 from __future__ import annotations
@@ -16,31 +14,11 @@ import pytest
 from tests.support.script_loader import load_script
 
 TARGETS = load_script("targets")
-AUTO_VS_BEST, AUTO_VS_STRIDES, NO_OOM, PREDICTION = (TARGETS.AUTO_VS_BEST, TARGETS.AUTO_VS_STRIDES, TARGETS.NO_OOM,
-                                                     TARGETS.PREDICTION)
-ROK_BUDGET, check_claims, rok_claims = TARGETS.ROK_BUDGET, TARGETS.check_claims, TARGETS.rok_claims
-BENCHMARKS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
-RUN_F_1B = BENCHMARKS / "gpt-1b_H200_2026-11-21_runF.json"
-RUN_H = BENCHMARKS / "gpt-2.7b_H200_2026-11-21_runH.json"
-RUN_H_4B = BENCHMARKS / "gpt-4b_H200_2026-11-21_runH.json"
-RUN_L_TABLE = BENCHMARKS / "gpt-2.7b_H200_2026-11-21_runL_table.json"
-RUN_L_VANILLA = BENCHMARKS / "gpt-2.7b_H200_2026-11-21_runL_vanilla.json"
-RUN_L_BACKWARD = BENCHMARKS / "gpt-2.7b_H200_2026-11-21_runL_backward.json"
-RUN_P = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runP.json"
-RUN_P2 = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runP2.json"
-RUN_S = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runS.json"
-RUN_T = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runT.json"
-RUN_U = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runU.json"
-RUN_V = BENCHMARKS / "rok_gpt-1b_H200_2026-11-25_runV.json"
-RUN_W = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runW.json"
-RUN_X = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runX.json"
-RUN_Y = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runY.json"
-RUN_Z = BENCHMARKS / "gpt-2.7b_H200_2026-11-26_runZ.json"
-RUN_Z1 = BENCHMARKS / "gpt-2.7b_H200_2026-11-26_runZ1.json"
-RUN_Z2 = BENCHMARKS / "gpt-2.7b_H200_2026-11-26_runZ2.json"
-RUN_Z3 = BENCHMARKS / "gpt-2.7b_H200_2026-11-26_runZ3.json"
-RUN_AA = BENCHMARKS / "gpt-2.7b_H200_2026-11-27_runAA.json"
-RUN_V_NVME = BENCHMARKS / "rok_gpt-1b_H200_2026-11-25_runV_nvme.json"
+check_claims = TARGETS.check_claims
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+RUN_L_TABLE = BENCHMARKS / "gpt-2.7b_H200_2026-11-21_runL-table" / "results.json"
+RUN_L_BACKWARD = BENCHMARKS / "gpt-2.7b_H200_2026-11-21_runL-backward" / "results.json"
+RUN_P = BENCHMARKS / "gpt-2.7b_H200_2026-11-25_runP" / "results.json"
 
 
 def _result(label: str, strategy: str, plan: str, iteration: float, step: float, gpu: float, loss: float) -> dict:
@@ -56,11 +34,11 @@ def _results(path: Path) -> dict[str, dict]:
     return {r["label"]: r for r in json.loads(path.read_text())["results"]}
 
 
-COMPARISONS = sorted(p for p in BENCHMARKS.glob("*.json")
+COMPARISONS = sorted(p for p in BENCHMARKS.glob("*/results.json")
                      if "claims" in (doc := json.loads(p.read_text())) and "results" in doc)
 
 
-@pytest.mark.parametrize("path", COMPARISONS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", COMPARISONS, ids=lambda p: p.parent.name)
 def test_the_script_gives_each_committed_report_the_verdicts_it_carries(path: Path) -> None:
     """The reports written while the bench still judged them carry their claims; the script, which judges today,
     gives every one of them the same status and value (claims added since are not in them)."""
@@ -119,12 +97,6 @@ def test_a_large_model_on_several_devices_has_its_own_peer_targets() -> None:
     assert claims["dos(auto) vs fsdp_offload at DP=4"]["status"] == "missed"  # 1.5x of the 2x every model has
     assert not [name for name in _by_claim(check_claims(four, 2.7e9)) if name.endswith("10B parameters")]
     assert not [name for name in _by_claim(check_claims(four)) if name.endswith("10B parameters")]
-
-
-def _assert_quoted(results: dict[str, dict], quoted: dict[str, tuple[int, float]]) -> None:
-    """Each row's end-to-end ms and peak GPU GiB as the docs round them (whole ms, GiB to 2 decimals)."""
-    assert {label: (round(results[label]["e2e_iteration_ms"]), round(results[label]["peak_gpu_gib"], 2))
-            for label in quoted} == quoted
 
 
 def _row(label: str, strategy: str, e2e: float, gpu: float, fwd: float = 100.0, bwd: float = 200.0,
@@ -193,18 +165,19 @@ def test_missing_configurations_are_not_measured_and_the_script_prints_them(
     assert TARGETS.main([str(path)]) == 0  # nothing missed
     printed = capsys.readouterr().out
     assert "not measured  iteration vs zero3_offload (-): -; needs zero3_offload and a DOS configuration" in printed
-    assert TARGETS.main([str(RUN_P)]) == 1  # run P missed four of its claims
+    assert TARGETS.main([str(RUN_P)]) == 1  # run P missed some of its claims
     assert "missed        end-to-end iteration vs zero3_offload (>= 3.5x): 2.5;" in capsys.readouterr().out
 
 
 def _iterations(name: str) -> dict:
-    return json.loads((BENCHMARKS / f"gpt-2.7b_H200_2026-11-21_runL_{name}_iterations.json").read_text())["workers"]
+    path = BENCHMARKS / f"gpt-2.7b_H200_2026-11-21_runL-{name}" / "iterations.json"
+    return json.loads(path.read_text())["workers"]
 
 
 def test_run_l_backward_figures_follow_from_the_committed_iterations() -> None:
-    """Run L's backward figures in docs/optimizer-state-manager.md: the reports' medians are those of the committed
-    iterations (6-30 of every worker); the backward is one busy thread in every configuration; with three interleaved
-    processes of each, 324 against 300 ms (1.08x)."""
+    """Run L's reports: their medians are those of the committed iterations (6-30 of every worker), pooled over the
+    three interleaved processes of each configuration for the backward; the backward is one busy thread in every
+    configuration."""
     warmup = 5
     table = _results(RUN_L_TABLE)
     workers = _iterations("table")
@@ -214,7 +187,6 @@ def test_run_l_backward_figures_follow_from_the_committed_iterations() -> None:
     assert set(workers) == set(label_of)
     for worker, label in label_of.items():
         assert median(workers[worker]["bwd_ms"][warmup:]) == pytest.approx(table[label]["bwd_ms"])
-    assert round(table["dos(auto)"]["bwd_ms"] / table["no_offload"]["bwd_ms"], 3) == 1.105
 
     for worker, it in workers.items():
         bwd = it["bwd_ms"][warmup:]
@@ -228,15 +200,6 @@ def test_run_l_backward_figures_follow_from_the_committed_iterations() -> None:
     for label, prefix in (("no_offload", "no_offload_r"), ("dos(auto)", "dos_auto_r")):
         values = [v for w, it in pooled.items() if w.startswith(prefix) for v in it["bwd_ms"][warmup:]]
         assert len(values) == 75 and median(values) == pytest.approx(interleaved[label]["bwd_ms"])
-    assert (round(interleaved["no_offload"]["bwd_ms"]), round(interleaved["dos(auto)"]["bwd_ms"])) == (300, 324)
-    assert round(interleaved["dos(auto)"]["bwd_ms"] / interleaved["no_offload"]["bwd_ms"], 2) == 1.08
-
-
-def _preamble_ms(row: dict) -> tuple[float, float]:
-    """From the last synchronised iteration's timeline: step start -> update start, update end -> step end (ms)."""
-    timeline = row["iteration_timeline"]
-    marks, update = timeline["marks_ms"], timeline["update"]
-    return update["start_ms"] - marks["step_start"], marks["end"] - (update["start_ms"] + update["total_ms"])
 
 
 def test_the_step_claim_skips_overlapped_rows() -> None:
@@ -247,13 +210,3 @@ def test_the_step_claim_skips_overlapped_rows() -> None:
     serial = _row("dos(auto)", "deep_optimizer_states", 1000.0, 12.0)
     claims = _by_claim(check_claims([vanilla, overlapped, serial]))
     assert claims["update phase (step) vs zero3_offload"]["detail"] == "dos(auto) 700.0 ms vs 2700.0 ms"
-
-
-THREE, THREE_OVERLAP = "dos(auto,resident=3.85GiB)", "dos(auto,overlap,resident=3.85GiB)"
-TORCHAO_CLAIM = "end-to-end iteration vs torchao_offload at <= 60% its peak GPU memory"
-
-
-def _phase_peaks(result: dict) -> dict[str, float]:
-    return {phase: round(gib, 2) for phase, gib in result["peak_gpu_gib_by_phase"].items()}
-
-
