@@ -8,11 +8,13 @@ vocabulary and context length follow the data module (``data.vocab_size`` -> ``m
 -> ``model.block_size``: a module of one's own takes both arguments), so a recipe sets them once. Every run gets the
 default callbacks and its run identity (name ``<recipe>-<strategy>[-<plan>]``, W&B group/job type/tags:
 :func:`lightning_dos.telemetry.run_info.configure_run`).
-``lightning-dos bench ...`` hands its arguments to ``lightning_dos.bench.main``.
+``lightning-dos bench ...`` hands its arguments to ``lightning_dos.bench.main``; ``lightning-dos plan --config RECIPE``
+prints the memory plan of a run without training it (:mod:`lightning_dos.strategies.sizing`).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 import warnings
@@ -125,9 +127,71 @@ class DOSLightningCLI(LightningCLI):
             validate_resume_path(ckpt_path)
 
 
+class _SizingCLI(DOSLightningCLI):
+    """The recipe's classes without a Trainer (none is needed to size a run, and a GPU recipe's cannot be built on a
+    machine without one)."""
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        return None
+
+
+PLAN_HELP = """Print the memory plan of a run without training it: where each subgroup's optimizer state would live, and
+whether the GPU and the host hold the run, before the first step and after it (the activations from the model's own
+estimate). Takes the arguments of `lightning-dos fit` (--config RECIPE, --trainer.devices N, --model.n_layer L, ...)
+and sizes for this machine's GPU and host unless given. Exits 1 when the run does not fit."""
+
+
+def plan(argv: Sequence[str]) -> int:
+    """``lightning-dos plan``: the memory plans of a recipe under ``deep_optimizer_states``, from the model alone."""
+    import torch
+
+    from lightning_dos.planning.placement import GIB
+    from lightning_dos.strategies.dos import DeepOptimizerStatesStrategy
+    from lightning_dos.strategies.sizing import host_for, size_run, world_of
+
+    parser = argparse.ArgumentParser(prog="lightning-dos plan", description=PLAN_HELP, add_help=False)
+    parser.add_argument("--gpu-gib", type=float, help="memory of one GPU (default: this machine's first GPU)")
+    parser.add_argument("--host-gib", type=float, help="the host's memory (default: what this host has available)")
+    ours, rest = parser.parse_known_args(argv)
+    if not rest or rest[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0
+    cli = _SizingCLI(args=list(rest), run=False)
+    trainer = cli.config_init["trainer"]
+    strategy = trainer.get("strategy")
+    if not isinstance(strategy, DeepOptimizerStatesStrategy):
+        strategy = DeepOptimizerStatesStrategy()
+    world = world_of(trainer.get("devices", 1), trainer.get("num_nodes", 1) or 1)
+    if ours.gpu_gib is not None:
+        device_bytes = int(ours.gpu_gib * GIB)
+    elif torch.cuda.is_available():
+        device_bytes = torch.cuda.mem_get_info(0)[1]
+    else:
+        parser.error("no GPU here: give --gpu-gib, the memory of the GPU to size for")
+    ranks_per_host = world_of(trainer.get("devices", 1))
+    if ours.host_gib is not None:
+        host = host_for(int(ours.host_gib * GIB), ranks_per_host)
+    else:
+        with open("/proc/meminfo") as handle:
+            fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in handle if ":" in line}
+        host = host_for(fields["MemTotal"], ranks_per_host, fields["MemAvailable"])
+    data = cli.datamodule
+    budget = strategy.memory_budget_gib
+    resident = strategy.resident_gib
+    sizing = size_run(cli.model, world, "auto" if strategy._auto_sub_group_size else
+                      strategy.config["zero_optimization"]["sub_group_size"],
+                      int(getattr(data, "batch_size", 1)), int(getattr(data, "seq_len", 1)), device_bytes, host,
+                      budget_bytes=None if budget is None else int(budget * GIB),
+                      resident_bytes=None if resident == "auto" else int(float(resident) * GIB))
+    print(sizing.describe())
+    return 0 if sizing.fits else 1
+
+
 def main(args: Optional[Sequence[str]] = None) -> Any:
     """Entry point of ``lightning-dos`` and ``python -m lightning_dos``."""
     argv = list(sys.argv[1:] if args is None else args)
+    if argv and argv[0] == "plan":
+        return plan(argv[1:])
     if argv and argv[0] in TOOL_COMMANDS:
         # imported lazily: benchmarking, tokenising and plotting pull in what a training run never needs
         module = importlib.import_module(TOOL_COMMANDS[argv[0]])

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["GPT", "GPTConfig", "PRESETS", "RMSNorm", "flops_per_token", "num_params"]
+__all__ = ["GPT", "GPTConfig", "PRESETS", "RMSNorm", "activation_bytes", "flops_per_token", "num_params"]
 
 _STYLES = ("llama", "gpt2")
 
@@ -170,6 +170,28 @@ def flops_per_token(config: GPTConfig, seq_len: int) -> float:
     body = num_params(config) - vocab * d - positions - untied_output
     n = body + vocab * d
     return float(6 * n + 12 * config.n_layer * d * seq_len)
+
+
+def activation_bytes(config: GPTConfig, micro_batch: int, seq_len: int, dtype_bytes: int = 2) -> int:
+    """An upper estimate of the activation memory of one training step on one device, in bytes.
+
+    With ``B = micro_batch``, ``T = seq_len``, ``d = n_embd``: every block keeps ``34 * B * T * d`` bytes of 16-bit
+    activations for its backward (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+    Models", Section 4.1, with a memory-efficient attention, whose ``T x T`` scores are not kept); with activation
+    checkpointing a block keeps only its input (``2 * B * T * d``), and the backward holds one block's recomputed
+    activations and their gradients at a time (``2 * 34 * B * T * d``). The output layer holds the logits in 16 bits,
+    their float32 copy for the loss, its softmax and the gradient: ``16 * B * T * vocab``. ``dtype_bytes`` is the
+    activations' width (2 for bf16/fp16, 4 for fp32); the 34 and 16 are for 16-bit activations and scale with it.
+    """
+    if micro_batch <= 0 or seq_len <= 0:
+        raise ValueError(f"micro_batch and seq_len must be positive, got {micro_batch} and {seq_len}")
+    scale = dtype_bytes / 2
+    tokens = micro_batch * seq_len
+    block = 34 * tokens * config.n_embd * scale
+    kept = config.n_layer * (tokens * config.n_embd * dtype_bytes if config.activation_checkpointing else block)
+    working = 2 * block if config.activation_checkpointing else 0
+    logits = 16 * tokens * config.vocab_size * scale
+    return int(kept + working + logits)
 
 
 class RMSNorm(nn.Module):

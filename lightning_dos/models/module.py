@@ -20,6 +20,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import MeanMetric
 
 from lightning_dos.models.gpt import GPT, GPTConfig
+from lightning_dos.models.gpt import activation_bytes as _activation_bytes
 from lightning_dos.models.gpt import flops_per_token as _flops_per_token
 from lightning_dos.optim import adamw, weight_decay_groups
 
@@ -185,6 +186,10 @@ class GPTModule(CausalLMModule):
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token at sequence length ``seq_len`` (read by ``PerfMetrics`` for TFLOP/s and MFU)."""
         return _flops_per_token(self.config, seq_len)
+
+    def activation_bytes(self, micro_batch: int, seq_len: int) -> int:
+        """An upper estimate of one step's activation memory on one device (``lightning-dos plan`` reads it)."""
+        return _activation_bytes(self.config, micro_batch, seq_len)
 
     def configure_optimizers(self) -> dict[str, Any]:
         if self.model is None:

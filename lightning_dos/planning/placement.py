@@ -211,6 +211,30 @@ def place(sizes: Sequence[int], memory: DeviceMemory | None, budget_bytes: int |
     return Placement(homes=homes(set(ids)), room=room if budget is None else min(room, budget), memory=memory)
 
 
+def zero3_subgroups(groups: Sequence[Sequence[int]], world_size: int, sub_group_size: int) -> list[int]:
+    """The parameters of each subgroup of one rank's ZeRO-3 partition, as DeepSpeed 0.19 forms them: each parameter's
+    partition is its elements over the ranks, rounded up; within each param group (``groups``: the parameters' element
+    counts, in order), a subgroup closes once it reaches ``sub_group_size`` or at the group's last parameter (a group
+    no larger than ``sub_group_size`` is one subgroup)."""
+    if world_size < 1 or sub_group_size < 1:
+        raise ValueError(f"zero3_subgroups: world_size {world_size} and sub_group_size {sub_group_size} must be >= 1")
+    sizes: list[int] = []
+    for group in groups:
+        parts = [-(-int(numel) // world_size) for numel in group]
+        if not parts:
+            continue
+        if sum(parts) <= sub_group_size:
+            sizes.append(sum(parts))
+            continue
+        size = 0
+        for k, part in enumerate(parts):
+            size += part
+            if size >= sub_group_size or k == len(parts) - 1:
+                sizes.append(size)
+                size = 0
+    return sizes
+
+
 def residents_to_release(resident: Sequence[int], sizes: Sequence[int], free_bytes: int, needed_bytes: int
                          ) -> tuple[int, ...]:
     """Under memory pressure: the residents to give back, newest (highest id) first, until ``free_bytes`` plus what

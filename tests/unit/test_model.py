@@ -289,3 +289,17 @@ def test_rmsnorm_and_rope_match_their_formulas(dtype: torch.dtype, tol: float) -
     rotated = _apply_rope(heads, cos, sin)
     assert rotated.dtype == dtype and rotated.shape == heads.shape
     torch.testing.assert_close(rotated.double(), _rope_reference(heads, 10000.0), atol=2 * tol, rtol=2 * tol)
+
+
+def test_the_activation_estimate_follows_its_terms() -> None:
+    """``activation_bytes``: per block 34 B*T*d 16-bit bytes kept, or only the block's input (2 B*T*d) and one block's
+    recompute with its gradients under checkpointing, plus 16 B*T*V for the logits; linear in the micro-batch."""
+    from lightning_dos.models.gpt import GPTConfig, activation_bytes
+
+    plain = GPTConfig(n_layer=4, n_head=4, n_embd=64, vocab_size=100, block_size=32)
+    ckpt = GPTConfig(n_layer=4, n_head=4, n_embd=64, vocab_size=100, block_size=32, activation_checkpointing=True)
+    tokens = 2 * 32
+    assert activation_bytes(plain, 2, 32) == 4 * 34 * tokens * 64 + 16 * tokens * 100
+    assert activation_bytes(ckpt, 2, 32) == 4 * 2 * tokens * 64 + 2 * 34 * tokens * 64 + 16 * tokens * 100
+    assert activation_bytes(ckpt, 4, 32) == 2 * activation_bytes(ckpt, 2, 32)
+    assert activation_bytes(plain, 2, 32, dtype_bytes=4) == 2 * activation_bytes(plain, 2, 32)
