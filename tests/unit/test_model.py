@@ -100,6 +100,8 @@ def test_num_params_matches_built_model(style: str, tie: bool, bias: bool | None
         ("gpt-1b", 0.95e9, 1.1e9),
         ("gpt-2.7b", 2.7e9, 2.85e9),
         ("gpt-4b", 3.8e9, 4.2e9),
+        ("gpt-6.9b", 6.8e9, 6.9e9),
+        ("gpt-10b", 10.0e9, 10.2e9),
     ],
 )
 def test_preset_param_counts(name: str, low: float, high: float) -> None:
