@@ -908,8 +908,7 @@ def _sweep_from_records(names: dict[str, Any], doc: dict, report: str) -> None:
     """Summarised again from its update records by the bench's own summary, each budget of a sweep gives the committed
     report's figures; and ``auto``'s trials, replayed through the trial rule, end where the records say (``trials``,
     in each budget's names)."""
-    from lightning_dos.bench.config import BenchConfig
-    from lightning_dos.bench.sweep.config import SweepConfig, resolve_budget, sweep_schedule
+    from lightning_dos.bench.sweep.config import SweepSettings, resolve_budget, sweep_schedule
     from lightning_dos.bench.sweep.results import summarize_budget
 
     for committed in doc["budgets"]:
@@ -921,8 +920,7 @@ def _sweep_from_records(names: dict[str, Any], doc: dict, report: str) -> None:
                        "lanes": it["records"][0]["lanes"], "device_fraction": it["records"][0]["device_fraction"],
                        "plan_index": None if it["plan"] == "auto" else plans.index(it["plan"])}
                       for i, it in enumerate(raw["iterations"])]
-        sweep = SweepConfig(bench=BenchConfig(model=doc["config"]["model"], steps=auto_steps, warmup=3), plans=plans,
-                            steps_per_plan=rounds, budgets=[name])
+        sweep = SweepSettings(plans=plans, steps_per_plan=rounds, budgets=[name], auto_steps=auto_steps, warmup=3)
         result = {"status": "ok", "sweep": {"plans": plans, "resolved": [], "iterations": iterations}}
         again = summarize_budget(resolve_budget(name, doc["model"]["params"]), result, sweep)
         assert again["best"]["plan"] == committed["best"]["plan"], name
