@@ -30,6 +30,9 @@ examples:
   lightning-dos bench sweep --set model.name=gpt-1b --steps-per-plan 6 --steps 24
   lightning-dos bench rok --placements keep recompute offload-host offload-nvme --nvme-path /mnt/nvme/act
   lightning-dos bench sizes --from 32x4096 --out runs/sizes/h100 --resume
+
+the flags before the verbs (--model, --strategies, --plans, --sweep, --activations, ...): docs/bench.md says what
+each became
 """
 
 

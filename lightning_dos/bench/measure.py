@@ -170,10 +170,8 @@ def run(payload: dict[str, Any], spec: Run, workdir: Path) -> dict[str, Any]:
 
 def is_oom(err: BaseException) -> bool:
     """Whether ``err`` reports device or host memory exhaustion."""
-    if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":
-        return True
-    text = str(err).lower()
-    return any(marker in text for marker in OOM_MARKERS)
+    return (isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError"
+            or any(marker in str(err).lower() for marker in OOM_MARKERS))
 
 
 def one_line(err: BaseException) -> str:

@@ -21,7 +21,7 @@ from lightning_dos.bench import report
 from lightning_dos.bench.compose import describe, payload
 from lightning_dos.bench.launcher import launch
 from lightning_dos.bench.results import skipped, write_json
-from lightning_dos.bench.settings import Run, Settings
+from lightning_dos.bench.settings import Run, Settings, parse_set
 from lightning_dos.telemetry.environment import hardware_info, merge_worker_device, versions
 
 SCHEMA_VERSION = 1
@@ -64,7 +64,7 @@ class Runner:
                  launcher: Launcher | None = None, now: datetime | None = None) -> None:
         self.settings, self.resume, self.dry_run, self.progress, self.launcher = (settings, resume, dry_run, progress,
                                                                                   launcher)
-        self.overrides = settings.overrides()
+        self.overrides = [parse_set(text) for text in settings.set]  # values as YAML reads them
         self.workload, self.model, self.batches = self.describe({})
         self.hardware, self.versions = hardware_info(), versions()
         now = now or datetime.now(timezone.utc)

@@ -74,10 +74,6 @@ class Settings(Windows):
         data = dataclasses.asdict(self)
         return {**{k: v for k, v in data.items() if k != "options"}, **data["options"]}
 
-    def overrides(self) -> list[tuple[str, Any]]:
-        """``--set``'s pairs, values as YAML reads them (``1e-3`` a string, ``true`` a bool)."""
-        return [parse_set(text) for text in self.set]
-
 
 @dataclass
 class Run(Windows):
