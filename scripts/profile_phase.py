@@ -1,8 +1,8 @@
 """Profile the forward, the backward or the step of one training iteration under a bench strategy (plain, no offload,
 ZeRO-3 offload, DOS).
 
-Builds exactly what a ``lightning-dos bench`` worker builds (the bench's recipe, the strategy's fragment of
-``configs/strategy/`` and the flags, through the LightningCLI of ``lightning-dos fit``:
+Builds exactly what a ``lightning-dos bench`` worker builds (``recipes/gpt-2.7b.yaml`` with the flags set over it,
+the strategy's fragment of ``configs/strategy/``, through the LightningCLI of ``lightning-dos fit``:
 ``lightning_dos.bench.compose``), trains ``--steps`` iterations, times one window of every iteration and runs
 ``torch.profiler`` over the *last* iteration's window only. ``--phase`` picks the window, the same spans as the
 bench's ``fwd_ms``, ``bwd_ms`` and ``step_ms``:
@@ -81,7 +81,7 @@ GAP_MS = 0.5
 
 
 # ---------------------------------------------------------------------------------------------- command line
-#: The defaults of the flags: the bench's recipe's (a GPU host running gpt-2.7b), subgroups of 1e8 parameters.
+#: The defaults of the flags: recipes/gpt-2.7b.yaml's (a GPU host), subgroups of 1e8 parameters.
 DEFAULTS = {"model": "gpt-2.7b", "seq_len": 2048, "micro_batch": 4, "precision": "bf16-mixed", "accelerator": "auto",
             "sub_group_size": 100_000_000, "seed": 1234}
 
@@ -142,30 +142,35 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def bench_config(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The bench's ``BenchConfig`` and ``RunSpec`` for the flags (DOS: serial, no resident subgroups, ``--dos`` on
-    top)."""
-    from lightning_dos.bench.config import BenchConfig
-    from lightning_dos.bench.kinds import RunSpec, plan_argument
+def bench_run(args: argparse.Namespace) -> Any:
+    """The bench's run for the flags: the default recipe with the flags set over it, the strategy's fragment (DOS:
+    serial, no resident subgroups, ``--dos`` on top)."""
+    from lightning_dos.bench.rows import Row, make_run
+    from lightning_dos.bench.settings import STRATEGY_ARG
+    from lightning_dos.bench.sweep.config import plan_argument
+    from lightning_dos.models.gpt import PRESETS, GPTConfig
 
     kind = STRATEGY_KINDS[args.strategy]
     dos = kind == "deep_optimizer_states"
     sub_group_size = float(args.sub_group_size)
     if sub_group_size != int(sub_group_size):
         raise SystemExit(f"--sub-group-size: {args.sub_group_size} is not a whole number of parameters")
-    config = BenchConfig(
-        model=args.model, n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, vocab_size=args.vocab_size,
-        seq_len=args.seq_len, micro_batch=args.micro_batch, precision=args.precision,
-        activation_checkpointing=not args.no_activation_checkpointing, sub_group_size=int(sub_group_size),
-        steps=args.steps, warmup=min(3, args.steps - 1), strategies=[kind], plans=[args.plan] if dos else [],
-        seed=args.seed, accelerator=args.accelerator, out=str(args.out),
-    )
-    config.validate()
-    plan: str | float | None = args.plan if dos else {"zero3_offload": 1.0}.get(kind)  # None: no_offload, plain
-    label = f"dos({args.plan})" if dos else kind
+    vocab = args.vocab_size or PRESETS.get(args.model, {}).get("vocab_size", GPTConfig.vocab_size)
+    sets = {"model.name": args.model, "data.vocab_size": vocab, "data.seq_len": args.seq_len,
+            "data.batch_size": args.micro_batch, "trainer.precision": args.precision,
+            "trainer.accelerator": args.accelerator, "seed_everything": args.seed,
+            "model.activation_checkpointing": not args.no_activation_checkpointing,
+            **{f"model.{key}": getattr(args, key) for key in ("n_layer", "n_embd", "n_head")
+               if getattr(args, key) is not None}}
     extra = zero_overrides(args.dos, flag="--dos") if dos else {}
-    dos_args = {"plan": plan_argument(str(args.plan)), "overlap": False, "resident_gib": 0.0, **extra} if dos else {}
-    return config, RunSpec(label=label, strategy=kind, plan=plan, devices=args.devices, args=dos_args)
+    dos_args = {"plan": plan_argument(args.plan), "overlap": False, "resident_gib": 0.0, **extra} if dos else {}
+    fragment = {"deep_optimizer_states": "dos_auto"}.get(kind, kind)
+    row = Row(f"dos({args.plan})" if dos else kind, fragment, kind,
+              {STRATEGY_ARG + key: value for key, value in dos_args.items()})
+    run = make_run(row, [(STRATEGY_ARG + "sub_group_size", int(sub_group_size))], devices=args.devices, sets=sets,
+                   steps=args.steps, warmup=max(0, min(3, args.steps - 1)))
+    run.plan = args.plan if dos else run.plan  # as given
+    return run
 
 
 def zero_overrides(pairs: list[str], flag: str = "--zero") -> dict[str, Any]:
@@ -470,19 +475,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.strategy != "dos" and args.dos:
         raise SystemExit("--dos: only the dos strategy takes DeepOptimizerStatesStrategy arguments")
     phases = [name for name in PHASE_WINDOWS if name in args.phase]  # one profiler each, in the iteration's order
-    config, spec = bench_config(args)
+    spec = bench_run(args)
     dos_kwargs = zero_overrides(args.dos, flag="--dos")
     out = Path(args.out)
 
     import torch
 
     from lightning_dos.bench.compose import build, fit_args
+    from lightning_dos.bench.settings import DEFAULT_RECIPE
 
     overrides = zero_overrides(args.zero)
     cls = _phase_profiler_class()
-    profilers = [cls(phase=phase, profile_at=config.steps, with_stack=args.with_stack,
+    profilers = [cls(phase=phase, profile_at=spec.steps, with_stack=args.with_stack,
                      max_reduce_events=args.max_reduce_events if k == 0 else None) for k, phase in enumerate(phases)]
-    cli = build(fit_args(config, spec, out), callbacks=profilers)
+    cli = build(fit_args(DEFAULT_RECIPE, spec, out), callbacks=profilers)
     trainer, module = cli.trainer, cli.model
     if overrides:  # never under plain (refused above): it has no DeepSpeed config
         trainer.strategy.config["zero_optimization"].update(overrides)
@@ -492,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     on_cuda = device.type == "cuda"
     for profiler in profilers:
         if profiler.prof is None or profiler.profiled_ms is None:
-            raise SystemExit(f"the {profiler.phase} of iteration {config.steps} never ran ({profiler.calls} "
+            raise SystemExit(f"the {profiler.phase} of iteration {spec.steps} never ran ({profiler.calls} "
                              f"{profiler.phase} windows opened)")
         dest = rank_out / profiler.phase if len(phases) > 1 else rank_out
         dest.mkdir(parents=True, exist_ok=True)
@@ -504,12 +510,12 @@ def main(argv: list[str] | None = None) -> int:
             "strategy": spec.strategy,
             "plan": spec.plan,
             "dos_arguments": dos_kwargs,
-            "model": config.model,
+            "model": args.model,
             "device": str(torch.cuda.get_device_name(device)) if on_cuda else "cpu",
             "devices": args.devices,
             "rank": trainer.global_rank,
             "torch": torch.__version__,
-            "config": config.to_dict(),
+            "config": spec.to_dict(),
             "zero_overrides": overrides,
             "max_reduce_events": args.max_reduce_events,
             "zero_optimization": (getattr(trainer.strategy, "config", None) or {}).get("zero_optimization"),

@@ -1,237 +1,157 @@
-"""Owns the ``lightning-dos bench`` command line: flags, an optional JSON config file, their merge.
-
-Precedence, lowest first: :class:`~lightning_dos.bench.config.BenchConfig`'s defaults, ``--config FILE`` (JSON of the
-same keys), the flags given; the workload flags go over the recipe (:mod:`~lightning_dos.bench.compose`). ``--sweep``
-and ``--activations`` turn the invocation into a plan sweep or a ROK curve, each with options of its own.
+"""Owns the ``lightning-dos bench`` command line: one verb per study, the options every study shares (a recipe,
+``--set`` overrides, the iteration windows, ``--out``, ``--resume``, ``--dry-run``) and each study's own; every
+problem of an invocation is reported at once, as a usage error, before any worker starts.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-from dataclasses import dataclass
-from pathlib import Path
+import dataclasses
+import shlex
 from typing import Any
 
-from lightning_dos.bench.config import BenchConfig
-from lightning_dos.bench.kinds import STRATEGIES, dos_plans, plan_argument
-from lightning_dos.bench.rok import config as rok_config
-from lightning_dos.bench.rok.config import DEFAULT_STRATEGY, PLACEMENTS, RokConfig
-from lightning_dos.bench.sweep.config import DEFAULT_BUDGETS, DEFAULT_SWEEP_PLANS, SweepConfig
+from lightning_dos.bench.rok.study import RokSettings
+from lightning_dos.bench.rows import load_rows, table_path
+from lightning_dos.bench.settings import DEFAULT_RECIPE, Settings, is_count, parse_set, recipe_path
+from lightning_dos.bench.sizes import LADDER, SizeSettings
+from lightning_dos.bench.sweep.config import DEFAULT_BUDGETS, DEFAULT_SWEEP_PLANS, SweepSettings
 
-EPILOG = """examples:
-  lightning-dos bench                                   # gpt-2.7b, seq 2048, micro-batch 4, bf16-mixed, all strategies
-  lightning-dos bench --plans host device 0.5 stride:3  # DOS auto plus four fixed plans
-  lightning-dos bench --model gpt-1b --strategies zero3_offload deep_optimizer_states --repeats 3
-  lightning-dos bench --recipe recipes/gpt2-124m.yaml   # every configuration starts from a training recipe
-  lightning-dos bench --devices 1 2                     # every configuration on one GPU, then data parallel on two
-  lightning-dos bench --dry-run                         # the resolved settings and each configuration's command
-  lightning-dos bench --out runs/bench/x --resume       # continue a bench stopped by Ctrl-C or a time limit
-  lightning-dos bench --sweep --model gpt-1b            # plan sweep: fixed plans vs auto, unlimited and quarter budget
-  lightning-dos bench --activations keep recompute offload-host offload-nvme --nvme-path /mnt/nvme/act  # ROK curve
-  lightning-dos bench --activations keep offload-host --activation-budget-gib 20  # largest micro-batch in 20 GiB
+VERBS = ("compare", "sweep", "rok", "sizes")
+EPILOG = """studies (lightning-dos bench VERB --help for each one's options; no verb: compare):
+  compare  every row of configs/bench/compare.yaml under one recipe: speed, memory, loss agreement
+  sweep    every fixed DOS plan against auto, per memory budget
+  rok      keep / recompute / offload the activations: time against activation memory
+  sizes    growing GPT sizes under every row of configs/bench/sizes.yaml, until each strategy fails
+
+examples:
+  lightning-dos bench                                            # compare, recipes/gpt-2.7b.yaml
+  lightning-dos bench compare --set model.n_layer=40 model.n_embd=3200 model.n_head=25 --only zero3_offload 'dos(auto)'
+  lightning-dos bench compare --rows configs/bench/dos-plans.yaml --devices 1 2
+  lightning-dos bench sweep --set model.name=gpt-1b --steps-per-plan 6 --steps 24
+  lightning-dos bench rok --placements keep recompute offload-host offload-nvme --nvme-path /mnt/nvme/act
+  lightning-dos bench sizes --from 32x4096 --out runs/sizes/h100 --resume
+
+the flags before the verbs (--model, --strategies, --plans, --sweep, --activations, ...): docs/bench.md says what
+each became
 """
-#: Comparison options a plan sweep refuses (it picks its own strategies, plans and budgets), and why.
-NOT_FOR_SWEEP = {"strategies": "--strategies", "ratios": "--ratios", "plans": "--plans (use --sweep-plans)",
-                 "repeats": "--repeats", "force_no_offload": "--force-no-offload",
-                 "memory_budget_gib": "--memory-budget-gib (use --budgets)",
-                 "e2e_steps": "--e2e-steps (the sweep times update phases, every iteration synchronised)",
-                 "overlap": "--overlap (the sweep times update phases, which overlap would hide)",
-                 "leaf_blocks": "--leaf-blocks (the sweep times update phases)",
-                 "resident_gib": "--resident-gib (the sweep compares plans of every subgroup)"}
-#: Options of the plan sweep only (each the flag of its name): the SweepConfig field it sets.
-SWEEP_ONLY = {"sweep_plans": "plans", "steps_per_plan": "steps_per_plan", "budgets": "budgets"}
-#: Options of the ROK curve only (each the flag of its name): the RokConfig field it sets.
-ROK_ONLY = {"nvme_path": "nvme_path", "activation_budget_gib": "budget_gib",
-            "activation_min_tensor_bytes": "min_tensor_bytes", "activation_keep_last_layers": "keep_last_layers",
-            "max_micro_batch": "max_micro_batch", "disk_probe_mib": "disk_probe_mib"}
-#: Options the ROK curve refuses (one strategy, one device, each placement sets checkpointing).
-NOT_FOR_ROK = {"ratios": "--ratios", "repeats": "--repeats", "overlap": "--overlap", "leaf_blocks": "--leaf-blocks",
-               "resident_gib": "--resident-gib", "force_no_offload": "--force-no-offload",
-               "activation_checkpointing": "--[no-]activation-checkpointing (each placement sets it)"}
 
 
-@dataclass
-class Invocation:
-    """What the command line asked for."""
-
-    config: BenchConfig  # The bench settings (in a sweep or a ROK curve, those of its ``bench``).
-    dry_run: bool = False  # Print the settings and the runs, run nothing.
-    resume: bool = False  # Reuse the runs that finished in ``--out`` running exactly the same (``--resume``).
-    sweep: SweepConfig | None = None  # The plan sweep to run instead of the comparison (``--sweep``).
-    rok: RokConfig | None = None  # The ROK curve to run instead of the comparison (``--activations``).
-
-
-def _on_off(text: str) -> bool:
-    if text.strip().lower() not in ("on", "off"):
-        raise argparse.ArgumentTypeError(f"{text!r}: use on or off")
-    return text.strip().lower() == "on"
-
-
-def _auto_on_off(text: str) -> bool | str:
-    return "auto" if text.strip().lower() == "auto" else _on_off(text)
-
-
-def _gib_or_auto(text: str) -> float | str:
-    return "auto" if text.strip().lower() == "auto" else float(text)
+def _common(parser: argparse.ArgumentParser, devices: str) -> None:
+    parser.add_argument("--recipe", default=DEFAULT_RECIPE, metavar="FILE",
+                        help="the recipe every run starts from (default recipes/gpt-2.7b.yaml)")
+    parser.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                        help="LightningCLI keys over the recipe and every row, e.g. model.n_layer=40 (a "
+                        "trainer.strategy.init_args key reaches the rows whose fragment lists it)")
+    parser.add_argument("--steps", type=int, default=10, help="iterations per run, warm-up included (default 10)")
+    parser.add_argument("--warmup", type=int, default=3, help="leading iterations left out (default 3)")
+    parser.add_argument("--e2e-steps", type=int, help="iterations after the warm-up timed end to end, unsynchronised "
+                        "(default: half the measured ones); the rest phase by phase")
+    parser.add_argument("--timeout", dest="timeout_s", type=float, default=1800.0, metavar="SECONDS",
+                        help="limit per worker, start-up included (default 1800)")
+    parser.add_argument("--out", default="", metavar="DIR", help="output directory (default runs/<study>/...)")
+    parser.add_argument("--resume", action="store_true", help="with --out: reuse the runs that finished there "
+                        "running exactly the same (sizes: failures too)")
+    parser.add_argument("--dry-run", action="store_true", help="print each run's lightning-dos fit, run nothing")
+    if devices == "list":
+        parser.add_argument("--devices", type=int, nargs="+", default=[1], metavar="N",
+                            help="data-parallel device counts, every row at each (default 1)")
+    elif devices == "one":
+        parser.add_argument("--devices", type=int, default=1, metavar="N", help="data-parallel ranks (default 1)")
 
 
-def _count(text: str) -> int:
-    """A whole number, maybe in scientific notation (``1e8``)."""
-    value = float(text)
-    if value != int(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
-    return int(value)
+def _rows(parser: argparse.ArgumentParser, study: str) -> None:
+    parser.add_argument("--rows", metavar="FILE", help=f"a row table (default configs/bench/{study}.yaml)")
+    parser.add_argument("--only", nargs="+", default=[], metavar="LABEL", help="the rows of these labels only")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser; every option defaults to "not given" so lower layers show through."""
-    p = argparse.ArgumentParser(prog="lightning-dos bench", epilog=EPILOG, argument_default=argparse.SUPPRESS,
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                description="Compare optimizer-offload strategies on this host: one recipe under each "
-                                "strategy fragment, each configuration its own lightning-dos fit process.")
-    p.add_argument("--recipe", metavar="FILE", help="training recipe (YAML, as for lightning-dos fit) every "
-                   "configuration starts from (default: gpt-2.7b, seq 2048, micro-batch 4, bf16-mixed, random tokens)")
-    p.add_argument("--config", dest="config_file", metavar="FILE", help="JSON of bench settings (results.json's "
-                   "config, or a results.json); flags override it")
-    w = p.add_argument_group("workload: over the recipe, as the lightning-dos fit argument named (default: its)")
-    w.add_argument("--model", metavar="PRESET", help="model.name: debug, gpt-10m, gpt-1b, gpt-2.7b, gpt-4b, ...")
-    for key, target in (("n_layer", "model"), ("n_embd", "model"), ("n_head", "model"), ("seq_len", "data")):
-        w.add_argument(f"--{key.replace('_', '-')}", type=int, metavar="N", help=f"{target}.{key}")
-    w.add_argument("--vocab-size", type=int, metavar="N",
-                   help="the data's vocabulary, the model's too (data.vocab_size; data.bpe_vocab_size with text)")
-    w.add_argument("--micro-batch", type=int, metavar="N", help="data.batch_size (per device)")
-    w.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction,
-                   help="model.activation_checkpointing")
-    w.add_argument("--precision", metavar="P", help="trainer.precision, e.g. 32-true on a CPU")
-    w.add_argument("--seed", type=int, metavar="N", help="seed_everything")
-    w.add_argument("--lr", dest="learning_rate", type=float, metavar="LR", help="model.learning_rate")
-    w.add_argument("--accelerator", metavar="A", help="trainer.accelerator: auto, gpu or cpu")
-    source = w.add_mutually_exclusive_group()
-    source.add_argument("--synthetic", dest="data", action="store_const", const="synthetic",
-                        help="data: random tokens (SyntheticDataModule)")
-    source.add_argument("--text", dest="data", action="store_const", const="text",
-                        help="data: a tokenised corpus (TextDataModule; the standard library unless --data-path)")
-    w.add_argument("--data-path", dest="data_paths", nargs="+", metavar="PATH", help="data.paths (--text)")
-    w.add_argument("--tokenizer", metavar="FILE", help="data.tokenizer (--text; default: a BPE trained once)")
-    w.add_argument("--sub-group-size", type=_count, metavar="N",
-                   help="parameters per subgroup, for every fragment that has subgroups (default: each fragment's)")
-    w.add_argument("--pin-memory", action=argparse.BooleanOptionalAction,
-                   help="page-locked host memory, for every fragment that pins (default: each fragment's, on)")
-    w.add_argument("--memory-budget-gib", type=float, metavar="GIB",
-                   help="most GPU memory the DOS optimizer state may take (default: what is free)")
-    c = p.add_argument_group("configurations")
-    c.add_argument("--steps", type=int, metavar="N", help="iterations per run, warm-up included (default 10)")
-    c.add_argument("--warmup", type=int, metavar="N", help="leading iterations left out (default 3)")
-    c.add_argument("--e2e-steps", type=int, metavar="N", help="iterations after the warm-up timed end to end, "
-                   "unsynchronised (the headline); the rest phase by phase (default: half, rounded down)")
-    c.add_argument("--repeats", type=int, metavar="N", help="fresh-process runs of each configuration (default 1)")
-    c.add_argument("--strategies", nargs="+", choices=STRATEGIES, metavar="KIND",
-                   help=f"strategy kinds: {', '.join(STRATEGIES)} (default all)")
-    c.add_argument("--ratios", nargs="+", type=float, metavar="R", help="static-split ratios (default 0.25 0.5 0.75)")
-    c.add_argument("--plans", nargs="+", metavar="PLAN", help="DOS fixed plans besides auto: host, device, a fraction, "
-                   "stride:K, lanes joined by commas (with --activations: the one plan)")
-    c.add_argument("--overlap", nargs="+", type=_auto_on_off, metavar="auto|on|off", help="DOS rows with the update as "
-                   "the strategy decides (auto, default), overlapped with the next forward (on) or serial (off)")
-    c.add_argument("--leaf-blocks", nargs="+", type=_on_off, metavar="on|off",
-                   help="DOS rows with ZeRO-3 hooking each block once (on, default) or every layer (off)")
-    c.add_argument("--resident-gib", nargs="+", type=_gib_or_auto, metavar="GIB",
-                   help="DOS rows with this much optimizer state resident (auto, default: what fits; 0: none)")
-    c.add_argument("--force-no-offload", action="store_true", help="run no_offload even when it clearly cannot fit")
-    c.add_argument("--devices", nargs="+", type=int, metavar="N", help="data-parallel device counts (default 1)")
-    s = p.add_argument_group("plan sweep")
-    s.add_argument("--sweep", action="store_true", help="per budget, every fixed plan and auto in one DOS process")
-    s.add_argument("--sweep-plans", nargs="+", metavar="PLAN",
-                   help=f"fixed plans (default {' '.join(DEFAULT_SWEEP_PLANS)})")
-    s.add_argument("--steps-per-plan", type=int, metavar="N",
-                   help="iterations of each fixed plan, the first left out (default 3)")
-    s.add_argument("--budgets", nargs="+", metavar="BUDGET",
-                   help=f"unlimited, quarter or GiB (default {' '.join(DEFAULT_BUDGETS)})")
-    r = p.add_argument_group("ROK curve")
-    r.add_argument("--activations", nargs="+", metavar="PLACEMENT", help=f"the ROK curve: {', '.join(PLACEMENTS)}, "
-                   f"under one strategy (default {DEFAULT_STRATEGY}, or zero3_offload)")
-    r.add_argument("--nvme-path", metavar="DIR", help="a local NVMe directory, for offload-nvme")
-    r.add_argument("--activation-budget-gib", type=float, metavar="GIB",
-                   help="search each placement's largest micro-batch within GIB of activation memory")
-    r.add_argument("--activation-min-tensor-bytes", type=_count, metavar="N",
-                   help="smaller saved tensors stay on the device (default 1048576)")
-    r.add_argument("--activation-keep-last-layers", type=int, metavar="N",
-                   help="the last N blocks keep their activations (default 1)")
-    r.add_argument("--max-micro-batch", type=int, metavar="N",
-                   help=f"the search's largest micro-batch (default {rok_config.DEFAULT_MAX_MICRO_BATCH})")
-    r.add_argument("--disk-probe-mib", type=int, metavar="MIB",
-                   help=f"MiB measuring --nvme-path's bandwidth (default {rok_config.DEFAULT_DISK_PROBE_MIB}; 0: none)")
-    x = p.add_argument_group("running")
-    x.add_argument("--timeout", dest="timeout_s", type=float, metavar="SECONDS", help="per worker (default 1800)")
-    x.add_argument("--out", metavar="DIR", help="output directory (default runs/<bench|sweep|rok>/<model>_<time>)")
-    x.add_argument("--dry-run", action="store_true",
-                   help="print the settings and each run's lightning-dos fit, run nothing")
-    x.add_argument("--resume", action="store_true", help="with --out: reuse the runs that finished there running "
-                   "exactly the same, run the others")
-    return p
+    parser = argparse.ArgumentParser(prog="lightning-dos bench", epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     description="Studies over lightning-dos fit on this host: each run a recipe, a "
+                                     "strategy fragment and overrides, in a worker process of its own.")
+    verbs = parser.add_subparsers(dest="study", metavar="VERB")
+    compare = verbs.add_parser("compare", help="strategies side by side")
+    _common(compare, "list")
+    _rows(compare, "compare")
+    compare.add_argument("--repeats", type=int, default=1, help="fresh-process runs of each row, round-robin")
+    sweep = verbs.add_parser("sweep", help="fixed DOS plans against auto")
+    _common(sweep, "one")
+    sweep.add_argument("--plans", nargs="+", default=list(DEFAULT_SWEEP_PLANS), metavar="PLAN",
+                       help="fixed plans, in the order each round runs them (default 0.0 0.1 ... 1.0 stride:2 ... 6)")
+    sweep.add_argument("--steps-per-plan", type=int, default=3, help="rounds: iterations of each fixed plan")
+    sweep.add_argument("--budgets", nargs="+", default=list(DEFAULT_BUDGETS), metavar="BUDGET",
+                       help="unlimited, quarter (of the optimizer state) or GiB; one process each")
+    rok = verbs.add_parser("rok", help="activation placements: time against activation memory")
+    _common(rok, "none")
+    rok.add_argument("--placements", nargs="+", default=RokSettings().placements, metavar="PLACEMENT",
+                     help="keep recompute offload-host offload-nvme (default the first three)")
+    rok.add_argument("--rows", metavar="FILE", help="the row table of --row (default configs/bench/compare.yaml)")
+    rok.add_argument("--row", default=RokSettings.row, metavar="LABEL", help="the row every placement runs "
+                     "(default dos(auto))")
+    rok.add_argument("--nvme-path", metavar="DIR", help="a local NVMe directory (offload-nvme)")
+    rok.add_argument("--activation-budget-gib", dest="budget_gib", type=float, metavar="GIB",
+                     help="search each placement's largest micro-batch whose peak activation memory fits")
+    rok.add_argument("--activation-min-tensor-bytes", dest="min_tensor_bytes", type=int,
+                     default=RokSettings.min_tensor_bytes, metavar="N")
+    rok.add_argument("--activation-keep-last-layers", dest="keep_last_layers", type=int,
+                     default=RokSettings.keep_last_layers, metavar="N")
+    rok.add_argument("--max-micro-batch", type=int, default=RokSettings.max_micro_batch, metavar="N")
+    rok.add_argument("--disk-probe-mib", type=int, default=RokSettings.disk_probe_mib, metavar="MIB")
+    sizes = verbs.add_parser("sizes", help="the largest GPT each strategy trains here")
+    _common(sizes, "one")
+    _rows(sizes, "sizes")
+    sizes.add_argument("--sizes", type=lambda text: [s for s in text.split(",") if s], metavar="LxE,...",
+                       help="n_layer x n_embd, in order, e.g. 32x2560,40x3200")
+    sizes.add_argument("--from", dest="start", metavar="LxE", help=f"climb the ladder from this size "
+                       f"(default: all of it, {', '.join(LADDER)})")
+    sizes.add_argument("--head-dim", type=int, default=128, help="n_head = n_embd / head-dim (default 128)")
+    return parser
 
 
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """The settings of a JSON config file (a bare object, or results.json's ``config``)."""
-    with open(path, encoding="utf-8") as fh:
-        data = json.load(fh)
-    if not isinstance(data, dict):
-        raise ValueError(f"--config {path}: expected a JSON object of bench settings")
-    return data["config"] if "config" in data and "results" in data else data
+#: Each study's own settings, made of its own options (the fields of the class that are not the invocation's).
+STUDIES: dict[str, Any] = {"compare": None, "sweep": SweepSettings, "rok": RokSettings, "sizes": SizeSettings}
 
 
-def _mode(given: dict[str, Any], flag: str, own: dict[str, str],
-          refused: dict[str, str]) -> tuple[Any, dict[str, Any]] | None:
-    """Take a mode's own options (``own``: the field each sets) out of ``given`` when ``flag`` is set: its value and
-    the mode's fields they set (None when it is not set); ``ValueError`` for options of another mode."""
-    on = given.pop(flag.strip("-"), None)
-    taken = {key: given.pop(key) for key in list(own) if key in given}
-    if not on:
-        if taken:
-            raise ValueError(f"{', '.join('--' + key.replace('_', '-') for key in taken)}: only with {flag}")
-        return None
-    wrong = [text for key, text in refused.items() if key in given]
-    if wrong:
-        raise ValueError(f"{', '.join(wrong)}: not used by {flag}")
-    return on, {own[key]: value for key, value in taken.items()}
-
-
-def parse_args(argv: list[str] | None) -> Invocation:
-    """Parse ``argv`` into a validated :class:`Invocation`; bad values exit with status 2 like any CLI error."""
+def parse_args(argv: list[str]) -> tuple[Settings, Any, bool, bool]:
+    """``(settings, the study's own settings, resume, dry run)`` of ``argv``; bad values exit with status 2."""
     parser = build_parser()
+    if not argv or argv[0] not in (*VERBS, "-h", "--help"):
+        argv = ["compare", *argv]  # no verb: the comparison, as before the verbs
     given = vars(parser.parse_args(argv))
-    dry_run, resume = bool(given.pop("dry_run", False)), bool(given.pop("resume", False))
-    if resume and not given.get("out"):
-        parser.error("--resume: set --out to the directory of the bench to continue")
-    if given.get("recipe") is not None and not Path(given["recipe"]).is_file():
-        parser.error(f"--recipe {given['recipe']}: no such file")
-    config_file = given.pop("config_file", None)
-    sweep: SweepConfig | None = None
-    rok: RokConfig | None = None
-    try:
-        if given.get("activations") is not None and given.get("sweep"):
-            raise ValueError("--activations: cannot be combined with --sweep (another mode); run them separately")
-        rok_given = _mode(given, "--activations", ROK_ONLY, NOT_FOR_ROK)
-        sweep_given = _mode(given, "--sweep", SWEEP_ONLY, NOT_FOR_SWEEP)
-        config = BenchConfig.from_dict({**(load_config_file(config_file) if config_file else {}), **given})
-        if sweep_given is not None:  # DOS only, serial; the budgets are its memory budgets, one process each
-            config.strategies, config.ratios, config.plans, config.repeats = ["deep_optimizer_states"], [], ["auto"], 1
-            config.memory_budget_gib, config.e2e_steps = None, 0  # its figures are update phases, by iteration
-            sweep = SweepConfig(bench=config, **sweep_given[1])
-            sweep.validate()
-        elif rok_given is not None:
-            config.strategies = config.strategies if "strategies" in given else [DEFAULT_STRATEGY]
-            config.plans = config.plans if "plans" in given else ["auto"]
-            config.ratios, config.repeats = [], 1
-            rok = RokConfig(bench=config, placements=[str(p) for p in rok_given[0]], **rok_given[1])
-            rok.validate()
-        else:
-            config.validate()
-            if "deep_optimizer_states" in config.strategies:  # a plan the strategy would refuse, before any worker
-                from lightning_dos.planning.plan import parse_plan
+    resume, dry_run = given.pop("resume"), given.pop("dry_run")
+    make = STUDIES[given["study"]]
+    shared = {f.name for f in dataclasses.fields(Settings)}
+    options = {f.name: given.pop(f.name) for f in dataclasses.fields(make or Settings) if f.name in given
+               and f.name not in shared}
+    devices = given.pop("devices", [1])
+    settings = Settings(**given, options=options, devices=devices if isinstance(devices, list) else [devices],
+                        command=shlex.join(["lightning-dos", "bench", *argv]))
+    study = make(**options) if make else None
+    if isinstance(study, SweepSettings):  # auto runs the invocation's iterations and warm-up
+        study.auto_steps, study.warmup = settings.steps, settings.warmup
+    problems = settings.window_problems() + (study.problems() if study is not None else [])
+    if resume and not settings.out:
+        problems.append("--resume: set --out to the directory of the study to continue")
+    if not recipe_path(settings.recipe).is_file():
+        problems.append(f"--recipe {settings.recipe}: no such file")
+    if not all(is_count(d, 1) for d in settings.devices) or len(set(settings.devices)) < len(settings.devices):
+        problems.append(f"--devices {settings.devices}: device counts >= 1, each once")
+    if not is_count(settings.repeats, 1):
+        problems.append(f"--repeats {settings.repeats}: give 1 or more")
+    problems += _attempt(lambda: [parse_set(text) for text in settings.set])
+    if settings.study in ("compare", "sizes"):
+        problems += _attempt(lambda: load_rows(table_path(settings.study, settings.rows), settings.only))
+    elif settings.study == "rok":
+        problems += _attempt(lambda: load_rows(table_path("compare", settings.rows), [study.row]))
+    if problems:
+        parser.error("; ".join(problems))
+    return settings, study, resume, dry_run
 
-                for plan in dos_plans(config):
-                    parse_plan(plan_argument(plan))
-    except (OSError, ValueError, TypeError, ImportError) as err:
-        parser.error(str(err))
-    return Invocation(config=config, dry_run=dry_run, sweep=sweep, resume=resume, rok=rok)
+
+def _attempt(check: Any) -> list[str]:
+    """The message of the ``ValueError`` (or missing file) ``check()`` raises, as a list; empty when none."""
+    try:
+        check()
+    except (ValueError, OSError) as err:
+        return [str(err)]
+    return []

@@ -1,11 +1,10 @@
 """Owns running one worker process and turning whatever happened into a result.
 
-The parent writes the run's ``config.json`` (:func:`~lightning_dos.bench.compose.payload`), starts ``python -m
-lightning_dos.bench.worker config.json result.json`` in a new process group from the invocation's directory (a
-recipe's relative paths mean what they mean to ``lightning-dos fit``), its output in ``worker.log`` after the command
-it runs, waits up to the timeout and reads ``result.json``. A worker that wrote none is classified: SIGKILL (most often
-the out-of-memory killer) ``oom``, the time limit ``timeout``, anything else ``failed``, with a reason from its log or,
-on several devices, the first error a failed rank recorded (:mod:`~lightning_dos.bench.ranks`).
+The parent writes ``config.json`` and starts ``python -m lightning_dos.bench.worker config.json result.json`` in a
+new process group from the invocation's directory (a recipe's relative paths mean what they mean to ``lightning-dos
+fit``), its output in ``worker.log``; while it waits it samples the memory in use on the whole host, so a worker the
+kernel kills still has its peak. A worker that wrote no result is ``oom`` (SIGKILL, most often the kernel's
+out-of-memory killer), ``timeout`` or ``failed``, with a reason from its log or from a failed rank's record.
 """
 
 from __future__ import annotations
@@ -20,13 +19,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_dos.bench import compose, ranks
-from lightning_dos.bench.config import BenchConfig
-from lightning_dos.bench.kinds import ROOT, RunSpec
+from lightning_dos.bench import ranks
+from lightning_dos.bench.settings import ROOT
+from lightning_dos.telemetry.callbacks import host_in_use_gib
 
 WORKER_MODULE = "lightning_dos.bench.worker"
 #: Seconds a timed-out worker gets to exit after SIGTERM before SIGKILL.
 TERMINATE_GRACE_S = 10.0
+#: Seconds between two readings of the host's memory in use while a worker runs.
+HOST_SAMPLE_S = 0.1
 #: Launcher or distributed settings of an enclosing job that would confuse a single-process worker.
 DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
                    "MASTER_ADDR", "MASTER_PORT", "PL_TRAINER_GPUS", "SLURM_NTASKS")
@@ -54,26 +55,22 @@ def log_reason(log_path: Path, max_chars: int = 300) -> str | None:
     return None
 
 
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _stop_group(proc: subprocess.Popen) -> None:
     """SIGTERM the worker's process group, then SIGKILL it if it lingers."""
     for sig, grace in ((signal.SIGTERM, TERMINATE_GRACE_S), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
+        _signal_group(proc, sig)
         try:
             proc.wait(timeout=grace)
             return
         except subprocess.TimeoutExpired:
             continue
-
-
-def _reap_group(proc: subprocess.Popen) -> None:
-    """SIGKILL whatever is left of the worker's process group once rank 0 has exited (ranks hung in a collective)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def rank_failure(failures: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -99,39 +96,53 @@ def classify_exit(returncode: int | None, timed_out: bool, timeout_s: float, log
         return {"status": "oom", "reason": reason}
     if detail and "out of memory" in detail.lower():
         return {"status": "oom", "reason": detail}
-    reason = f"worker exited with code {returncode} without a result"
+    reason = (f"killed by {signal.Signals(-returncode).name}" if returncode is not None and returncode < 0
+              and -returncode in signal.valid_signals() else f"worker exited with code {returncode}")
+    reason += " without a result"
     return {"status": "failed", "reason": f"{reason}: {detail}" if detail else reason}
 
 
-def launch(config: BenchConfig, spec: RunSpec, run_dir: Path, timeout_s: float | None = None,
-           extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run ``spec`` in a fresh worker process and return its result, whatever happened (``extra``: a mode's entries
-    of its config file); every result has ``status``, ``reason``, ``returncode``, ``elapsed_s`` and ``log``."""
-    timeout_s = config.timeout_s if timeout_s is None else timeout_s
+def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[bool, float | None]:
+    """Wait for the worker up to ``timeout_s``; ``(timed out, peak memory in use on the host in GiB)``."""
+    deadline = time.monotonic() + timeout_s
+    peak = host_in_use_gib()
+    while True:
+        try:
+            proc.wait(timeout=min(HOST_SAMPLE_S, max(0.0, deadline - time.monotonic())))
+            return False, peak
+        except subprocess.TimeoutExpired:
+            now = host_in_use_gib()
+            peak = None if peak is None or now is None else max(peak, now)
+            if time.monotonic() >= deadline:
+                return True, peak
+
+
+def launch(payload: dict[str, Any], run_dir: Path, timeout_s: float) -> dict[str, Any]:
+    """Run ``payload`` in a fresh worker process and return its result, whatever happened; every result has
+    ``status``, ``reason``, ``returncode``, ``elapsed_s``, ``log`` and the host's memory in use at the worker's peak,
+    less what was in use before it started (``host_in_use_gib``; all processes', pages the driver pinned included)."""
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path, result_path, log_path = run_dir / "config.json", run_dir / "result.json", run_dir / "worker.log"
     result_path.unlink(missing_ok=True)
     ranks.clear_failures(run_dir)
-    payload = compose.payload(config, spec, run_dir, extra)
     config_path.write_text(json.dumps(payload, indent=2), encoding="utf-8")
     command = [sys.executable, "-m", WORKER_MODULE, str(config_path), str(result_path)]
     started = time.perf_counter()
-    timed_out = False
+    before = host_in_use_gib()
     with open(log_path, "w", encoding="utf-8") as log:
         log.write(f"{payload['fit']['command']}\n")  # what it runs, as a user would type it
         log.flush()
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=worker_env(),
                                 start_new_session=True)
         try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _stop_group(proc)
+            timed_out, peak = _wait(proc, timeout_s)
+            if timed_out:
+                _stop_group(proc)
         except BaseException:  # Ctrl-C: take the worker down with the parent
             _stop_group(proc)
             raise
-        _reap_group(proc)
+        _signal_group(proc, signal.SIGKILL)  # ranks left hanging in a collective once rank 0 has exited
     elapsed = time.perf_counter() - started
     result: dict[str, Any] | None = None
     if result_path.is_file() and not timed_out:
@@ -141,6 +152,8 @@ def launch(config: BenchConfig, spec: RunSpec, run_dir: Path, timeout_s: float |
             result = None
     if result is None:
         failed_rank = rank_failure(ranks.read_failures(run_dir))  # a failed rank explains a hang of the others too
-        result = {**spec.to_dict(), **(failed_rank or classify_exit(proc.returncode, timed_out, timeout_s, log_path))}
-    result.update(returncode=proc.returncode, elapsed_s=elapsed, log=str(log_path))
+        result = {**payload["run"], **(failed_rank or classify_exit(proc.returncode, timed_out, timeout_s, log_path))}
+    in_use = None if peak is None or before is None else max(0.0, peak - before)
+    result.update(returncode=proc.returncode, elapsed_s=elapsed, log=str(log_path), host_in_use_gib=in_use,
+                  host_in_use_before_gib=before)
     return result

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_dos.bench import ranks
-from lightning_dos.bench.config import BenchConfig
-from lightning_dos.bench.kinds import RunSpec
+from lightning_dos.bench.settings import Run
 
 #: Longest failure reason kept in a result (the full traceback is in the worker's log).
 MAX_REASON_CHARS = 400
@@ -93,7 +92,7 @@ def iteration_timeline(timer: Any, strategy: Any) -> dict[str, Any] | None:
 
 def fit_and_measure(
     payload: dict[str, Any],
-    spec: RunSpec,
+    spec: Run,
     callbacks: Sequence[Any] = (),
     on_strategy: Callable[[Any], None] | None = None,
     timeline: bool = False,
@@ -109,10 +108,9 @@ def fit_and_measure(
     from lightning_dos.telemetry.environment import device_info
     from lightning_dos.telemetry.peak_memory import GpuPeakMeter, HostMemorySampler, gpu_peaks
 
-    config = BenchConfig.from_dict(payload["bench"])
     started = time.perf_counter()
     with HostMemorySampler() as sampler:
-        timer = PhaseTimer(e2e_iterations=config.e2e_iterations, memory=GpuPeakMeter() if phase_memory else None)
+        timer = PhaseTimer(e2e_iterations=spec.e2e_iterations, memory=GpuPeakMeter() if phase_memory else None)
         cli = build(payload["fit"]["args"], callbacks=[timer, *callbacks])
         trainer = cli.trainer
         if on_strategy is not None:
@@ -124,8 +122,8 @@ def fit_and_measure(
     device = trainer.strategy.root_device
     measured_phases = timer.memory is not None and timer.memory.active
     ran = len(timer.samples["iteration_ms"])
-    if ran < config.steps:
-        raise RuntimeError(f"only {ran} of {config.steps} iterations ran; the data ran out or training stopped early")
+    if ran < spec.steps:
+        raise RuntimeError(f"only {ran} of {spec.steps} iterations ran; the data ran out or training stopped early")
     result = {
         "status": "ok",
         "reason": None,
@@ -157,7 +155,7 @@ def rank_entry(result: dict[str, Any], trainer: Any) -> dict[str, Any]:
             **{key: result.get(key) for key in RANK_KEYS}, "cores": None if cores is None else list(cores)}
 
 
-def run(payload: dict[str, Any], spec: RunSpec, workdir: Path) -> dict[str, Any]:
+def run(payload: dict[str, Any], spec: Run, workdir: Path) -> dict[str, Any]:
     """Train the configuration of ``payload`` and return the raw measurements (every rank's under ``per_rank``,
     gathered to each rank: only rank 0's is written)."""
     trainer, result = fit_and_measure(payload, spec, timeline=True, phase_memory=True)
@@ -172,10 +170,8 @@ def run(payload: dict[str, Any], spec: RunSpec, workdir: Path) -> dict[str, Any]
 
 def is_oom(err: BaseException) -> bool:
     """Whether ``err`` reports device or host memory exhaustion."""
-    if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":
-        return True
-    text = str(err).lower()
-    return any(marker in text for marker in OOM_MARKERS)
+    return (isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError"
+            or any(marker in str(err).lower() for marker in OOM_MARKERS))
 
 
 def one_line(err: BaseException) -> str:
@@ -185,7 +181,7 @@ def one_line(err: BaseException) -> str:
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
 
 
-def failure(spec: RunSpec, err: BaseException) -> dict[str, Any]:
+def failure(spec: Run, err: BaseException) -> dict[str, Any]:
     """The result of a configuration that raised ``err``."""
     return {"status": "oom" if is_oom(err) else "failed", "reason": one_line(err), **spec.to_dict()}
 

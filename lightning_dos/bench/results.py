@@ -1,11 +1,8 @@
-"""Owns turning a strategy comparison's raw measurements into figures and results.json (pure Python).
-
-A configuration's figures pool the measured iterations of its successful repeats: the headline, the median
-end-to-end iteration (``end_k - end_(k-1)`` over the unsynchronised window, :func:`e2e_samples`), then from the
-synchronised iterations only the phase medians and spreads, throughput, host threads and the DOS update records;
-peaks, losses, the timeline, and each against vanilla ``zero3_offload`` at the same device count, as ratios. A row at
-N devices counts every rank's tokens, takes rank 0's times, sums the ranks' host peaks and keeps each rank's own
-figures under ``per_rank``; :func:`scaling` sets each configuration at N devices against itself at the smallest count.
+"""Owns a comparison's figures from raw measurements, and results.json (pure Python): per configuration, pooled over
+its successful repeats, the median end-to-end iteration (:func:`e2e_samples`: the headline), the synchronised phases,
+throughput, peaks, losses, DOS's update records and each against ``zero3_offload`` at the same device count. A row
+at N devices counts every rank's tokens, takes rank 0's times and sums the ranks' host peaks (``per_rank``: each
+rank's own); :func:`scaling` sets each configuration at N devices against itself at the smallest count.
 """
 
 from __future__ import annotations
@@ -17,10 +14,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning_dos.bench.compose import strategy_args
-from lightning_dos.bench.config import HOST_KEYS, PHASE_PEAKS, PHASES, BenchConfig
-from lightning_dos.bench.kinds import BASELINE, RunSpec, base_label, devices_of
-from lightning_dos.bench.stats import finite, median, spread
+from lightning_dos.bench.settings import Run, Windows
+from lightning_dos.bench.stats import HOST_KEYS, PHASE_PEAKS, PHASES, finite, median, spread
+
+#: The control every speedup and loss comparison is measured against.
+BASELINE = "zero3_offload"
+#: The suffix of a row's label at more than one device: ``dos(auto)@dp2``.
+DP_SUFFIX = "@dp"
 
 #: How the headline was measured, for results.json and the report.
 E2E_NOTE = ("no synchronisation at all in these iterations (no phase marks, losses read after training); each "
@@ -40,6 +40,17 @@ HOST_PEAKS = ("peak_host_gib", "peak_host_rss_sampled_gib", "ru_maxrss_gib")
 GPU_PEAKS = ("peak_gpu_gib", "peak_gpu_reserved_gib")
 
 
+def devices_of(result: dict[str, Any]) -> int:
+    """The device count of a result (1 for those from before ``--devices``)."""
+    return int(result.get("devices") or 1)
+
+
+def base_label(label: str) -> str:
+    """A row's label without its ``@dp<N>`` suffix: the configuration it measures at any device count."""
+    head, sep, tail = label.rpartition(DP_SUFFIX)
+    return head if sep and tail.isdigit() else label
+
+
 def _worst(statuses: Sequence[str]) -> str:
     return max(statuses, key=lambda s: STATUSES.index(s) if s in STATUSES else len(STATUSES))
 
@@ -50,7 +61,7 @@ def pick(values: Sequence[Any] | None, indices: Sequence[int]) -> list[Any]:
     return [values[i] for i in indices if i < len(values)]
 
 
-def e2e_samples(iterations: dict[str, Any], config: BenchConfig) -> list[float]:
+def e2e_samples(iterations: dict[str, Any], config: Windows) -> list[float]:
     """The end-to-end ms of each end-to-end iteration ``k``: ``end_k - end_(k-1)`` (the first from the training
     start without warm-up), what a training loop sees; empty without end times."""
     ends = iterations.get("end_s") or []
@@ -142,7 +153,7 @@ def run_peaks(run: dict[str, Any]) -> dict[str, float | None]:
     return peaks
 
 
-def summarize_ranks(ok: Sequence[dict[str, Any]], config: BenchConfig) -> list[dict[str, Any]]:
+def summarize_ranks(ok: Sequence[dict[str, Any]], config: Windows) -> list[dict[str, Any]]:
     """Each rank's own figures, pooled over the successful repeats ``ok``."""
     by_rank: dict[int, list[dict[str, Any]]] = {}
     for run in ok:
@@ -178,9 +189,11 @@ def summarize_ranks(ok: Sequence[dict[str, Any]], config: BenchConfig) -> list[d
     return out
 
 
-def aggregate(spec: RunSpec, runs: Sequence[dict[str, Any]], config: BenchConfig,
+def aggregate(spec: Run, runs: Sequence[dict[str, Any]], tokens: int | None,
               model: dict[str, Any]) -> dict[str, Any]:
-    """The result of one configuration from its repeats' raw results (any status)."""
+    """The result of one configuration from its repeats' raw results (any status); ``tokens`` per iteration and
+    device."""
+    config = spec
     ok = [r for r in runs if r.get("status") == "ok"]
     status = _worst([r.get("status", "failed") for r in runs]) if runs else "failed"
     reasons = [f"repeat {r.get('repeat', 0) + 1}/{len(runs)}: {r.get('reason')}" if len(runs) > 1 else r.get("reason")
@@ -194,10 +207,10 @@ def aggregate(spec: RunSpec, runs: Sequence[dict[str, Any]], config: BenchConfig
         "reason": "; ".join(str(r) for r in reasons) if reasons else None,
         "repeats": len(runs),
         "repeats_ok": len(ok),
-        "strategy_config": f"configs/strategy/{spec.fragment}.yaml",
-        "strategy_args": strategy_args(config, spec),
+        "strategy_config": f"configs/strategy/{spec.fragment}.yaml" if spec.fragment else None,
+        "strategy_args": spec.args,
     }
-    tokens = config.global_tokens_per_iteration(spec.devices)  # every rank's: the figures below are totals
+    tokens = tokens * spec.devices if tokens else None  # every rank's: the figures below are totals
     result["tokens_per_iteration"] = tokens
     # the headline: end to end, unsynchronised
     e2e = spread([v for r in ok for v in e2e_samples(r["iterations"], config)])
@@ -221,6 +234,7 @@ def aggregate(spec: RunSpec, runs: Sequence[dict[str, Any]], config: BenchConfig
     peaks = [run_peaks(r) for r in ok]
     for name in PEAK_FIELDS:
         result[name] = max(finite([p[name] for p in peaks]), default=None)
+    result["host_in_use_gib"] = max(finite(r.get("host_in_use_gib") for r in ok), default=None)
     result["peak_gpu_gib_by_phase"] = summarize_phase_peaks(ok, phase_indices)
     per_rank = summarize_ranks(ok, config)
     result["peak_host_gib_per_rank"] = [r["peak_host_gib"] for r in per_rank]
@@ -250,8 +264,8 @@ def aggregate(spec: RunSpec, runs: Sequence[dict[str, Any]], config: BenchConfig
     return result
 
 
-def skipped(spec: RunSpec, reason: str) -> dict[str, Any]:
-    """The raw result of a configuration the harness chose not to run."""
+def skipped(spec: Run, reason: str) -> dict[str, Any]:
+    """The raw result of a run not made."""
     return {**spec.to_dict(), "status": "skipped", "reason": reason}
 
 
@@ -327,7 +341,7 @@ def scaling(results: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     return {"device_counts": counts, "reference_devices": reference, "baseline": BASELINE, "rows": rows}
 
 
-def iteration_windows(config: BenchConfig) -> dict[str, list[int]]:
+def iteration_windows(config: Windows) -> dict[str, list[int]]:
     """Which iterations (from 1) were warm-up, measured, timed end to end and timed phase by phase."""
     return {"warmup_iterations": list(range(1, config.warmup + 1)),
             "measured_iterations": list(range(config.warmup + 1, config.steps + 1)),
@@ -335,7 +349,7 @@ def iteration_windows(config: BenchConfig) -> dict[str, list[int]]:
             "phase_iterations": [k + 1 for k in config.phase_iterations]}
 
 
-def bench_measurement(config: BenchConfig) -> dict[str, Any]:
+def bench_measurement(config: Windows) -> dict[str, Any]:
     """results.json's ``measurement``: the iteration windows, the statistic and the end-to-end timing."""
     return {**iteration_windows(config), "statistic": "median over the measured iterations of all successful repeats; "
             "spread = min, p25, p75, max", "e2e": E2E_NOTE}

@@ -1,4 +1,5 @@
-"""Owns the summary statistics of measured iterations: median and spread (min, p25, p75, max), pure Python.
+"""Owns the series a worker records per iteration and their summary statistics: median and spread (min, p25, p75,
+max), pure Python.
 
 Medians, not means: one iteration disturbed by the host should not move a headline figure. Percentiles interpolate
 linearly between order statistics (numpy's default; ``statistics.quantiles``' inclusive method).
@@ -11,6 +12,15 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+#: Phases timed in every synchronised iteration, in milliseconds.
+PHASES = ("fwd_ms", "bwd_ms", "step_ms", "iteration_ms")
+#: Per synchronised iteration and phase (fwd, bwd, step): the CPU ms of the threads other than the training thread,
+#: and the training thread's involuntary context switches.
+HOST_KEYS = tuple(f"{phase}_{kind}" for phase in ("fwd", "bwd", "step") for kind in ("other_cpu_ms", "preempted"))
+#: Per synchronised iteration: each phase's peak allocated GPU GiB (the step's from the backward's end to the
+#: iteration's end; GPU only).
+PHASE_PEAKS = tuple(f"{phase}_peak_gpu_gib" for phase in ("fwd", "bwd", "step"))
 
 
 @dataclass(frozen=True)

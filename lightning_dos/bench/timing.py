@@ -1,13 +1,11 @@
 """Owns the per-iteration phase timer: a Lightning callback that splits each iteration into fwd, bwd and step.
 
-Phases run between Lightning hooks (under DeepSpeed the backward hooks wrap ``engine.backward`` and
-``on_before_optimizer_step`` comes right before ``engine.step``): fwd ``on_train_batch_start`` ->
-``on_before_backward``, bwd -> ``on_after_backward``, step ``on_before_optimizer_step`` -> ``on_train_batch_end``. On
-a GPU every boundary synchronises first, so each phase's kernels are charged to it. The **end-to-end** iterations
-are neither split nor synchronised: only ``on_train_batch_end``'s ``time.perf_counter()`` is read, and every loss
-stays a tensor until training is over, so nothing waits for the device. Per synchronised phase it also takes the
-allocator's peak (:class:`~lightning_dos.telemetry.peak_memory.GpuPeakMeter`), the CPU time of the process's other
-threads and the training thread's involuntary switches (Linux), and notes when each DOS update phase began.
+Phases run between Lightning hooks: fwd ``on_train_batch_start`` -> ``on_before_backward``, bwd ->
+``on_after_backward``, step ``on_before_optimizer_step`` -> ``on_train_batch_end``; on a GPU every boundary
+synchronises first, so each phase's kernels are charged to it. The **end-to-end** iterations are neither split nor
+synchronised: only ``time.perf_counter()`` at their end is read, and every loss stays a tensor until training is
+over. Per synchronised phase it also takes the allocator's peak, the other threads' CPU time and the training
+thread's involuntary switches, and notes when each DOS update phase began.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from lightning_dos.bench.config import HOST_KEYS, PHASE_PEAKS, PHASES
+from lightning_dos.bench.stats import HOST_KEYS, PHASE_PEAKS, PHASES
 from lightning_dos.telemetry.peak_memory import GIB, GpuPeakMeter
 
 

@@ -10,21 +10,19 @@ from pathlib import Path
 
 from lightning_dos.bench import main as bench_main
 from lightning_dos.strategies.peers import PEERS_EXTRA
-
-TINY = ["--model", "debug", "--n-layer", "2", "--n-embd", "64", "--vocab-size", "512", "--seq-len", "32",
-        "--micro-batch", "2", "--steps", "4", "--warmup", "1", "--precision", "32-true", "--sub-group-size", "40000",
-        "--lr", "0.01", "--accelerator", "cpu"]  # the rows asserted below are a CPU's, on a GPU host too
+from tests.support.bench import TINY, WINDOWS  # a CPU's rows (trainer.accelerator=cpu), on a GPU host too
 
 
 def test_bench_on_a_cpu_gives_every_peer_a_row(tmp_path: Path) -> None:
     """plain and ZenFlow (overlapped, its optimizer process spawned from the worker) run; torchao_offload and
     SuperOffload get a failed row that says why, the first line of their strategy's error, never a gap."""
     out = tmp_path / "bench"
-    code = bench_main([*TINY, "--strategies", "plain", "torchao_offload", "superoffload", "zenflow", "--out", str(out)])
+    code = bench_main(["--set", *TINY, *WINDOWS, "--only", "plain", "torchao_offload", "superoffload", "zenflow",
+                       "--out", str(out)])
     assert code == 0
     doc = json.loads((out / "results.json").read_text())
     rows = {r["label"]: r for r in doc["results"]}
-    assert list(rows) == ["plain", "torchao_offload", "superoffload", "zenflow"]  # KINDS' order
+    assert list(rows) == ["plain", "torchao_offload", "superoffload", "zenflow"]  # configs/bench/compare.yaml's order
     for label in ("plain", "zenflow"):
         row = rows[label]
         assert row["status"] == "ok", (label, row["reason"])

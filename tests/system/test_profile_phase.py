@@ -73,7 +73,7 @@ def dos_profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     proc = _run(out, "--strategy", "dos", "--plan", "0.5", "--phase", "forward", "backward", "step",
                 "--dos", "leaf_blocks=false")
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["backward", "forward", "step"]
-    assert (out / "config.yaml").is_file() and (out / "recipe.yaml").is_file()  # what the run was built from
+    assert (out / "config.yaml").is_file()  # what the run was built from
     return proc.stdout, out
 
 
@@ -114,7 +114,7 @@ def test_profile_plain_on_cpu(tmp_path: Path) -> None:
     proc = _run(tmp_path / "profile", "--strategy", "plain", "--phase", "backward", "--plan", "host")
     summary = _phase(tmp_path / "profile")
     assert summary["label"] == "plain" and summary["strategy"] == "plain" and summary["plan"] is None
-    assert summary["config"]["plans"] == []
+    assert summary["config"]["args"] == {} and summary["config"]["fragment"] == "plain"
     assert summary["phase"] == "backward"
     assert summary["zero3_in_effect"] is None and summary["zero_optimization"] is None
     assert _printed_ms(proc.stdout, "backward (profiled)") > 0
@@ -133,18 +133,18 @@ def test_plain_refuses_zero3_flags(tmp_path: Path, flags: list[str], message: st
     assert not (tmp_path / "profile").exists()
 
 
-def test_bench_config_plan_for_dos_only() -> None:
-    """``--plan`` reaches the RunSpec and the BenchConfig under dos only."""
+def test_bench_run_plan_for_dos_only() -> None:
+    """``--plan`` reaches the bench's run (its label, its plan, its strategy arguments) under dos only."""
     script = load_script("profile_phase")
     parser = script.build_parser()
-    expected = {"dos": ("dos(0.5)", "0.5", ["0.5"]), "plain": ("plain", None, []),
-                "no_offload": ("no_offload", None, []), "zero3_offload": ("zero3_offload", 1.0, [])}
+    expected = {"dos": ("dos(0.5)", "0.5", 0.5), "plain": ("plain", None, None),
+                "no_offload": ("no_offload", None, None), "zero3_offload": ("zero3_offload", 1.0, None)}
     assert set(expected) == set(script.STRATEGY_KINDS)
-    for strategy, (label, plan, plans) in expected.items():
+    for strategy, (label, plan, argument) in expected.items():
         args = parser.parse_args([*TINY, "--strategy", strategy, "--plan", "0.5", "--out", "unused"])
-        config, spec = script.bench_config(args)
-        assert (spec.label, spec.plan, config.plans) == (label, plan, plans), strategy
-        assert spec.strategy == script.STRATEGY_KINDS[strategy] and config.strategies == [spec.strategy]
+        spec = script.bench_run(args)
+        assert (spec.label, spec.plan, spec.args.get("plan")) == (label, plan, argument), strategy
+        assert spec.strategy == script.STRATEGY_KINDS[strategy] and spec.sets["model.name"] == "debug"
     assert parser.parse_args([*TINY, "--out", "unused"]).phase == ["backward"]
     with pytest.raises(SystemExit, match="--dos: only the dos strategy"):
         script.main([*TINY, "--strategy", "plain", "--dos", "resident_gib=0", "--out", "unused"])

@@ -1,29 +1,25 @@
-"""The bench's rows run what a user runs: each is a recipe, a strategy fragment of ``configs/strategy/`` and the flags
-given, built by the LightningCLI of ``lightning-dos fit``; results.json records the strategy arguments a row sets on
-top of its fragment (``strategy_args``; ``{}`` is exactly the fragment)."""
+"""The bench's rows run what a user runs: each is the recipe, a strategy fragment of ``configs/strategy/`` and the row's
+and the invocation's LightningCLI overrides, built by the LightningCLI of ``lightning-dos fit``; rows are data (the
+tables of ``configs/bench/``); the command line of every study, and its usage errors, before any worker starts."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from lightning_dos.bench.compose import BENCH_RECIPE, build, fit_args, strategy_args
-from lightning_dos.bench.config import BenchConfig
-from lightning_dos.bench.kinds import KINDS, dos_rows, expand
+from lightning_dos.bench import main
+from lightning_dos.bench.arguments import parse_args
+from lightning_dos.bench.compose import build, fit_args
+from lightning_dos.bench.rows import load_rows, make_run, table_path
+from lightning_dos.bench.settings import DEFAULT_RECIPE, ROW_TABLES, parse_set
+from tests.support.bench import TINY, rows_file
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The bench's own trainer settings, which a user's run of the recipe does not have.
 BENCH_ONLY = {"max_steps", "devices", "default_root_dir", "logger", "enable_checkpointing", "enable_progress_bar",
               "enable_model_summary", "limit_val_batches", "num_sanity_val_steps", "val_check_interval", "callbacks"}
-
-
-def _rows(**settings: Any) -> tuple[dict[str, Any], BenchConfig]:
-    config = BenchConfig(strategies=["deep_optimizer_states"], **settings)
-    config.validate()
-    return {spec.label: spec for spec in dos_rows(config)}, config
 
 
 def _config(cli: Any) -> dict[str, Any]:
@@ -34,72 +30,120 @@ def _config(cli: Any) -> dict[str, Any]:
     return data
 
 
-def test_the_default_row_is_what_a_user_gets_from_the_recipe_and_the_fragment(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``dos(auto)`` with no flags sets nothing over ``configs/strategy/dos_auto.yaml``: its model, data and strategy
-    are those of ``lightning-dos fit --config recipe.yaml --config configs/strategy/dos_auto.yaml``."""
-    from lightning_dos.cli import DOSLightningCLI
+def test_the_default_tables_are_the_studies_rows() -> None:
+    compare = load_rows(table_path("compare", None))
+    assert [row.label for row in compare] == [
+        "zero3_offload", "static_split(0.25)", "static_split(0.5)", "static_split(0.75)", "dos(auto)", "no_offload",
+        "plain", "torchao_offload", "superoffload", "zenflow", "fsdp_offload"]  # every peer, one comparison
+    assert {row.label for row in compare if row.single_device} == {"plain", "torchao_offload"}
+    sizes = {row.label: row for row in load_rows(table_path("sizes", None))}
+    assert list(sizes) == ["zero3_offload", "static_split_0.5", "deep_optimizer_states", "torchao_offload",
+                           "fsdp_offload", "plain", "zero3", "offload_opt_states"]
+    assert "engine.compile()" in sizes["offload_opt_states"].cannot_run and not sizes["zero3"].cannot_run
+    for path in sorted(ROW_TABLES.glob("*.yaml")):  # every shipped table loads, every fragment exists
+        assert load_rows(path), path
 
-    monkeypatch.chdir(tmp_path)  # the user's Trainer has a default logger
 
-    rows, config = _rows()
-    (spec,) = rows.values()
-    assert (spec.label, spec.fragment, spec.args, strategy_args(config, spec)) == ("dos(auto)", "dos_auto", {}, {})
-    bench = build(fit_args(config, spec, tmp_path), instantiate_trainer=False)
-    recipe = tmp_path / "recipe.yaml"
-    assert recipe.is_file()
-    monkeypatch.setattr(sys, "argv", ["lightning-dos"])  # as from a shell: the arguments below are all it has
-    user = DOSLightningCLI(args=["--config", str(recipe), "--config", str(ROOT / "configs/strategy/dos_auto.yaml")],
-                           run=False)
+def test_the_default_row_is_what_a_user_gets_from_the_recipe_and_the_fragment(tmp_path: Path) -> None:
+    """``dos(auto)`` sets nothing over ``configs/strategy/dos_auto.yaml``: its model, data and strategy are those of
+    ``lightning-dos fit --config recipes/gpt-2.7b.yaml --config configs/strategy/dos_auto.yaml`` (parsed by the same
+    CLI; no Trainer built, which would want the recipe's GPU)."""
+    (row,) = load_rows(table_path("compare", None), ["dos(auto)"])
+    run = make_run(row, [], steps=10)
+    assert (run.label, run.fragment, run.args, run.sets, run.plan) == ("dos(auto)", "dos_auto", {}, {}, "auto")
+    bench = build(fit_args(DEFAULT_RECIPE, run, tmp_path), instantiate_trainer=False)
+    user = build(["--config", str(ROOT / DEFAULT_RECIPE), "--config", str(ROOT / "configs/strategy/dos_auto.yaml")],
+                 instantiate_trainer=False)
     assert _config(bench) == _config(user)
-    strategy = bench.config_init["trainer"]["strategy"]
-    assert strategy.resident_gib == "auto" and strategy.leaf_blocks == "auto" and strategy.overlap == "auto"
-    assert strategy.plan_spec.kind == "auto" and bench.config["model"]["init_args"]["name"] == "gpt-2.7b"
-    assert bench.config["data"]["class_path"] == BENCH_RECIPE["data"]["class_path"]
+    assert bench.config["model"]["init_args"]["name"] == "gpt-2.7b" and bench.config["trainer"]["max_steps"] == 10
 
 
-def test_each_option_appears_in_the_label_and_in_the_arguments(tmp_path: Path) -> None:
-    rows, config = _rows(overlap=[True], leaf_blocks=[False], resident_gib=["auto", 3.5], plans=["0.25"],
-                         memory_budget_gib=20.0, pin_memory=False, sub_group_size=40_000)
-    assert set(rows) == {"dos(auto,overlap,layer-hooks)", "dos(auto,overlap,layer-hooks,resident=3.5GiB)",
-                         "dos(0.25,overlap,layer-hooks)", "dos(0.25,overlap,layer-hooks,resident=3.5GiB)"}
-    spec = rows["dos(0.25,overlap,layer-hooks,resident=3.5GiB)"]
-    assert strategy_args(config, spec) == {"sub_group_size": 40_000, "pin_memory": False, "memory_budget_gib": 20.0,
-                                           "plan": 0.25, "overlap": True, "leaf_blocks": False, "resident_gib": 3.5}
-    strategy = build(fit_args(config, spec, tmp_path), instantiate_trainer=False).config_init["trainer"]["strategy"]
-    assert (strategy.resident_gib, strategy.leaf_blocks, strategy.overlap) == (3.5, False, True)
-    assert strategy.plan_spec.fraction == 0.25 and strategy.memory_budget_gib == 20.0
+def test_overrides_reach_the_rows_that_take_them(tmp_path: Path) -> None:
+    """``--set`` goes to every row, a strategy argument only to the fragments that list it (plain has no subgroups);
+    the row's own set goes over both; results record what a row sets over its fragment, and its plan."""
+    rows = {row.label: row for row in load_rows(rows_file(tmp_path / "rows.yaml", {
+        "plain": {"fragment": "plain"},
+        "split(0.3)": {"fragment": "zero3_offload", "strategy": "static_split",
+                       "set": {"trainer.strategy.init_args.ratio": 0.3}},
+        "dos(0.25,overlap)": {"fragment": "dos_auto", "strategy": "deep_optimizer_states",
+                              "set": {"trainer.strategy.init_args.plan": 0.25,
+                                      "trainer.strategy.init_args.overlap": True, "model.n_layer": 3}}}))}
+    overrides = [parse_set(text) for text in [*TINY, "trainer.strategy.init_args.pin_memory=false"]]
+    runs = {label: make_run(row, overrides, steps=3) for label, row in rows.items()}
+    assert runs["plain"].args == {} and runs["plain"].plan is None and runs["plain"].sets["model.n_layer"] == 2
+    assert (runs["split(0.3)"].args, runs["split(0.3)"].plan) == (
+        {"sub_group_size": 40000, "pin_memory": False, "ratio": 0.3}, 0.3)
+    dos = runs["dos(0.25,overlap)"]
+    assert dos.args == {"sub_group_size": 40000, "pin_memory": False, "plan": 0.25, "overlap": True}
+    assert (dos.plan, dos.sets["model.n_layer"]) == (0.25, 3)
+    cli = build(fit_args(DEFAULT_RECIPE, dos, tmp_path), instantiate_trainer=False)
+    strategy = cli.config_init["trainer"]["strategy"]
+    assert strategy.plan_spec.fraction == 0.25 and strategy.overlap is True and cli.model.config.n_layer == 3
+    assert build(fit_args(DEFAULT_RECIPE, runs["split(0.3)"], tmp_path),
+                 instantiate_trainer=False).config_init["trainer"]["strategy"].ratio == 0.3
 
 
-def test_rows_of_other_kinds_run_their_fragments(tmp_path: Path) -> None:
-    """Every kind has its fragment; a setting reaches only the fragments that list it (ZenFlow's ZeRO-2 has no
-    subgroups, plain nothing to pin); a static split of another ratio is vanilla's fragment with the ratio set."""
-    config = BenchConfig(strategies=list(KINDS), ratios=[0.5, 0.3], sub_group_size=40_000, pin_memory=False)
-    specs = {spec.label: spec for spec in expand(config)}
-    assert {label: (spec.fragment, strategy_args(config, spec)) for label, spec in specs.items()} == {
-        "zero3_offload": ("zero3_offload", {"sub_group_size": 40_000, "pin_memory": False}),
-        "static_split(0.5)": ("static_split_0.5", {"sub_group_size": 40_000, "pin_memory": False}),
-        "static_split(0.3)": ("zero3_offload", {"sub_group_size": 40_000, "pin_memory": False, "ratio": 0.3}),
-        "dos(auto)": ("dos_auto", {"sub_group_size": 40_000, "pin_memory": False}),
-        "no_offload": ("no_offload", {"sub_group_size": 40_000}),
-        "plain": ("plain", {}), "torchao_offload": ("torchao_offload", {}),
-        "superoffload": ("superoffload", {"sub_group_size": 40_000, "pin_memory": False}),
-        "zenflow": ("zenflow", {"pin_memory": False}), "fsdp_offload": ("fsdp_offload", {}),
-    }
-    assert {(ROOT / "configs" / "strategy" / f"{kind.fragment}.yaml").is_file() for kind in KINDS.values()} == {True}
-    split = build(fit_args(config, specs["static_split(0.3)"], tmp_path), instantiate_trainer=False)
-    assert split.config_init["trainer"]["strategy"].ratio == 0.3
+def test_a_row_table_reports_every_problem_at_once(tmp_path: Path) -> None:
+    path = rows_file(tmp_path / "rows.yaml", {"a": {"fragment": "no_such"}, "b": {"fragment": "plain", "sett": {}},
+                                              "c": {"cannot_run": "why"}})
+    with pytest.raises(ValueError) as err:
+        load_rows(path, ["a", "d"])
+    for part in ("a: fragment 'no_such' is not in", "b: unknown keys ['sett']", "--only ['d']: not in"):
+        assert part in str(err.value), part
+    assert parse_set("model.n_layer=40") == ("model.n_layer", 40)
+    assert parse_set("trainer.strategy.init_args.plan=host") == ("trainer.strategy.init_args.plan", "host")
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_set("model.n_layer")
 
 
-def test_workload_flags_override_a_recipe(tmp_path: Path) -> None:
-    """With ``--recipe`` the workload flags go over it; ``--synthetic`` swaps its data module, whose vocabulary the
-    model follows."""
-    config = BenchConfig(recipe=str(ROOT / "recipes" / "debug.yaml"), n_layer=3, data="synthetic", vocab_size=96,
-                         seq_len=16, micro_batch=2, seed=7)
-    spec = expand(BenchConfig(strategies=["zero3_offload"]))[0]
-    cli = build(fit_args(config, spec, tmp_path), instantiate_trainer=False)
-    assert (cli.model.config.name, cli.model.config.n_layer, cli.model.config.vocab_size) == ("debug", 3, 96)
-    assert type(cli.datamodule).__name__ == "SyntheticDataModule" and cli.datamodule.batch_size == 2
-    assert cli.config["seed_everything"] == 7 and cli.config["trainer"]["precision"] == "32-true"  # the recipe's
-    assert cli.config["trainer"]["max_steps"] == config.steps  # the bench's, not the recipe's 4
-    assert not (tmp_path / "recipe.yaml").exists()  # the recipe given is used where it is
+def test_every_study_parses_with_its_own_options(tmp_path: Path) -> None:
+    settings, study, resume, dry_run = parse_args([])  # no verb: the comparison, as before the verbs
+    assert (settings.study, settings.recipe, settings.steps, settings.devices, study) == (
+        "compare", DEFAULT_RECIPE, 10, [1], None)
+    settings, sweep, _, _ = parse_args(["sweep", "--plans", "host", "0.5", "--steps", "6", "--devices", "2"])
+    assert (sweep.plans, sweep.auto_steps, sweep.process_steps, settings.devices) == (["host", "0.5"], 6, 12, [2])
+    settings, rok, _, _ = parse_args(["rok", "--placements", "keep", "offload-nvme", "--nvme-path", str(tmp_path)])
+    assert (rok.placements, rok.row, rok.nvme_path, settings.options["row"]) == (
+        ["keep", "offload-nvme"], "dos(auto)", str(tmp_path), "dos(auto)")
+    settings, sizes, resume, _ = parse_args(["sizes", "--from", "40x4096", "--out", str(tmp_path), "--resume"])
+    assert [s.shape for s in sizes.ladder()][:3] == ["40x4096", "48x4096", "40x5120"] and resume
+    listed = parse_args(["sizes", "--sizes", "2x64,2x128", "--head-dim", "32"])[1]
+    assert [s.shape for s in listed.ladder()] == ["2x64", "2x128"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--steps", "3", "--warmup", "3"], "--warmup 3 leaves no measured iteration"),
+    (["--steps", "4", "--warmup", "1", "--e2e-steps", "3"], "set --steps to 5 or more"),
+    (["--resume"], "--resume: set --out"),
+    (["--devices", "0", "--only", "zero2"], "--devices [0]"),
+    (["--only", "zero2"], "--only ['zero2']: not in"),
+    (["--set", "model.n_layer"], "KEY=VALUE"),
+    (["--recipe", "no/such.yaml"], "--recipe no/such.yaml: no such file"),
+    (["--model", "gpt-1b"], "unrecognized arguments: --model"),
+    (["sweep", "--plans", "sideways", "auto", "--steps-per-plan", "1"], "--plans: "),
+    (["sweep", "--budgets", "half"], "--budgets: 'half' is not a budget"),
+    (["rok", "--placements", "keep", "keep", "sideways"], "--placements: 'sideways' is not one of"),
+    (["rok", "--placements", "offload-nvme"], "--nvme-path: offload-nvme writes the activations"),
+    (["rok", "--row", "zero2"], "--only ['zero2']"),
+    (["sizes", "--sizes", "2x64,64", "--from", "2x64"], "--sizes and --from: give one"),
+    (["sizes", "--sizes", "2x100"], "n_embd 100 is not a multiple of --head-dim 128"),
+])
+def test_bad_arguments_are_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and message in err, err
+
+
+def test_a_key_the_cli_does_not_know_stops_before_any_run(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--set", "model.n_layers=3", "--dry-run"]) == 2
+
+
+def test_a_dry_run_prints_each_runs_command(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["sizes", "--set", *TINY, "--sizes", "2x64,2x128", "--head-dim", "32", "--only", "plain",
+                 "offload_opt_states", "--dry-run", "--out", str(tmp_path / "dry")]) == 0
+    printed = capsys.readouterr().out
+    assert '"model": "gpt-2.7b"' in printed and '"study": "sizes"' in printed
+    assert ("2x64/plain: lightning-dos fit --config recipes/gpt-2.7b.yaml --config configs/strategy/plain.yaml "
+            "--trainer.accelerator cpu") in printed
+    assert "--model.n_layer 2 --model.n_embd 128 --model.n_head 4" in printed  # the second size, not stopped
+    assert "offload_opt_states:" not in printed and not (tmp_path / "dry").exists()

@@ -1,5 +1,6 @@
-"""Owns rok.png: iteration time against peak activation memory, one point per placement, and with a budget, beside it
-every search probe's peak against its micro-batch, the budget line, each placement's largest fitting micro-batch.
+"""Owns rok.png and the ROK curve's byte formats: iteration time against peak activation memory, one point per
+placement, and with a budget, beside it every search probe's peak against its micro-batch, the budget line, each
+placement's largest fitting micro-batch.
 """
 
 from __future__ import annotations
@@ -8,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from lightning_dos.bench.chart import plt, save, workload_title
-from lightning_dos.bench.rok.report import byte_unit, format_bytes
+from lightning_dos.bench.report import MISSING
 
-__all__ = ["COLOURS", "render"]
+UNITS = (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
 
 #: One colour per placement, the same in both panels.
 COLOURS = {"keep": "#4c72b0", "recompute": "#dd8452", "offload-host": "#55a868", "offload-nvme": "#c44e52"}
@@ -21,6 +22,21 @@ STYLES = {"keep": ("o", "-", (8, 6)), "recompute": ("s", "-", (8, 6)), "offload-
 DEFAULT_STYLE = ("o", "-", (8, 6))
 #: Tick labels on the micro-batch axis closer than this (in log2 units) to the previous one are left out.
 MIN_TICK_GAP = 0.3
+
+
+def byte_unit(value: float) -> tuple[str, float]:
+    """The unit that shows ``value`` bytes best (GiB, MiB, KiB or B) and its size."""
+    return next(((unit, float(size)) for unit, size in UNITS if abs(value) >= size), ("B", 1.0))
+
+
+def format_bytes(value: float | None) -> str:
+    """``1.50 GiB``, ``12.0 MiB``, ``512 B``; ``–`` for None."""
+    if value is None:
+        return MISSING
+    unit, size = byte_unit(value)
+    if size == 1.0:
+        return f"{value:.0f} B"
+    return f"{value / size:.3g} {unit}" if abs(value) / size < 100 else f"{value / size:,.0f} {unit}"
 
 
 def _align(offset: tuple[int, int]) -> str:

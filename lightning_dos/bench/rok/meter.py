@@ -15,9 +15,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from lightning_dos.bench.config import BenchConfig
-from lightning_dos.bench.kinds import RunSpec
 from lightning_dos.bench.measure import dos_records, fit_and_measure
+from lightning_dos.bench.settings import Run
 from lightning_dos.telemetry.peak_memory import GpuPeakMeter
 
 __all__ = ["ActivationMemoryMeter", "execute_placement"]
@@ -74,13 +73,12 @@ class ActivationMemoryMeter(pl.Callback):
                 "counters": list(self.counters)}
 
 
-def execute_placement(payload: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
+def execute_placement(payload: dict[str, Any], spec: Run) -> dict[str, Any]:
     """Train the placement of ``payload`` and return the bench's measurements plus the activation memory and the
     ``act/*`` counters of every iteration (and, under DOS, the manager's update records)."""
     from lightning_dos.activations import ActivationOffloadCallback
 
-    config = BenchConfig.from_dict(payload["bench"])
-    settings = payload["activations"]
+    settings = spec.extra["activations"]
     offload = None
     if settings["hooks"]:
         offload = ActivationOffloadCallback(settings["offload"], nvme_path=settings.get("nvme_path"),
@@ -92,5 +90,5 @@ def execute_placement(payload: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
         for key, peak in meter.peaks.process_peaks().items():
             result[key] = max(peak, result.get(key) or 0.0)
     result["dos"] = dos_records(trainer.strategy)  # the plan of every update phase (None for zero3_offload)
-    result["activations"] = {**settings, "micro_batch": config.micro_batch, **meter.raw()}
+    result["activations"] = {**settings, **meter.raw()}
     return result

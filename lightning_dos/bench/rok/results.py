@@ -7,17 +7,30 @@ its ``act/*`` counters per-iteration medians; against ``keep`` its overhead, mem
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from lightning_dos.bench.config import PHASES, BenchConfig
 from lightning_dos.bench.results import e2e_samples, iteration_windows, pick
-from lightning_dos.bench.rok.config import placement
 from lightning_dos.bench.rok.search import Probe
-from lightning_dos.bench.stats import finite, median, spread
-
-__all__ = ["MEASURES", "activation_peak", "placement_summary", "probe_of", "rok_measurement"]
+from lightning_dos.bench.settings import Windows
+from lightning_dos.bench.stats import PHASES, finite, median, spread
 
 GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One point of the ROK curve."""
+
+    name: str  # what --placements takes
+    checkpointing: bool  # activation checkpointing: each block's internals recomputed in backward
+    offload: str | None  # where the offload moves saved tensors ("host", "nvme"); None: nothing moves
+
+
+#: Every placement, in the order they run and are reported (the reference, ``keep``, first).
+PLACEMENTS: dict[str, Placement] = {p.name: p for p in (
+    Placement("keep", False, None), Placement("recompute", True, None), Placement("offload-host", False, "host"),
+    Placement("offload-nvme", False, "nvme"))}
 #: The memory measures: what each one is, for rok.json and the report.
 MEASURES = {
     "device": "torch.cuda.max_memory_allocated over each measured iteration's forward and backward, less the memory "
@@ -35,7 +48,7 @@ COUNTERS = ("saved_tensors", "offloaded_tensors", "offloaded_bytes", "restored_t
             "host_pool_bytes", "host_peak_bytes", "nvme_peak_bytes", "device_peak_bytes")
 
 
-def activation_peak(result: dict[str, Any], config: BenchConfig) -> tuple[int | None, str | None, list[int | None]]:
+def activation_peak(result: dict[str, Any], config: Windows) -> tuple[int | None, str | None, list[int | None]]:
     """``(peak bytes, measure, per measured iteration)`` of a worker's result: the GPU allocator's figures where the
     run has them, else the offload's accounting; ``(None, None, [])`` without either."""
     raw = result.get("activations") or {}
@@ -48,7 +61,7 @@ def activation_peak(result: dict[str, Any], config: BenchConfig) -> tuple[int | 
     return None, None, []
 
 
-def headline(result: dict[str, Any], config: BenchConfig) -> tuple[float | None, str]:
+def headline(result: dict[str, Any], config: Windows) -> tuple[float | None, str]:
     """``(ms, how)``: the median end-to-end iteration, or the synchronised one when none was timed end to end."""
     iterations = result.get("iterations") or {}
     e2e = median(e2e_samples(iterations, config))
@@ -57,7 +70,7 @@ def headline(result: dict[str, Any], config: BenchConfig) -> tuple[float | None,
     return median(pick(iterations.get("iteration_ms"), config.phase_iterations)), "synchronised"
 
 
-def counters(result: dict[str, Any], config: BenchConfig) -> dict[str, float | None] | None:
+def counters(result: dict[str, Any], config: Windows) -> dict[str, float | None] | None:
     """Per-iteration medians of the ``act/*`` counters over the measured iterations, plus ``late_restores_total``;
     None for a run without the offload's hooks."""
     per = [c for c in pick((result.get("activations") or {}).get("counters"), range(config.warmup, config.steps)) if c]
@@ -69,15 +82,16 @@ def counters(result: dict[str, Any], config: BenchConfig) -> dict[str, float | N
     return out
 
 
-def placement_summary(name: str, result: dict[str, Any], config: BenchConfig) -> dict[str, Any]:
-    """One placement's figures from its worker's raw result (any status); ``config`` is the run's bench settings."""
-    p = placement(name)
+def placement_summary(name: str, result: dict[str, Any], config: Windows, micro_batch: int,
+                      tokens: int) -> dict[str, Any]:
+    """One placement's figures from its worker's raw result (any status): ``config`` is its run, ``tokens`` per
+    iteration."""
+    p = PLACEMENTS[name]
     raw = result.get("activations") or {}
     iterations = result.get("iterations") or {}
     ok = result.get("status") == "ok"
     ms, how = headline(result, config) if ok else (None, "end to end" if config.e2e_count else "synchronised")
     peak, measure, per_iteration = activation_peak(result, config) if ok else (None, None, [])
-    tokens = config.tokens_per_iteration
     phases = {phase: spread(pick(iterations.get(phase), config.phase_iterations)) for phase in PHASES}
     losses = iterations.get("loss") or []
     return {
@@ -87,7 +101,7 @@ def placement_summary(name: str, result: dict[str, Any], config: BenchConfig) ->
         "hooks": raw.get("hooks"),
         "status": result.get("status", "failed"),
         "reason": result.get("reason"),
-        "micro_batch": config.micro_batch,
+        "micro_batch": micro_batch,
         "tokens_per_iteration": tokens,
         "headline_ms": ms,
         "headline": how,
@@ -132,11 +146,12 @@ def compare_to_keep(placements: list[dict[str, Any]]) -> None:
             "iterations_compared": len(pairs)}
 
 
-def probe_of(result: dict[str, Any], config: BenchConfig, budget_bytes: float, source: str = "probe") -> Probe:
+def probe_of(result: dict[str, Any], config: Windows, micro_batch: int, tokens: int, budget_bytes: float,
+             source: str = "probe") -> Probe:
     """The search probe a worker's result (or a placement's own run) stands for: it fits when it completed with its
     peak activation memory within ``budget_bytes``; not when it ran out of memory; unknown otherwise."""
     status = result.get("status", "failed")
-    common = {"micro_batch": config.micro_batch, "status": status, "reason": result.get("reason"), "source": source,
+    common = {"micro_batch": micro_batch, "status": status, "reason": result.get("reason"), "source": source,
               "elapsed_s": result.get("elapsed_s"), "log": result.get("log")}
     if status == "oom":
         return Probe(fits=False, **common)
@@ -144,14 +159,14 @@ def probe_of(result: dict[str, Any], config: BenchConfig, budget_bytes: float, s
         return Probe(fits=None, **common)
     peak, _, _ = activation_peak(result, config)
     ms, _ = headline(result, config)
-    tokens_per_s = config.tokens_per_iteration / (ms / 1e3) if ms else None
+    tokens_per_s = tokens / (ms / 1e3) if ms else None
     if peak is None:
         return Probe(fits=None, tokens_per_s=tokens_per_s,
                      **{**common, "reason": "no activation memory measured (no GPU statistics, no offload hooks)"})
     return Probe(fits=peak <= budget_bytes, peak_bytes=peak, tokens_per_s=tokens_per_s, **common)
 
 
-def rok_measurement(config: BenchConfig, placements: list[dict[str, Any]]) -> dict[str, Any]:
+def rok_measurement(config: Windows, placements: list[dict[str, Any]]) -> dict[str, Any]:
     """rok.json's ``measurement``: the iteration windows, the headline and the memory measures the placements used."""
     return {**iteration_windows(config), "headline": "the median end-to-end iteration (unsynchronised, as the bench's "
             "headline); the synchronised median where no iteration was timed end to end",

@@ -1,28 +1,25 @@
-"""Owns the plan sweep's settings (``--sweep``): the fixed plans, iterations per plan, the memory budgets
-(:class:`Budget`) and the order a budget's process runs them in (:func:`sweep_schedule`), with no torch import.
+"""Owns the plan sweep's settings: the fixed plans, iterations per plan, the memory budgets (:class:`Budget`), the
+order a budget's process runs them in (:func:`sweep_schedule`) and that process as a run, with no torch import.
 
 A budget's process runs every fixed plan for ``steps_per_plan`` iterations and ``auto`` (started cold, with its own
-calibration) for ``bench.steps``, interleaved: the host's speed drifts by over 10% in tens of seconds, and plans held in
+calibration) for ``auto_steps``, interleaved: the host's speed drifts by over 10% in tens of seconds, and plans held in
 turn each met another spell of it. A budget is ``unlimited``, ``quarter`` (0.25 x 12 bytes x the parameters: a quarter
 of the optimizer state; of a rank's share of it on several devices) or a number of GiB.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightning_dos.bench import checks
-from lightning_dos.bench.config import BenchConfig
-from lightning_dos.bench.kinds import RunSpec, plan_argument
+from lightning_dos.bench.rows import Row, make_run
+from lightning_dos.bench.settings import STRATEGY_ARG, Run, is_count
 
 GIB = 1024**3
 #: Fixed plans swept by default: fractions 0.0-1.0 by 0.1, then stride:2..6.
 DEFAULT_SWEEP_PLANS = tuple(f"{k / 10:.1f}" for k in range(11)) + tuple(f"stride:{k}" for k in range(2, 7))
-#: Budgets swept by default.
 DEFAULT_BUDGETS = ("unlimited", "quarter")
 #: Share of the optimizer state (fp32 master, m and v: 12 bytes per parameter) the ``quarter`` budget holds.
 QUARTER_SHARE = 0.25
@@ -36,6 +33,17 @@ PROGRESS_FILE = "progress.json"
 #: Leading iterations of an ``auto`` run always left out: its two probe steps (the host lane alone, then half the
 #: subgroups on each lane) and the first step of the chosen plan.
 AUTO_MIN_EXCLUDED = 3
+
+
+def plan_argument(plan: str) -> str | float | list[str]:
+    """The DOS ``plan`` argument for a plan as given: ``"0.5"`` -> 0.5, ``"host,device"`` -> a list of lanes."""
+    text = plan.strip()
+    if "," in text:
+        return [part.strip() for part in text.split(",")]
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def sweep_schedule(plans: Sequence[str], rounds: int, auto_steps: int = 0) -> list[str]:
@@ -56,25 +64,17 @@ def sweep_schedule(plans: Sequence[str], rounds: int, auto_steps: int = 0) -> li
 class Budget:
     """One memory budget of the sweep, resolved for the model."""
 
-    name: str  # As given: ``unlimited``, ``quarter`` or a number of GiB.
-    gib: float | None  # The DOS ``memory_budget_gib`` it stands for; None for no limit beyond the free device memory.
+    name: str  # as given: ``unlimited``, ``quarter`` or a number of GiB
+    gib: float | None  # the DOS ``memory_budget_gib`` it stands for; None: no limit beyond the free device memory
 
     @property
     def label(self) -> str:
         """E.g. ``unlimited``, ``quarter (7.81 GiB)``, ``12 GiB``."""
         if self.gib is None:
             return self.name
-        if self.name == "quarter":
-            return f"quarter ({self.gib:.2f} GiB)"
-        return f"{self.gib:g} GiB"
-
-    @property
-    def slug(self) -> str:
-        """A file-name-safe form of the name."""
-        return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in self.name)
+        return f"quarter ({self.gib:.2f} GiB)" if self.name == "quarter" else f"{self.gib:g} GiB"
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable copy, with the label."""
         return {"name": self.name, "gib": self.gib, "label": self.label}
 
 
@@ -86,9 +86,9 @@ def check_budget(text: str) -> str:
     try:
         gib = float(value)
     except ValueError:
-        raise ValueError(f"budgets: {text!r} is not a budget; use 'unlimited', 'quarter' or a number of GiB") from None
+        raise ValueError(f"--budgets: {text!r} is not a budget; use unlimited, quarter or a number of GiB") from None
     if not math.isfinite(gib) or gib < 0:
-        raise ValueError(f"budgets: {text!r} must be a number of GiB >= 0")
+        raise ValueError(f"--budgets: {text!r} must be a number of GiB >= 0")
     return f"{gib:g}"
 
 
@@ -100,96 +100,71 @@ def resolve_budget(text: str, params: int | None, ranks: int = 1) -> Budget:
         return Budget(name, None)
     if name == "quarter":
         if not params:
-            raise ValueError("budgets: quarter needs the model's parameter count, which only the GPT's is known to "
+            raise ValueError("--budgets quarter needs the model's parameter count, which only the GPT's is known to "
                              "the bench; give the budget in GiB")
         return Budget(name, QUARTER_SHARE * STATE_BYTES_PER_PARAM * params / ranks / GIB)
     return Budget(name, float(name))
 
 
 @dataclass
-class SweepConfig:
-    """What a plan sweep runs: per budget, the fixed plans in rounds and ``bench.steps`` iterations of ``auto``."""
+class SweepSettings:
+    """What a plan sweep runs: per budget, the fixed plans in rounds and ``auto_steps`` iterations of ``auto``."""
 
-    bench: BenchConfig  # the workload, auto's steps and warm-up, the output directory
     plans: list[str] = field(default_factory=lambda: list(DEFAULT_SWEEP_PLANS))  # fixed plans, in the order run
     steps_per_plan: int = 3  # rounds: iterations of each fixed plan, the first left out
-    budgets: list[str] = field(default_factory=lambda: list(DEFAULT_BUDGETS))  # unlimited, quarter, GiB; a process each
-
-    @property
-    def fixed_steps(self) -> int:
-        """Iterations of the fixed plans in one budget's process."""
-        return len(self.plans) * self.steps_per_plan
-
-    @property
-    def auto_steps(self) -> int:
-        """Iterations of ``auto``, interleaved with the fixed plans' rounds after the first."""
-        return self.bench.steps
+    budgets: list[str] = field(default_factory=lambda: list(DEFAULT_BUDGETS))  # one process each
+    auto_steps: int = 10  # iterations of auto (--steps)
+    warmup: int = 3  # auto's leading iterations left out (--warmup), at least AUTO_MIN_EXCLUDED
 
     @property
     def process_steps(self) -> int:
         """Iterations of one budget's process: the fixed plans' and ``auto``'s."""
-        return self.fixed_steps + self.auto_steps
+        return len(self.plans) * self.steps_per_plan + self.auto_steps
 
     @property
     def auto_excluded(self) -> int:
-        """Leading iterations of ``auto`` left out: its warm-up, at least the probe steps and one more."""
-        return max(self.bench.warmup, AUTO_MIN_EXCLUDED)
+        return max(self.warmup, AUTO_MIN_EXCLUDED)
 
     def to_dict(self) -> dict[str, Any]:
-        """The sweep's own settings (the bench settings are recorded separately)."""
         return {"plans": list(self.plans), "steps_per_plan": self.steps_per_plan, "plan_warmup": PLAN_WARMUP,
                 "budgets": list(self.budgets), "auto_steps": self.auto_steps, "auto_excluded": self.auto_excluded}
 
-    def process_config(self, budget: Budget) -> BenchConfig:
-        """The bench settings of the process of ``budget`` (every fixed plan and ``auto``, interleaved)."""
-        # e2e_steps=0: every iteration synchronised; the sweep's figures are update phases, indexed by iteration
-        return dataclasses.replace(self.bench, memory_budget_gib=budget.gib, steps=self.process_steps,
-                                   warmup=PLAN_WARMUP, e2e_steps=0, strategies=["deep_optimizer_states"],
-                                   plans=[*self.plans, "auto"])
-
-    @property
-    def devices(self) -> int:
-        """The ranks of every budget's process (``--devices N``): each rank sweeps its own partition's plans."""
-        return int(self.bench.devices[0])
-
-    def spec(self, budget: Budget) -> RunSpec:
+    def run(self, budget: Budget, overrides: list[tuple[str, Any]], devices: int) -> Run:
         """The process of ``budget``: DOS from the first plan (the sweep switches from there), serial (overlapped, an
         update phase would be recorded one iteration late, under the next plan), with no subgroup resident (a plan
-        places every subgroup; residents would leave the plans nothing to differ in where the state fits), on
-        :attr:`devices` ranks."""
-        return RunSpec(f"sweep[{budget.name}]", "deep_optimizer_states", self.plans[0], devices=self.devices,
-                       args={"plan": plan_argument(self.plans[0]), "overlap": False, "resident_gib": 0})
+        places every subgroup), every iteration synchronised (its figures are update phases, by iteration)."""
+        args = {"plan": plan_argument(self.plans[0]), "overlap": False, "resident_gib": 0,
+                "memory_budget_gib": budget.gib}
+        row = Row(f"sweep[{budget.name}]", "dos_auto", "deep_optimizer_states",
+                  {STRATEGY_ARG + key: value for key, value in args.items()})
+        run = make_run(row, overrides, devices=devices, steps=self.process_steps, warmup=PLAN_WARMUP, e2e_steps=0)
+        run.plan = self.plans[0]
+        run.extra = {"sweep": {"plans": list(self.plans), "steps_per_plan": self.steps_per_plan,
+                               "auto_steps": self.auto_steps}}
+        return run
 
-    def validate(self) -> None:
-        """Raise ``ValueError`` listing every setting the sweep cannot run (the bench settings' own included)."""
+    def problems(self) -> list[str]:
+        """Every setting the sweep cannot run."""
         from lightning_dos.planning.plan import parse_plan
 
-        problems = checks.problems_of(self.bench.validate)
-        if len(self.bench.devices) != 1:
-            problems.append(f"devices: {self.bench.devices!r}; the plan sweep runs at one device count: give "
-                            "--devices N once")
-        if not self.plans:
-            problems.append("sweep plans: give at least one fixed plan")
+        problems = [] if self.plans else ["--plans: give at least one fixed plan"]
         for plan in self.plans:
             try:
-                spec = parse_plan(plan_argument(str(plan)))
+                if parse_plan(plan_argument(str(plan))).kind == "auto":
+                    problems.append("--plans: auto is not a fixed plan; the sweep runs it between them (--steps)")
+            except ValueError as err:
+                problems.append(f"--plans: {err}")
+        if len({str(p).strip().lower() for p in self.plans}) < len(self.plans):
+            problems.append("--plans: a plan given more than once")
+        if not is_count(self.steps_per_plan, PLAN_WARMUP + 1):
+            problems.append(f"--steps-per-plan {self.steps_per_plan!r} must be >= {PLAN_WARMUP + 1} (the first of "
+                            "each plan is warm-up)")
+        for budget in self.budgets or ["(none)"]:
+            try:
+                check_budget(budget)
             except ValueError as err:
                 problems.append(str(err))
-                continue
-            if spec.kind == "auto":
-                problems.append("sweep plans: 'auto' is not a fixed plan; the sweep runs it between the fixed plans "
-                                "(--steps iterations)")
-        repeated = checks.repeated([str(p).strip().lower() for p in self.plans])
-        if repeated:
-            problems.append(f"sweep plans: {repeated} given more than once")
-        if not checks.is_count(self.steps_per_plan, PLAN_WARMUP + 1):
-            problems.append(f"steps per plan: {self.steps_per_plan!r} must be an integer >= {PLAN_WARMUP + 1} "
-                            f"(the first {PLAN_WARMUP} of each plan is warm-up)")
-        if not self.budgets:
-            problems.append("budgets: give at least one budget")
-        for budget in self.budgets:
-            problems += checks.problems_of(lambda budget=budget: check_budget(budget))
-        if isinstance(self.bench.steps, int) and self.bench.steps <= self.auto_excluded:
-            problems.append(f"steps: auto's first {self.auto_excluded} iterations are left out (the "
-                            f"probe, the first step of its plan, warm-up); set steps > {self.auto_excluded}")
-        checks.raise_problems("sweep: ", problems)
+        if self.auto_steps <= self.auto_excluded:
+            problems.append(f"--steps: auto's first {self.auto_excluded} iterations are left out (its probe, the "
+                            f"first step of its plan, warm-up); set --steps above {self.auto_excluded}")
+        return problems

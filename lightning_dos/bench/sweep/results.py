@@ -11,10 +11,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_dos.bench.kinds import plan_argument
 from lightning_dos.bench.results import pick, ratio
 from lightning_dos.bench.stats import median, spread
-from lightning_dos.bench.sweep.config import AUTO, AUTO_MIN_EXCLUDED, PLAN_WARMUP, Budget, SweepConfig, sweep_schedule
+from lightning_dos.bench.sweep.config import (
+    AUTO,
+    AUTO_MIN_EXCLUDED,
+    PLAN_WARMUP,
+    Budget,
+    SweepSettings,
+    plan_argument,
+    sweep_schedule,
+)
 from lightning_dos.planning.plan import parse_plan
 from lightning_dos.planning.trials import TRIAL_SOURCE
 
@@ -56,7 +63,7 @@ def _update_summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def failed_plan_of(result: dict[str, Any], sweep: SweepConfig) -> str | None:
+def failed_plan_of(result: dict[str, Any], sweep: SweepSettings) -> str | None:
     """The plan in force when a sweep process stopped without completing (``auto`` for its part), or None."""
     if result.get("status") == "ok":
         return None
@@ -70,7 +77,7 @@ def failed_plan_of(result: dict[str, Any], sweep: SweepConfig) -> str | None:
     return schedule[min(len(iterations), len(schedule) - 1)]
 
 
-def summarize_plans(result: dict[str, Any], sweep: SweepConfig) -> list[dict[str, Any]]:
+def summarize_plans(result: dict[str, Any], sweep: SweepSettings) -> list[dict[str, Any]]:
     """One summary per swept plan of a fixed-plan process's raw result (complete, partial or empty)."""
     raw = result.get("sweep") or {}
     iterations = raw.get("iterations") or []
@@ -108,7 +115,7 @@ def summarize_plans(result: dict[str, Any], sweep: SweepConfig) -> list[dict[str
     return out
 
 
-def auto_status(result: dict[str, Any], sweep: SweepConfig, ran: int) -> tuple[str, str | None]:
+def auto_status(result: dict[str, Any], sweep: SweepSettings, ran: int) -> tuple[str, str | None]:
     """Status and reason of ``auto``'s part of a sweep process that ran ``ran`` of its iterations to the end."""
     status = result.get("status", "failed")
     failed = failed_plan_of(result, sweep)
@@ -119,14 +126,14 @@ def auto_status(result: dict[str, Any], sweep: SweepConfig, ran: int) -> tuple[s
     return NOT_RUN, f"the process stopped before auto ({status})"
 
 
-def summarize_auto(result: dict[str, Any], sweep: SweepConfig) -> dict[str, Any]:
+def summarize_auto(result: dict[str, Any], sweep: SweepSettings) -> dict[str, Any]:
     """``auto``'s figures over its update phases after the probe, the first step of its plan and the warm-up."""
     iterations = [it for it in (result.get("sweep") or {}).get("iterations") or [] if it["plan"] == AUTO]
     tagged = [(it["iteration"], record) for it in iterations for record in it["records"]]
     steps = [record for _, record in tagged]
     probe = next((i for i, step in enumerate(steps) if step.get("replanned")), None)  # the probe's last step
     # the probe's steps and the first step of the plan chosen after them
-    skip = max(sweep.bench.warmup, AUTO_MIN_EXCLUDED if probe is None else probe + 2)
+    skip = max(sweep.warmup, AUTO_MIN_EXCLUDED if probe is None else probe + 2)
     measured = steps[skip:]
     indices = sorted({iteration for iteration, _ in tagged[skip:]})
     chosen = steps[probe + 1] if probe is not None and probe + 1 < len(steps) else None
@@ -174,7 +181,7 @@ def sweep_ratios(plans: Sequence[dict[str, Any]], auto: dict[str, Any]) -> dict[
             "auto_vs_fastest_stride": ratio(auto_ms, fastest["update_ms"] if fastest else None)}
 
 
-def summarize_budget(budget: Budget, result: dict[str, Any], sweep: SweepConfig) -> dict[str, Any]:
+def summarize_budget(budget: Budget, result: dict[str, Any], sweep: SweepSettings) -> dict[str, Any]:
     """Everything sweep.json records for one budget, from its process's raw result (fixed plans and auto)."""
     plans = summarize_plans(result, sweep)
     auto_summary = summarize_auto(result, sweep)
@@ -193,7 +200,7 @@ def summarize_budget(budget: Budget, result: dict[str, Any], sweep: SweepConfig)
     }
 
 
-def sweep_measurement(sweep: SweepConfig) -> dict[str, Any]:
+def sweep_measurement(sweep: SweepSettings) -> dict[str, Any]:
     """sweep.json's ``measurement``: how the fixed plans and ``auto`` ran, what update, prediction and error are."""
     return {
         "fixed_plans": f"one process per budget runs every plan for {sweep.steps_per_plan} iterations, in rounds of "

@@ -15,12 +15,22 @@ from typing import Any
 import lightning.pytorch as pl
 
 from lightning_dos.bench import ranks
-from lightning_dos.bench.config import BenchConfig
-from lightning_dos.bench.kinds import RunSpec, plan_argument
 from lightning_dos.bench.measure import dos_records, failure, fit_and_measure, record_dict
 from lightning_dos.bench.results import write_json
-from lightning_dos.bench.sweep.config import AUTO, PROGRESS_FILE, sweep_schedule
+from lightning_dos.bench.settings import Run
+from lightning_dos.bench.sweep.config import AUTO, PROGRESS_FILE, plan_argument, sweep_schedule
 from lightning_dos.planning.plan import Plan, parse_plan, resolve_plan
+
+
+def swap_planning(manager: Any, state: Any) -> Any:
+    """Put the manager's planning state ``state`` (calibration, plan, counts) in force, None: ``auto`` started cold as
+    in a new run, and return the one it replaced: the sweep's only use of the manager's planning state."""
+    previous = manager.planning_state()
+    if state is None:
+        manager.start_auto()
+    else:
+        manager.restore(state)
+    return previous
 
 
 class PlanSweep(pl.Callback):
@@ -34,19 +44,15 @@ class PlanSweep(pl.Callback):
 
     def __init__(self, plans: Sequence[str], steps_per_plan: int,
                  progress_path: str | Path | None = None, auto_steps: int = 0) -> None:
-        if not plans:
-            raise ValueError("plan sweep: give at least one plan")
-        if isinstance(steps_per_plan, bool) or not isinstance(steps_per_plan, int) or steps_per_plan < 1:
-            raise ValueError(f"plan sweep: steps_per_plan {steps_per_plan!r} must be an integer >= 1")
+        if not plans or steps_per_plan < 1 or auto_steps < 0:
+            raise ValueError(f"plan sweep: {len(plans)} plans, steps_per_plan {steps_per_plan} (>= 1), auto_steps "
+                             f"{auto_steps} (>= 0)")
         self.plans = [str(plan).strip() for plan in plans]
         self.specs = [parse_plan(plan_argument(plan)) for plan in self.plans]
         if any(spec.kind == "auto" for spec in self.specs):
             raise ValueError("plan sweep: 'auto' is not a fixed plan (it probes and re-plans); set auto_steps to "
                              "run it between the fixed plans")
-        self.steps_per_plan = steps_per_plan
-        if isinstance(auto_steps, bool) or not isinstance(auto_steps, int) or auto_steps < 0:
-            raise ValueError(f"plan sweep: auto_steps {auto_steps!r} must be an integer >= 0")
-        self.auto_steps = auto_steps
+        self.steps_per_plan, self.auto_steps = steps_per_plan, auto_steps
         self.schedule = sweep_schedule(self.plans, steps_per_plan, auto_steps)
         self.progress_path = None if progress_path is None else Path(progress_path)
         self.resolved: list[Plan] = []
@@ -77,33 +83,25 @@ class PlanSweep(pl.Callback):
                                "own host-only update runs), so fixed plans cannot be compared")
         return manager
 
-    def _resolve(self, manager: Any) -> list[Plan]:
-        from lightning_dos.update.manager import DEFAULT_BUFFERS
-
-        buffers = manager.buffers or DEFAULT_BUFFERS
-        return [resolve_plan(spec, manager.sizes, buffers=buffers) for spec in self.specs]
-
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
+        from lightning_dos.update.manager import DEFAULT_BUFFERS
+
         manager = self._manager(trainer)
         if not self.resolved:  # subgroup sizes are known once the engine exists
-            self.resolved = self._resolve(manager)
+            buffers = manager.buffers or DEFAULT_BUFFERS
+            self.resolved = [resolve_plan(spec, manager.sizes, buffers=buffers) for spec in self.specs]
         iteration = len(self.iterations)
         self._first_record = len(manager.records)
         name = self.schedule[min(iteration, len(self.schedule) - 1)]  # AUTO for auto's; the last one past the end
         if name == AUTO:
-            if not self._in_auto:
-                self._fixed_state = manager.planning_state()
-                if self._auto_state is None:
-                    manager.start_auto()  # cold: starting cost values, then the probe, as a new run
-                else:
-                    manager.restore(self._auto_state)  # where auto left off: its calibration, plan and counts
+            if not self._in_auto:  # where auto left off (cold the first time), the fixed plans' state set aside
+                self._fixed_state = swap_planning(manager, self._auto_state)
                 self._in_auto = True
             plan, index = manager.base_plan, None
         else:
             if self._in_auto:
-                self._auto_state = manager.planning_state()
-                manager.restore(self._fixed_state)
+                self._auto_state = swap_planning(manager, self._fixed_state)
                 self._in_auto = False
             index = self.plans.index(name)
             plan = self.resolved[index]
@@ -152,18 +150,17 @@ def slowest_rank(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def execute_sweep(payload: dict[str, Any], spec: RunSpec, workdir: Path) -> dict[str, Any]:
+def execute_sweep(payload: dict[str, Any], spec: Run, workdir: Path) -> dict[str, Any]:
     """Train every plan of ``payload``'s sweep in turn and return the raw measurements; a failure still reports the
     plans measured before it and the plan in force."""
-    settings = payload["sweep"]
+    settings = spec.extra["sweep"]
     progress = workdir / PROGRESS_FILE if ranks.process_rank() == 0 else None  # one writer on several ranks
     sweep = PlanSweep(list(settings["plans"]), int(settings["steps_per_plan"]), progress_path=progress,
                       auto_steps=int(settings.get("auto_steps", 0)))
     strategies: list[Any] = []  # the strategy once built, to report its records should training fail
     try:
-        config = BenchConfig.from_dict(payload["bench"])
-        if config.steps != sweep.total_steps:
-            raise ValueError(f"steps: {config.steps} does not hold {len(sweep.plans)} plans for {sweep.steps_per_plan} "
+        if spec.steps != sweep.total_steps:
+            raise ValueError(f"steps: {spec.steps} does not hold {len(sweep.plans)} plans for {sweep.steps_per_plan} "
                              f"iterations each and {sweep.auto_steps} of auto ({sweep.total_steps})")
         trainer, result = fit_and_measure(payload, spec, callbacks=[sweep], on_strategy=strategies.append)
         gathered = ranks.gather_to_rank0({"rank": trainer.global_rank, "sweep": sweep.raw()})
