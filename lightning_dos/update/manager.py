@@ -352,7 +352,7 @@ class OptimizerStateManager:
                           self.optimizer.device_grad_bytes_per_param() if self.device_gradients else 0,
                           self.memory_budget_bytes, self._resident_bytes, self.optimizer.host_gradient_bytes())
         self.memory_plans.append(plan)
-        plan.check()
+        self._check_on_every_rank(plan)
         if self._resident_bytes is not None or plan.device is None:
             self._put_in_force(plan.placement)
             self.optimizer.ensure_placed()
@@ -378,10 +378,34 @@ class OptimizerStateManager:
             plan = memory_plan(self.subgroup_sizes, placement, self.host_memory(), reading, when,
                                host_extra_bytes=self.optimizer.host_gradient_bytes())
             self.memory_plans.append(plan)
+            if measured:  # every rank places at its first dispatch; a reader may come to this on one rank alone
+                self._check_on_every_rank(plan)
             plan.check()
             self._put_in_force(placement)
         assert self.placement is not None
         return self.placement.homes
+
+    def _check_on_every_rank(self, plan: MemoryPlan) -> None:
+        """Raise :class:`DoesNotFit` on every rank if any rank's plan does not fit (a rank stopping alone would leave
+        the others waiting in their next collective); the ranks of one host share it, so the node's total on the host
+        is checked too. One collective; nothing to agree on with one rank."""
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            plan.check()
+            return
+        rank, world = dist.get_rank(), dist.get_world_size()
+        everyone: list[Any] = [None] * world
+        dist.all_gather_object(everyone, (plan.host_needed, list(plan.problems)))
+        problems = [f"rank {r}: {p}" for r, (_, found) in enumerate(everyone) for p in found]
+        node = sum(needed for needed, _ in everyone[rank - rank % self.ranks_per_host:][:self.ranks_per_host])
+        host = plan.host
+        if host is not None and node > host.ranks * host.share:
+            problems.append(f"the {self.ranks_per_host} ranks of this host place {node / GIB:.2f} GiB there, and it "
+                            f"has {host.ranks * host.share / GIB:.2f} GiB for them")
+        if problems:
+            raise DoesNotFit("deep_optimizer_states: this run cannot fit the box, so nothing was allocated for its "
+                             f"optimizer state.\n{plan.describe()}\n" + "\n".join(f"  does not fit: {p}"
+                                                                              for p in problems))
 
     def _put_in_force(self, placement: Placement) -> None:
         """The residents of ``placement`` set, and the plan made again for the subgroups left to the lanes."""

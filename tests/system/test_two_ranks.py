@@ -151,3 +151,13 @@ def test_two_nodes_match_vanilla(tmp_path: Path) -> None:
         assert rel(m_dos["full"], m_van["full"]) <= 1e-5
     checkpoint = tmp_path / "dos" / "step=4.ckpt"
     assert describe(checkpoint) == "complete"  # both nodes' shards, published once (one shared folder here)
+
+
+def test_a_rank_whose_host_cannot_hold_its_share_stops_every_rank_before_training(tmp_path: Path) -> None:
+    """Rank 1 reads a host too small for its share of the state: both ranks stop with the plan's error, naming rank
+    1, when the engine is built (one rank stopping alone would leave the other waiting in its next collective)."""
+    proc = subprocess.run([sys.executable, str(SCRIPT), "0.5", str(tmp_path)], env=subprocess_env(
+        HOST_GIB_RANK1="4", RESIDENT_GIB="0"), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    assert proc.stderr.count("does not fit: rank 1: the host needs") >= 2  # raised on both ranks
+    assert not list(tmp_path.glob("rank*.json"))  # neither trained
