@@ -4,7 +4,7 @@ A bench report states what was measured (figures side by side, and ratios of con
 invocation); whether those ratios meet what this project aims for on its reference GPU host is a question for the
 project, not for a user's report, so the thresholds live here, outside the package::
 
-    python scripts/targets.py runs/bench/<run>/results.json    # strategy comparison: the claims
+    python scripts/targets.py runs/compare/<run>/results.json  # strategy comparison: the claims
     python scripts/targets.py runs/sweep/<run>/sweep.json      # plan sweep: the four targets, per budget and overall
     python scripts/targets.py runs/rok/<run>/rok.json          # ROK curve: the curve's claims
 
@@ -478,7 +478,7 @@ def overall_targets(budgets: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-# ------------------------------------------------------------------ ROK curve (--activations)
+# ------------------------------------------------------------------ ROK curve (bench rok)
 
 #: offload-host's peak activation memory at least this much below keep's ...
 ROK_REDUCTION = 0.40
