@@ -224,33 +224,25 @@ class OptimizerStateManager:
         self.base_plan = plan
         self._plan_gradients()
 
-    def start_auto(self) -> None:
-        """Switch to ``plan="auto"`` from a cold start, as a new run would begin it (call before a backward).
-
-        The calibration goes back to its starting values (user overrides kept), the next update phases are the
-        two probe steps, and the planner chooses after them. The records so far are kept; ``auto``'s count from
-        here. The plan sweep uses this (with :meth:`planning_state` and :meth:`restore`) to measure ``auto`` in the
-        same process as the fixed plans it is compared with.
-        """
+    def swap_planning(self, state: PlanningState | None) -> PlanningState:
+        """Plan from ``state`` from the next step on, and return the planning state it replaces (the objects, not
+        copies); None: ``plan="auto"`` from a cold start, as a new run would begin it (the calibration's starting
+        values, user overrides kept; the two probe steps; the planner's choice after them). Call it before a backward;
+        the records are kept. The plan sweep swaps the fixed plans' state and ``auto``'s in and out of one process
+        with it, and a checkpoint's plan state is put in force through it."""
         self.join()
-        auto = self._new_auto()
-        self.restore(PlanningState(spec=parse_plan("auto"),
-                                   calibrator=Calibrator(self._start_cost, overrides=self._cost_overrides),
-                                   base_plan=auto.probes[0], auto=auto))
-
-    def planning_state(self) -> PlanningState:
-        """What decides the next plans, to be put back later with :meth:`restore` (the objects, not copies)."""
-        self.join()
-        return PlanningState(spec=self.spec, calibrator=self.calibrator, base_plan=self.base_plan, auto=self.auto)
-
-    def restore(self, state: PlanningState) -> None:
-        """Plan from ``state`` from the next step on (call before that step's backward); the records are kept."""
-        self.join()
+        previous = PlanningState(spec=self.spec, calibrator=self.calibrator, base_plan=self.base_plan, auto=self.auto)
+        if state is None:
+            auto = self._new_auto()
+            state = PlanningState(spec=parse_plan("auto"),
+                                  calibrator=Calibrator(self._start_cost, overrides=self._cost_overrides),
+                                  base_plan=auto.probes[0], auto=auto)
         self.spec = state.spec
         self.calibrator = state.calibrator
         self.auto = state.auto
         self._pending = None
         self.set_plan(state.base_plan)
+        return previous
 
     def state_dict(self) -> dict[str, Any]:
         """The plan state a checkpoint keeps, JSON-serialisable: the plan asked for, the plan in force, what the
@@ -286,7 +278,7 @@ class OptimizerStateManager:
             auto.load_state_dict(state)
             if auto.trials.incumbent is not None:
                 base_plan = auto.trials.incumbent  # a trial under way is dropped: the plan in force runs
-        self.restore(PlanningState(spec=self.spec, calibrator=calibrator, base_plan=base_plan, auto=auto))
+        self.swap_planning(PlanningState(spec=self.spec, calibrator=calibrator, base_plan=base_plan, auto=auto))
         return True
 
     def _plan_gradients(self) -> None:

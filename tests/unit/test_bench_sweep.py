@@ -55,17 +55,16 @@ class _Manager:
         self.set_calls += 1
         self.base_plan = plan
 
-    def start_auto(self) -> None:
-        self.auto_started_at.append(len(self.records))
-        self.state = ("auto", 0)
-        self.base_plan = resolve_plan("host", self.sizes)  # the probe's first step
-
-    def planning_state(self) -> Any:
-        return (self.state, self.base_plan)
-
-    def restore(self, state: Any) -> None:
-        self.restored.append(state[0])
-        self.state, self.base_plan = state
+    def swap_planning(self, state: Any) -> Any:
+        previous = (self.state, self.base_plan)
+        if state is None:  # auto from a cold start
+            self.auto_started_at.append(len(self.records))
+            self.state = ("auto", 0)
+            self.base_plan = resolve_plan("host", self.sizes)  # the probe's first step
+        else:
+            self.restored.append(state[0])
+            self.state, self.base_plan = state
+        return previous
 
     def update(self, ms: float) -> None:
         if self.state != "fixed":  # auto: after its first update phase it runs the stride:2 lanes, say

@@ -161,7 +161,7 @@ def test_the_probe_measures_the_device_lane_with_the_slots_the_budget_holds(budg
     assert probe[1].timings.device_params == 5000  # the device lane ran and was measured
 
 
-def test_start_auto_begins_cold_after_fixed_plans() -> None:
+def test_swapping_in_a_cold_auto_after_fixed_plans_begins_as_a_new_run() -> None:
     """A fixed-plan run switched to ``auto`` (the plan sweep does this) starts as a new ``auto`` run would: the
     starting cost values (user overrides kept), the two probe steps, then the planner's choice."""
     manager = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("0.5"),
@@ -173,8 +173,7 @@ def test_start_auto_begins_cold_after_fixed_plans() -> None:
     assert manager.cost.cpu_adam_params_per_s != start.cpu_adam_params_per_s
     assert manager.calibrator.history
 
-    fixed = manager.planning_state()
-    manager.start_auto()
+    fixed = manager.swap_planning(None)
     assert manager.spec.kind == "auto" and manager.cost == start and not manager.calibrator.history
     assert manager.cost.gpu_adam_params_per_s == 7e9
     assert _letters(manager.base_plan) == "HHHHHH" and manager.optimizer.device_grad_subgroups == frozenset()
@@ -183,22 +182,21 @@ def test_start_auto_begins_cold_after_fixed_plans() -> None:
 
     # a fixed-plan step between two of auto's (the plan sweep interleaves them): it neither advances auto's probe nor
     # feeds auto's calibration, and auto goes on where it was
-    auto = manager.planning_state()
-    assert auto.auto is manager.auto and auto.auto.steps == 1
-    manager.restore(fixed)
+    auto = manager.swap_planning(fixed)
+    assert auto.auto is not None and auto.auto.steps == 1
     assert manager.spec.kind == "fraction" and _letters(manager.base_plan) == _letters(fixed.base_plan)
     assert manager.auto is None
     assert manager.optimizer.device_grad_subgroups == {i for i, c in enumerate(_letters(fixed.base_plan)) if c == "D"}
     between = _step(manager)
     assert not between.replanned and len(fixed.calibrator.history) == 4 and len(auto.calibrator.history) == 1
-    manager.restore(auto)
+    assert manager.swap_planning(auto).calibrator is fixed.calibrator
     probe.append(_step(manager))
     assert [_letters(r.plan) for r in probe] == ["HHHHHH", "HDHDHD"]
     assert [r.replanned for r in probe] == [False, True]  # counted under auto, not from the run's first step
     assert manager.base_plan.source not in ("probe", "0.5") and len(manager.records) == 6
     assert len(manager.calibrator.history) == 2
     # a cold start begins afresh: a new state machine, no plan in force yet for its trials
-    manager.start_auto()
+    manager.swap_planning(None)
     assert manager.auto is not auto.auto and manager.auto.steps == 0 and manager.auto.trials.incumbent is None
 
 
@@ -232,7 +230,8 @@ def test_plan_state_round_trips_through_json_and_continues_auto() -> None:
     calibration, auto's progress; a trial under way is dropped for the plan in force; another run's state is refused."""
     old = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("auto"))
     scripted = AutoPlanner(old.sizes, 2, _Scripted)
-    old.restore(PlanningState(spec=old.spec, calibrator=old.calibrator, base_plan=scripted.probes[0], auto=scripted))
+    old.swap_planning(PlanningState(spec=old.spec, calibrator=old.calibrator, base_plan=scripted.probes[0],
+                                    auto=scripted))
     for _ in range(PROBE_STEPS + 1):
         _step(old)
     assert old.auto.trials.running and _letters(old.base_plan) == "DDDHHH"  # a trial under way when it is saved

@@ -22,17 +22,6 @@ from lightning_dos.bench.sweep.config import AUTO, PROGRESS_FILE, plan_argument,
 from lightning_dos.planning.plan import Plan, parse_plan, resolve_plan
 
 
-def swap_planning(manager: Any, state: Any) -> Any:
-    """Put the manager's planning state ``state`` (calibration, plan, counts) in force, None: ``auto`` started cold as
-    in a new run, and return the one it replaced: the sweep's only use of the manager's planning state."""
-    previous = manager.planning_state()
-    if state is None:
-        manager.start_auto()
-    else:
-        manager.restore(state)
-    return previous
-
-
 class PlanSweep(pl.Callback):
     """Runs each of ``plans`` for ``steps_per_plan`` iterations, in rounds, and records what each one did.
 
@@ -96,12 +85,12 @@ class PlanSweep(pl.Callback):
         name = self.schedule[min(iteration, len(self.schedule) - 1)]  # AUTO for auto's; the last one past the end
         if name == AUTO:
             if not self._in_auto:  # where auto left off (cold the first time), the fixed plans' state set aside
-                self._fixed_state = swap_planning(manager, self._auto_state)
+                self._fixed_state = manager.swap_planning(self._auto_state)
                 self._in_auto = True
             plan, index = manager.base_plan, None
         else:
             if self._in_auto:
-                self._auto_state = swap_planning(manager, self._fixed_state)
+                self._auto_state = manager.swap_planning(self._fixed_state)
                 self._in_auto = False
             index = self.plans.index(name)
             plan = self.resolved[index]
