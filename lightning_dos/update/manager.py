@@ -4,7 +4,7 @@ The manager sits between the DeepSpeed seam and the executor. It resolves the us
 the real subgroup sizes (explicit plans) or asks the planner (``"auto"``), reads the device memory that
 is free when the update phase begins (``dispatch``, called from ``on_before_optimizer_step``) and demotes
 device-lane subgroups to the host if they would not fit, runs the executor, and keeps a record of every
-step (plan, timings, bytes) for telemetry. No DeepSpeed import: the optimizer is duck-typed.
+step (plan, timings, bytes) for telemetry. No DeepSpeed import: the optimizer is seen through :class:`ZeroOptimizer`.
 
 ``plan="auto"``'s probe, choice, re-plans and trials are :class:`~lightning_dos.planning.auto.AutoPlanner`'s: the
 manager calibrates the cost model with every measured step, hands the step to it and carries out its decision.
@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -55,6 +55,7 @@ from lightning_dos.planning.trials import TRIAL_SOURCE
 from lightning_dos.update.executor import UpdateExecutor
 from lightning_dos.update.phase import Phase
 from lightning_dos.update.resident import ResidentUpdate, resident_bytes
+from lightning_dos.update.subgroup import Subgroup
 from lightning_dos.update.timings import LaneTimings
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,47 @@ SAFETY_MARGIN_BYTES = 1 * GIB
 DEFAULT_BUFFERS = 2
 #: Format of :meth:`OptimizerStateManager.state_dict`; a checkpoint with another is planned afresh.
 PLAN_STATE_VERSION = 1
+
+
+class ZeroOptimizer(Protocol):
+    """What the manager reads and calls of the ZeRO-3 optimizer it runs (the DeepSpeed seam,
+    :class:`~lightning_dos.zero.optimizer.InterleavedZeroOptimizer`); nothing else of it is touched here."""
+
+    #: every subgroup has its home (its state exists where it lives)
+    placed: bool
+
+    def interleaved_supported(self) -> bool:
+        """Whether this configuration is one the interleaved update handles (else DeepSpeed's own update runs)."""
+
+    def attach(self, runner: Any) -> None:
+        """Hand every update phase to ``runner`` (this manager)."""
+
+    def subgroup_sizes(self) -> list[int]:
+        """Parameters of each subgroup of this rank's partition."""
+
+    def device_grad_bytes_per_param(self) -> int:
+        """Bytes per parameter of a gradient kept on the device through backward."""
+
+    def host_gradient_bytes(self) -> int:
+        """Host bytes of DeepSpeed's whole-partition gradient buffer (made only under gradient accumulation)."""
+
+    def place(self, homes: Sequence[Home | None]) -> None:
+        """Make or move each subgroup's state in ``homes[i]`` (None: leave it)."""
+
+    def ensure_placed(self) -> None:
+        """Place every subgroup not placed yet, where :meth:`OptimizerStateManager.choose_homes` says."""
+
+    def settle(self) -> None:
+        """Join the phase in flight and place every subgroup, before a reader of the state."""
+
+    def subgroups(self) -> list[Subgroup]:
+        """Every subgroup's tensors and current hyperparameters, for one update phase."""
+
+    def grads_to_host(self, sub_group_ids: Sequence[int]) -> None:
+        """Bring the device-kept gradients of these subgroups to their host homes, on the calling thread."""
+
+    def forward_order(self) -> tuple[int, ...]:
+        """Subgroup ids in the order the first forward read them (with overlap; empty before it)."""
 
 
 @dataclass
@@ -111,7 +153,7 @@ class OptimizerStateManager:
 
     def __init__(
         self,
-        optimizer: Any,
+        optimizer: ZeroOptimizer,
         plan: PlanSpec,
         memory_budget_gib: float | None = None,
         buffers: int | None = None,
@@ -138,7 +180,7 @@ class OptimizerStateManager:
         self._start_cost = base
         self._cost_overrides = cost_overrides
         self.calibrator = Calibrator(base, overrides=cost_overrides)
-        self.active = bool(optimizer._dos_supported())
+        self.active = bool(optimizer.interleaved_supported())
         #: whether update phases run beside the next forward (only where the interleaved update runs)
         self.overlap = overlap and self.active
         sizes = list(optimizer.subgroup_sizes())
@@ -499,7 +541,7 @@ class OptimizerStateManager:
         """The update phase issued and not yet joined (``overlap``), or None: the seam gates its reads on it."""
         return self._in_flight.phase if self._in_flight is not None else None
 
-    def run_update_phase(self, optimizer: Any, host_step: Any, inv_scale: torch.Tensor) -> None:
+    def run_update_phase(self, optimizer: ZeroOptimizer, host_step: Any, inv_scale: torch.Tensor) -> None:
         """The seam's step calls this once per optimizer step: run the update phase of the plan dispatched (with
         ``overlap``: issue it to the worker and return)."""
         self.join()

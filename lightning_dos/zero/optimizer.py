@@ -112,7 +112,7 @@ class InterleavedZeroOptimizer(StateHomes, _VanillaStage3):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if self._dos_supported():  # host-lane gradient copies ride the reduce stream: let backward run ahead of them
+        if self.interleaved_supported():  # host-lane gradient copies ride the reduce stream: backward runs ahead
             self.max_param_reduce_events = max(self.max_param_reduce_events, REDUCE_EVENTS)
         config = kwargs.get("ds_config")
         zero = config.get("zero_optimization", {}) if isinstance(config, dict) else {}
@@ -146,7 +146,7 @@ class InterleavedZeroOptimizer(StateHomes, _VanillaStage3):
         (:mod:`lightning_dos.zero.homes`), no per-subgroup fp32 gradient is made before then, and the whole-partition
         gradient buffer only under gradient accumulation (at a boundary without it, ``partition_grads`` sends each
         gradient partition once, straight to where its update reads it)."""
-        if not self._dos_supported():
+        if not self.interleaved_supported():
             return super()._setup_for_real_optimizer()
         self._create_placeholders()
         dist.barrier()
@@ -171,7 +171,7 @@ class InterleavedZeroOptimizer(StateHomes, _VanillaStage3):
     def ensure_placed(self) -> None:
         """Place every subgroup's state in its home, if that is not done yet: where the runner says (it decides now
         if it has not), or on the host without one."""
-        if not self._dos_supported() or self.placed:
+        if not self.interleaved_supported() or self.placed:
             return
         measured = bool(self.__dict__.get("_dos_backward_seen"))
         homes = (self.runner.choose_homes(measured) if self.runner is not None
@@ -183,7 +183,7 @@ class InterleavedZeroOptimizer(StateHomes, _VanillaStage3):
         flat = getattr(self, "grad_partitions_flat_buffer", None)
         return flat.numel() * flat.element_size() if flat is not None and flat.device.type == "cpu" else 0
 
-    def _dos_supported(self) -> bool:
+    def interleaved_supported(self) -> bool:
         """Whether this configuration is one the interleaved update handles (else vanilla runs)."""
         return (
             self.offload_optimizer
@@ -263,7 +263,7 @@ class InterleavedZeroOptimizer(StateHomes, _VanillaStage3):
         vanilla's path runs unchanged.
         """
         self._dos_backward_seen = True
-        if not (self._dos_supported() and self.is_gradient_accumulation_boundary() and self.micro_step_id == 0):
+        if not (self.interleaved_supported() and self.is_gradient_accumulation_boundary() and self.micro_step_id == 0):
             return super().partition_grads(params_to_release, grad_partitions)
         # the params of one bucket share a partition group (DeepSpeed asserts it): one rank lookup per bucket
         rank = self._get_param_partition_rank(params_to_release[0]) if params_to_release else 0
@@ -504,7 +504,7 @@ class InterleavedZeroOptimizer(StateHomes, _VanillaStage3):
         Configurations where vanilla's reduction differs per subgroup (model parallel, AutoEP experts, several
         partition groups) or a norm is not on the device keep vanilla's code.
         """
-        if not self._dos_supported():
+        if not self.interleaved_supported():
             return super()._get_norm_groups()
         groups = self.fp16_groups
         process_group = self._get_param_partition_group(groups[0][0]) if groups and groups[0] else None
@@ -536,7 +536,7 @@ class InterleavedZeroOptimizer(StateHomes, _VanillaStage3):
 
     # ------------------------------------------------------------------ the step
     def step(self, closure: Any = None) -> None:
-        if self.runner is None or not self._dos_supported():
+        if self.runner is None or not self.interleaved_supported():
             return super().step(closure)
         try:
             self._interleaved_step()
@@ -744,7 +744,7 @@ class InterleavedZeroOptimizer(StateHomes, _VanillaStage3):
         """A checkpoint of this world size: unplaced subgroups keep the loaded tensors until placement (their
         placeholders take the loaded masters: ``StateHomes._adopt_loaded_masters``); placed ones get the loaded
         values copied into their homes."""
-        if not self._dos_supported():
+        if not self.interleaved_supported():
             return super()._rigid_load_state_dict(state_dict, load_optimizer_states)
         self._adopt_loaded_masters(state_dict[_stage3.FP32_FLAT_GROUPS])
         homes = self._moment_homes()

@@ -441,13 +441,13 @@ def test_auto_where_overlap_is_on_overlaps_exactly_and_logs_every_phase(monkeypa
 
 def test_auto_without_the_interleaved_update_runs_serially_without_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(strategy_module, "overlap_by_default", lambda world_size, device_type: True)
-    monkeypatch.setattr(InterleavedZeroOptimizer, "_dos_supported", lambda self: False)
+    monkeypatch.setattr(InterleavedZeroOptimizer, "interleaved_supported", lambda self: False)
     run = train("host", steps=2, strategy=make_strategy("host", overlap="auto"))
     assert run.strategy.overlapped is False and run.strategy.manager.overlap is False
 
 
 def test_overlap_without_the_interleaved_update_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(InterleavedZeroOptimizer, "_dos_supported", lambda self: False)
+    monkeypatch.setattr(InterleavedZeroOptimizer, "interleaved_supported", lambda self: False)
     with pytest.raises(MisconfigurationException,
                        match="overlap: needs the interleaved update.*set overlap: auto or false"):
         train("host", steps=1, strategy=_overlap("host"))

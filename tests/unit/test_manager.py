@@ -46,7 +46,7 @@ class FakeOptimizer:
     def device_grad_bytes_per_param(self) -> int:
         return 2
 
-    def _dos_supported(self) -> bool:
+    def interleaved_supported(self) -> bool:
         return True
 
     placed = False  # no prefetch at dispatch
