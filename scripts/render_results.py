@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = "benchmarks"
 MANIFEST = "manifest.yaml"
 #: a report folder's pages and JSON, by the names the bench and the scripts write
-PAGES = ("report.md", "sweep.md", "sweep_quarter.md", "rok.md")
+PAGES = ("report.md", "sweep.md", "sweep_quarter.md", "rok.md", "sizes.md")
 RAW = ("updates.json", "iterations.json")  # records beside a report, summarised by its JSON
 FOLDER = re.compile(r"(?P<model>[^_]+)_(?P<hardware>[^_]+)_(?P<date>\d{4}-\d\d-\d\d)_(?P<tag>[^_]+)")
 FIELD = re.compile(r"\{([^{}]+)\}")
@@ -63,7 +63,7 @@ def kind_of(doc: Any) -> str:
         return "recipes"
     if "results" in doc:
         return "comparison"
-    if doc.get("kind") in ("plan_sweep", "rok_curve", "recipe_pair"):
+    if doc.get("kind") in ("plan_sweep", "rok_curve", "recipe_pair", "size_sweep"):
         return doc["kind"]
     if "train/loss" in doc:
         return "converging"
@@ -262,11 +262,21 @@ def recipes_headline(doc: list[dict[str, Any]]) -> str:
                                                             if r.get("iteration_ms") else "") for r in doc)
 
 
+def sizes_headline(doc: dict[str, Any]) -> str:
+    """Each strategy's largest size trained, and what stopped it."""
+    parts = []
+    for label, e in doc["largest"].items():
+        text = f"{label}: " + (f"{e['params'] / 1e9:.2f}B ({e['shape']})" if e["params"] else "none")
+        parts.append(text + (f", stopped by {e['stopped'].split(':')[0]}" if e["stopped"] else ""))
+    return "largest trained: " + "; ".join(parts)
+
+
 HEADLINES: dict[str, Callable[[Any], str]] = {
     "comparison": comparison_headline, "plan_sweep": sweep_headline, "rok_curve": rok_headline,
     "converging": converging_headline, "soak": soak_headline, "recipe_pair": recipe_pair_headline,
-    "recipes": recipes_headline}
-SECTIONS = (("comparison", "Strategy comparisons"), ("plan_sweep", "Plan sweeps"),
+    "recipes": recipes_headline, "size_sweep": sizes_headline}
+SECTIONS = (("comparison", "Strategy comparisons"), ("size_sweep", "The largest model per box"),
+            ("plan_sweep", "Plan sweeps"),
             ("rok_curve", "Activation placement (ROK curve)"), ("other", "Convergence, reliability and recipes"))
 
 
@@ -301,6 +311,8 @@ def render_index(manifest: dict[str, Any], root: Path) -> str:
     out = []
     for key, title in SECTIONS:
         rows = [cells for _, cells in sorted(by_section[key])]
+        if not rows:  # no report of this kind yet
+            continue
         out += [f"### {title}\n", markdown_table(["report", "date", "host", "commit", "what it measured", "headline"],
                                                  rows)]
     return "\n".join(out)
