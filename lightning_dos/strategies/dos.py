@@ -92,7 +92,7 @@ class DeepOptimizerStatesStrategy(DeepSpeedBase):
         overlap: Union[Literal["auto"], bool] = "auto",
         **kwargs: Any,
     ) -> None:
-        #: the DOS arguments as given; the attributes below are what they resolve to
+        #: the DOS arguments as given (checked below); the attributes after the check are what the strategy reads
         self.options = options = DOSOptions(
             plan=plan, sub_group_size=sub_group_size, memory_budget_gib=memory_budget_gib, resident_gib=resident_gib,
             buffers=buffers, cost_overrides=cost_overrides, pin_memory=pin_memory,
@@ -130,7 +130,13 @@ class DeepOptimizerStatesStrategy(DeepSpeedBase):
         #: GiB for resident subgroups, or ``"auto"``
         self.resident_gib: Union[Literal["auto"], float] = options.resident
         self.memory_budget_gib = memory_budget_gib
+        self.buffers = buffers
+        self.cost_overrides = dict(cost_overrides or {})
+        self.param_persistence = param_persistence
         self.leaf_blocks = leaf_blocks
+        #: the blocks' names or classes, where the strategy was told them (None: found)
+        self.layers, self.layer_types = layers, layer_types
+        self.bind_cores = bool(bind_cores)
         #: Names of the blocks ZeRO-3 hooks as leaves (empty: hooks on every layer).
         self.leaf_block_names: list[str] = []
         self.bound_cores: Optional[list[int]] = None  # this rank's cores, once bound
@@ -178,7 +184,7 @@ class DeepOptimizerStatesStrategy(DeepSpeedBase):
             self.overlapped = overlap_by_default(self.world_size, self.root_device.type)
             if self.overlapped:
                 _overlap_config_defaults(self.config)
-        if self.options.bind_cores:
+        if self.bind_cores:
             from lightning_dos.strategies.host_binding import bind_rank_cores
 
             self.bound_cores = bind_rank_cores(self.local_rank, self.num_processes)
@@ -199,14 +205,14 @@ class DeepOptimizerStatesStrategy(DeepSpeedBase):
             free = _free_device_bytes(self.root_device)
             model_bytes = _model_bytes(model, self.precision_plugin.precision)
             self.persistence_threshold = persistence_threshold(
-                self.options.param_persistence, self.world_size, model_bytes, free)
+                self.param_persistence, self.world_size, model_bytes, free)
             if self.persistence_threshold is not None:
                 zero["stage3_param_persistence_threshold"] = self.persistence_threshold
         persist_all = (self.persistence_threshold if user_persistence is None else user_persistence) == PERSIST_ALL
         if "leaf_module" not in zero and leaf_blocks_on(self.leaf_blocks, self.world_size, persist_all):
             from lightning_dos.zero.leaf_blocks import mark_leaf_blocks
 
-            self.leaf_block_names = mark_leaf_blocks(model, self.options.layers, self.options.layer_types)
+            self.leaf_block_names = mark_leaf_blocks(model, self.layers, self.layer_types)
         if user_persistence is None and persist_all and "memory_efficient_linear" not in zero:
             from lightning_dos.zero.linear import restore_torch_linear
 
@@ -238,10 +244,10 @@ class DeepOptimizerStatesStrategy(DeepSpeedBase):
             ds_optimizer,
             plan=self.plan_spec,
             memory_budget_gib=self.memory_budget_gib,
-            buffers=self.options.buffers,
+            buffers=self.buffers,
             device=self.root_device,
             ranks_per_host=self.num_processes,
-            cost_overrides=dict(self.options.cost_overrides or {}),
+            cost_overrides=self.cost_overrides,
             # under gradient accumulation DeepSpeed's own gradient path runs: every gradient reaches the host
             device_gradients=int(self.config.get("gradient_accumulation_steps", 1)) == 1,
             overlap=self.overlapped,

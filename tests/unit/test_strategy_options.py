@@ -90,8 +90,14 @@ def test_the_constructor_takes_the_options_fields_with_their_defaults() -> None:
         assert field.name in parameters, field.name
         assert parameters[field.name].default == field.default, field.name
         assert parameters[field.name].annotation == field.type, field.name
-    strategy = DeepOptimizerStatesStrategy(plan=0.5, buffers=3, overlap=False)
-    assert strategy.options == DOSOptions(plan=0.5, buffers=3, overlap=False)
+    strategy = DeepOptimizerStatesStrategy(plan=0.5, buffers=3, overlap=False, param_persistence=5000)
+    assert strategy.options == DOSOptions(plan=0.5, buffers=3, overlap=False, param_persistence=5000)
+    # the attributes callbacks and tools read stay on the strategy
+    assert (strategy.plan_spec.fraction, strategy.buffers, strategy.overlap, strategy.param_persistence) == (
+        0.5, 3, False, 5000)
+    for name in ("resident_gib", "memory_budget_gib", "cost_overrides", "leaf_blocks", "layers", "layer_types",
+                 "bind_cores", "overlapped", "activation_offload_callback"):
+        assert hasattr(strategy, name), name
 
 
 def test_each_field_is_documented_once_and_shown_as_an_argument() -> None:
