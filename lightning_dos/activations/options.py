@@ -26,6 +26,7 @@ __all__ = [
     "PLACEMENTS",
     "STRATEGY_KEYS",
     "OptionKeys",
+    "OptionsError",
     "check_nvme_path",
     "validate_options",
 ]
@@ -73,6 +74,15 @@ STRATEGY_KEYS = OptionKeys(
 )
 
 
+class OptionsError(ValueError):
+    """Every problem with the activation-offload options, one line each in ``problems`` (a caller with options of its
+    own reports them together with its own)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("activation offload: " + "; ".join(problems))
+
+
 def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
@@ -88,8 +98,8 @@ def validate_options(
     placements: tuple[Optional[str], ...] = PLACEMENTS,
     min_free_bytes: Optional[int] = None,
 ) -> tuple[Optional[Path], bool]:
-    """Raise one ``ValueError`` listing every problem with these options; return the NVMe directory (resolved) and
-    whether it takes direct I/O (``O_DIRECT``), or ``(None, False)`` for the other placements.
+    """Raise one ``ValueError`` (an :class:`OptionsError`) listing every problem with these options; return the NVMe
+    directory (resolved) and whether it takes direct I/O (``O_DIRECT``), or ``(None, False)`` for the other placements.
 
     ``min_free_bytes``: free space the NVMe directory needs (None: :data:`MIN_FREE_DISK_BYTES`).
     """
@@ -121,7 +131,7 @@ def validate_options(
         problems.append(f"{keys.nvme_path}: set only with {keys.placement}='nvme' (it is {placement!r}); remove "
                         f"{keys.nvme_path} or set {keys.placement}='nvme'")
     if problems:
-        raise ValueError("activation offload: " + "; ".join(problems))
+        raise OptionsError(problems)
     return path, direct
 
 

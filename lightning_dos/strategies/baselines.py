@@ -15,10 +15,10 @@ from lightning.fabric.strategies import _StrategyRegistry
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
-from lightning_dos.strategies.deepspeed_base import CPUSupportMixin
+from lightning_dos.strategies.deepspeed_base import DeepSpeedBase
 
 
-class ZeRO3OffloadStrategy(CPUSupportMixin):
+class ZeRO3OffloadStrategy(DeepSpeedBase):
     """DeepSpeed ZeRO-3 with ``offload_optimizer: cpu`` (pinned), optionally DeepSpeed's static split.
 
     Args:
@@ -80,7 +80,7 @@ class ZeRO3OffloadStrategy(CPUSupportMixin):
             )
 
 
-class ZeRO3Strategy(CPUSupportMixin):
+class ZeRO3Strategy(DeepSpeedBase):
     """DeepSpeed ZeRO-3 with everything on the accelerator (the no-offload baseline).
 
     Args:

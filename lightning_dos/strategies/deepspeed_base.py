@@ -2,7 +2,7 @@
 
 DeepSpeed itself runs on CPUs (its CPU accelerator, gloo); Lightning 2.6's strategy refuses them in three
 places: ``setup_environment`` (CUDA only), ``setup_distributed`` (device indices must be 0..n-1, a CPU's is
-None) and ``deepspeed.initialize(args.device_rank=root_device.index)`` (None crashes DeepSpeed). The mixin
+None) and ``deepspeed.initialize(args.device_rank=root_device.index)`` (None crashes DeepSpeed). The base
 answers all three, gives subclasses one hook around ``deepspeed.initialize``, moves the module's state that ZeRO-3
 does not place (metrics, buffers) to the device, which no code path of Lightning or DeepSpeed does, and saves
 checkpoints atomically (:mod:`lightning_dos.strategies.checkpoint`).
@@ -27,8 +27,9 @@ from lightning_dos.strategies.checkpoint import describe, partial_path, publish,
 from lightning_dos.strategies.module_device import move_module_state
 
 
-class CPUSupportMixin(DeepSpeedStrategy):
-    """Lets a ``DeepSpeedStrategy`` subclass run on CPUs; on GPUs it behaves exactly like its base."""
+class DeepSpeedBase(DeepSpeedStrategy):
+    """The base of every DeepSpeed strategy here: it runs on CPUs as well (on GPUs exactly like Lightning's
+    ``DeepSpeedStrategy``), with one hook around ``deepspeed.initialize`` and atomic checkpoints."""
 
     @override
     def setup_environment(self) -> None:

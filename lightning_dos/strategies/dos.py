@@ -1,10 +1,10 @@
-"""Owns ``DeepOptimizerStatesStrategy``: DOS defaults for DeepSpeed ZeRO-3, validation, registration, hooks.
+"""Owns ``DeepOptimizerStatesStrategy``: DOS defaults for DeepSpeed ZeRO-3, registration, hooks.
 
-The strategy is deliberately small. It resolves a DeepSpeed config with the optimizer state offloaded to
-pinned host memory and several subgroups, swaps the interleaved ZeRO-3 optimizer into the engine
-(``lightning_dos.zero``), and dispatches each update phase from ``on_before_optimizer_step``. It also
-lets the real strategy run on a CPU-only machine (DeepSpeed's CPU accelerator and gloo), so CI exercises
-the same code users run.
+The strategy is deliberately small. Its arguments are :class:`~lightning_dos.strategies.options.DOSOptions` (checked
+there, all at once). It resolves a DeepSpeed config with the optimizer state offloaded to pinned host memory and
+several subgroups, swaps the interleaved ZeRO-3 optimizer into the engine (``lightning_dos.zero``), and dispatches
+each update phase from ``on_before_optimizer_step``. It also lets the real strategy run on a CPU-only machine
+(DeepSpeed's CPU accelerator and gloo), so CI exercises the same code users run.
 """
 
 from __future__ import annotations
@@ -25,23 +25,16 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
-from lightning_dos.activations.options import (
-    DEFAULT_KEEP_LAST_LAYERS,
-    DEFAULT_MIN_TENSOR_BYTES,
-    STRATEGY_KEYS,
-)
-from lightning_dos.blocks import BlockNames, BlockTypes, block_override_problems
-from lightning_dos.planning.perf_model import CostParams
-from lightning_dos.planning.plan import parse_plan
-from lightning_dos.strategies.deepspeed_base import CPUSupportMixin, offload_config_problems
+from lightning_dos.activations.options import DEFAULT_KEEP_LAST_LAYERS, DEFAULT_MIN_TENSOR_BYTES, STRATEGY_KEYS
+from lightning_dos.strategies.deepspeed_base import DeepSpeedBase, offload_config_problems
+from lightning_dos.strategies.options import AUTO_SUB_GROUP_MAX, DOSOptions, DOSOptionsError, document_options
 
 log = logging.getLogger(__name__)
 
 STRATEGY_NAME = "deep_optimizer_states"
 
-#: Largest subgroup chosen by ``sub_group_size="auto"``: 1e8 fp32 params = 1.2 GB of master/m/v per subgroup.
-AUTO_SUB_GROUP_MAX = 100_000_000
-#: ``sub_group_size="auto"`` aims for at least this many subgroups per rank, so the planner has choices.
+#: ``sub_group_size="auto"`` aims for at least this many subgroups per rank, so the planner has choices (and never
+#: above :data:`~lightning_dos.strategies.options.AUTO_SUB_GROUP_MAX` parameters each).
 AUTO_SUB_GROUP_COUNT = 16
 #: ``param_persistence="auto"`` on several ranks keeps the 16-bit parameters whole when a whole copy takes at most this
 #: share of the device memory free when the engine is built (activations and the device lane need the rest).
@@ -51,83 +44,21 @@ PERSIST_ALL = 10**15
 _PERSISTENCE_KEYS = ("stage3_param_persistence_threshold", "param_persistence_threshold")
 
 
-class DeepOptimizerStatesStrategy(CPUSupportMixin):
+class DeepOptimizerStatesStrategy(DeepSpeedBase):
     """DeepSpeed ZeRO-3 with the optimizer state in pinned host memory, updated in two interleaved lanes.
 
     Every update phase, each subgroup of this rank's optimizer state is updated either on the host
     (DeepSpeed's CPU Adam) or streamed through the accelerator (prefetch, fused Adam, flush), as the
     ``plan`` says. Everything else (ZeRO-3 partitioning, loss scaling, clipping, checkpoints) is DeepSpeed's.
 
+    The arguments before ``config`` are the fields of :class:`~lightning_dos.strategies.options.DOSOptions`, with
+    the same names and defaults; their entries below come from its field docstrings. A bad argument (or several)
+    is one :class:`~lightning_dos.strategies.options.DOSOptionsError` listing every problem, with the DeepSpeed
+    config's, before anything is built.
+
     Args:
-        plan: which lane updates each subgroup. ``"auto"`` lets the performance model choose every step;
-            ``"host"`` updates every subgroup on the CPU (vanilla ZeRO-3 offload, with pinned state);
-            ``"device"`` streams every subgroup through the accelerator; a float in [0, 1] puts that
-            fraction of the parameters (by size) on the device lane; ``"stride:K"`` puts every K-th
-            subgroup there (the reference implementation's rule); a list of ``"host"``/``"device"``
-            gives one lane per subgroup.
-        sub_group_size: parameters per subgroup (ZeRO-3 never splits a tensor, so subgroups are about this
-            size). ``"auto"`` picks ``min(1e8, partition / 16)`` from the model once it is built.
-        memory_budget_gib: most accelerator memory DOS may keep for the optimizer state: the resident subgroups and
-            the device lane's buffers and kept gradients (``None``: whatever is free beside the training, less a
-            headroom and a safety margin).
-        resident_gib: accelerator memory in which to keep optimizer-state subgroups for the whole run. ``"auto"``
-            (the default): after the first forward and backward (which keeps every gradient on the device), as many
-            subgroups as fit beside the measured peak, a headroom (8% of the device, at least 2 GiB) and two
-            device-lane slots, within ``memory_budget_gib``; given back to the host, newest first, if something else
-            later takes more than half the headroom (``lightning_dos.planning.placement``). A number: that many GiB;
-            0: none. Resident subgroups, in id order at 12 bytes per parameter (fp32 master and both moments), live
-            on the device only (no host copy), are updated there by fused Adam and never cross the host-device link;
-            the plan balances the others across the two lanes. The others live on the host, 16 bytes per parameter.
-            Nothing is allocated for the state before the first update boundary; the memory plan is printed at start
-            and then, and a run the box cannot hold stops before its state is allocated
-            (``docs/optimizer-state-manager.md``).
-        buffers: device-lane buffer slots (prefetch depth); ``None`` lets the planner choose.
-        cost_overrides: fixed values for performance-model parameters (e.g. ``{"h2d_bytes_per_s": 25e9}``);
-            calibration never changes an overridden parameter. See ``docs/performance-model.md``.
-        pin_memory: keep offloaded optimizer state in page-locked memory (2-3x faster transfers).
-        param_persistence: whether ZeRO-3 keeps the 16-bit parameters whole on the device between steps instead of
-            gathering and releasing each layer's in every forward and backward (on one GPU that fetch-and-release
-            roughly doubles forward and backward). ``"auto"``: yes on one rank (its partition is the whole model
-            already, so persisting costs no memory), and on several ranks when a whole 16-bit copy takes at most a
-            quarter of the device memory free when the engine is built; ``True``/``False``: always/never; an int:
-            DeepSpeed's ``stage3_param_persistence_threshold`` (parameters of at most that many elements persist).
-            A persistence threshold in ``config`` wins.
-        leaf_blocks: whether ZeRO-3 hooks each repeated block (the transformer blocks: see ``layers``) once instead
-            of every layer in it (DeepSpeed's z3 leaf modules; ``lightning_dos.zero.leaf_blocks``): a block's
-            parameters are fetched together and its gradients reduced together when its backward ends.
-            ``"auto"``: on one rank (where every parameter persists, so the per-layer hooks fetch nothing);
-            ``True``/``False``: always/never (on several ranks a whole block is gathered at once and its gradients
-            reduced only when its backward ends: more device memory, later communication; not measured). A
-            ``leaf_module`` entry in ``config`` wins.
-        layers: the module holding the model's transformer blocks, by name relative to the LightningModule
-            (``"model.layers"``: its children are the blocks), or the blocks' own names; for ``leaf_blocks`` and
-            ``activation_offload``. ``None`` (the default) finds them: the children of the model's largest
-            ``nn.ModuleList``, ``nn.Sequential`` or ``nn.ModuleDict`` of one block class (``lightning_dos.blocks``).
-        layer_types: the blocks' classes or class names instead (``["LlamaDecoderLayer"]``): the outermost modules of
-            those classes are the blocks.
-        bind_cores: with several ranks on one host, give each rank's process (its CPU Adam and torch's CPU threads)
-            its own block of the host's cores, NUMA node by NUMA node (``lightning_dos.strategies.host_binding``), so
-            one rank's update phase does not take another's cores. Nothing changes with one rank per host.
-        stage, offload_optimizer: must stay 3 and True; they exist so a mistaken override is reported
-            clearly instead of silently ignored.
         config: a DeepSpeed config dict or JSON path; it must keep ZeRO stage 3 and ``offload_optimizer``
             on the CPU. ``sub_group_size`` and ``pin_memory`` from this strategy fill keys it leaves out.
-        activation_offload: where the activations saved for backward go during each training step: ``None`` (stay on
-            the device, the default), ``"host"`` (pinned host memory) or ``"nvme"`` (files under
-            ``activation_nvme_path``). Installs :class:`~lightning_dos.activations.ActivationOffloadCallback`; see
-            ``docs/activation-offload.md``.
-        activation_nvme_path: an existing, writable directory on a local disk with at least 1 GiB free, for
-            ``activation_offload="nvme"`` only (DeepSpeed's own ``nvme_path`` is for parameter/optimizer offload).
-        activation_min_tensor_bytes: saved storages smaller than this many bytes stay on the device.
-        activation_keep_last_layers: the last this-many transformer blocks keep their activations on the device.
-        overlap: run each update phase on a worker thread beside the next forward and backward instead of before
-            them (exact: every read of a subgroup's params or host gradient waits for that subgroup's update; see
-            ``docs/optimizer-state-manager.md``). ``"auto"`` (the default): on where it was measured faster, one rank
-            training on a CUDA device with the interleaved update; serial elsewhere (several ranks, a CPU run, a
-            configuration that runs DeepSpeed's own update). ``True`` insists (anything else is one error before
-            training); ``False`` runs every update phase before the next forward. When on, DeepSpeed's throughput
-            timer is not synchronised unless ``config`` says otherwise, and each phase's ``dos/*`` record is logged
-            one step later (the last one at the end of training).
         **kwargs: any other argument of Lightning's ``DeepSpeedStrategy``.
     """
 
@@ -161,87 +92,56 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
         overlap: Union[Literal["auto"], bool] = "auto",
         **kwargs: Any,
     ) -> None:
-        if not (overlap == "auto" or isinstance(overlap, bool)):
-            raise ValueError(f"overlap: {overlap!r} is not 'auto', true or false; set overlap: auto (the default: on "
-                             "with one CUDA device), true to run the update beside the next forward, or false")
-        #: the ``overlap`` asked for; :attr:`overlapped` says what runs
-        self.overlap: Union[Literal["auto"], bool] = overlap
-        #: whether update phases run beside the next forward (decided in ``setup_environment``, confirmed when the
-        #: engine is built)
-        self.overlapped = overlap is True
-        problems = block_override_problems(layers, layer_types)
-        if problems:
-            raise ValueError("; ".join(problems))
-        #: the blocks' names or classes, where the strategy was told them (None: found)
-        self.layers, self.layer_types = layers, layer_types
-        self.activation_offload_callback = _activation_offload_callback(
-            activation_offload, activation_nvme_path, activation_min_tensor_bytes, activation_keep_last_layers,
-            layers, layer_types)
-        self.plan_spec = parse_plan(plan)
-        self._auto_sub_group_size = _validate_sub_group_size(sub_group_size)
-        if memory_budget_gib is not None and memory_budget_gib < 0:
-            raise ValueError(f"memory_budget_gib: {memory_budget_gib} is negative; set a size in GiB >= 0 or null")
-        if resident_gib != "auto" and (isinstance(resident_gib, bool) or not isinstance(resident_gib, (int, float))
-                                       or not 0 <= resident_gib < float("inf")):
-            raise ValueError(f"resident_gib: {resident_gib!r} is not a size; set auto (the default: as much as fits "
-                             "beside the training's measured peak), or the GiB of accelerator memory in which to keep "
-                             "optimizer state (a number >= 0; 0 keeps all of it on the host)")
-        if resident_gib != "auto" and memory_budget_gib is not None and resident_gib > memory_budget_gib:
-            raise ValueError(f"resident_gib: {resident_gib} GiB is more than memory_budget_gib ({memory_budget_gib} "
-                             "GiB), which covers the resident subgroups too; set resident_gib <= memory_budget_gib, "
-                             "or resident_gib: auto")
-        #: GiB for resident subgroups, or ``"auto"``
-        self.resident_gib: Union[Literal["auto"], float] = "auto" if resident_gib == "auto" else float(resident_gib)
-        if buffers is not None and buffers < 1:
-            raise ValueError(
-                f"buffers: {buffers} is not a number of device-lane buffer slots; "
-                "set 1 or more, or null to let the planner choose"
-            )
-        if stage != 3:
-            raise MisconfigurationException(
-                f"stage: deep_optimizer_states needs ZeRO stage 3, got {stage}; set stage: 3 "
-                f"(or use strategy: deepspeed_stage_{stage} for plain DeepSpeed)"
-            )
-        if not offload_optimizer:
-            raise MisconfigurationException(
-                "offload_optimizer: deep_optimizer_states keeps the optimizer state in host memory; set "
-                "offload_optimizer: true (or use strategy: deepspeed_stage_3 for a GPU-resident optimizer)"
-            )
-        if cost_overrides:
-            CostParams().with_values(cost_overrides, key="cost_overrides")  # unknown names fail here, early
-        if not (param_persistence == "auto" or isinstance(param_persistence, bool)
-                or (isinstance(param_persistence, int) and param_persistence >= 0)):
-            raise ValueError(f"param_persistence: {param_persistence!r}; set 'auto', true, false, or a number of "
-                             "elements >= 0 (parameters of at most that many elements stay whole on the device)")
-        self.param_persistence = param_persistence
-        if not (leaf_blocks == "auto" or isinstance(leaf_blocks, bool)):
-            raise ValueError(f"leaf_blocks: {leaf_blocks!r}; set 'auto', true or false")
-        self.leaf_blocks = leaf_blocks
-        #: Names of the blocks ZeRO-3 hooks as leaves (empty: hooks on every layer).
-        self.leaf_block_names: list[str] = []
-        self.bind_cores = bool(bind_cores)
-        self.bound_cores: Optional[list[int]] = None  # this rank's cores, once bound
-        self.persistence_threshold: Optional[int] = None  # what prepare_config decided (None: DeepSpeed's default)
+        #: the DOS arguments as given (checked below); the attributes after the check are what the strategy reads
+        self.options = options = DOSOptions(
+            plan=plan, sub_group_size=sub_group_size, memory_budget_gib=memory_budget_gib, resident_gib=resident_gib,
+            buffers=buffers, cost_overrides=cost_overrides, pin_memory=pin_memory,
+            param_persistence=param_persistence, leaf_blocks=leaf_blocks, layers=layers, layer_types=layer_types,
+            bind_cores=bind_cores, stage=stage, offload_optimizer=offload_optimizer,
+            activation_offload=activation_offload, activation_nvme_path=activation_nvme_path,
+            activation_min_tensor_bytes=activation_min_tensor_bytes,
+            activation_keep_last_layers=activation_keep_last_layers, overlap=overlap)
+        problems = options.problems()
         if isinstance(config, dict):
             config = copy.deepcopy(config)  # defaults are filled into a copy: the caller's dict stays as given
-        self.memory_budget_gib = memory_budget_gib
-        self.buffers = buffers
-        self.cost_overrides = dict(cost_overrides or {})
         super().__init__(
             accelerator=accelerator,
             stage=3,
             offload_optimizer=True,
             offload_parameters=offload_parameters,
             pin_memory=pin_memory,
-            sub_group_size=AUTO_SUB_GROUP_MAX if self._auto_sub_group_size else int(sub_group_size),
+            sub_group_size=options.initial_sub_group_size,
             config=config,
             **kwargs,
         )
         if config is not None:
-            _complete_user_config(self.config, pin_memory=pin_memory, sub_group_size=sub_group_size)
+            _complete_user_config(self.config, pin_memory=pin_memory, sub_group_size=options.initial_sub_group_size)
+        problems += dos_config_problems(self.config)
+        if problems:
+            raise DOSOptionsError(problems)
         if overlap is True:
             _overlap_config_defaults(self.config)
-        validate_dos_config(self.config)
+        #: the ``overlap`` asked for; :attr:`overlapped` says what runs
+        self.overlap: Union[Literal["auto"], bool] = overlap
+        #: whether update phases run beside the next forward (decided in ``setup_environment``, confirmed when the
+        #: engine is built)
+        self.overlapped = overlap is True
+        self.plan_spec = options.plan_spec
+        #: GiB for resident subgroups, or ``"auto"``
+        self.resident_gib: Union[Literal["auto"], float] = options.resident
+        self.memory_budget_gib = memory_budget_gib
+        self.buffers = buffers
+        self.cost_overrides = dict(cost_overrides or {})
+        self.param_persistence = param_persistence
+        self.leaf_blocks = leaf_blocks
+        #: the blocks' names or classes, where the strategy was told them (None: found)
+        self.layers, self.layer_types = layers, layer_types
+        self.bind_cores = bool(bind_cores)
+        #: Names of the blocks ZeRO-3 hooks as leaves (empty: hooks on every layer).
+        self.leaf_block_names: list[str] = []
+        self.bound_cores: Optional[list[int]] = None  # this rank's cores, once bound
+        self.persistence_threshold: Optional[int] = None  # what prepare_config decided (None: DeepSpeed's default)
+        self.activation_offload_callback = _activation_offload_callback(options)
         self.manager: Any = None
 
     # ------------------------------------------------------------------ registration
@@ -295,14 +195,17 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
     # ------------------------------------------------------------------ engine construction
     @override
     def prepare_config(self, model: torch.nn.Module) -> None:
+        """Settle the DeepSpeed config from the built, partitioned model: subgroup size, persistence, leaf blocks.
+        Nothing of the optimizer state exists yet; ``deepspeed.initialize`` allocates it right after."""
         zero = self.config["zero_optimization"]
-        if self._auto_sub_group_size:
+        if self.options.auto_sub_group_size:
             zero["sub_group_size"] = auto_sub_group_size(_partition_numel(model, self.world_size))
         user_persistence = next((zero[key] for key in _PERSISTENCE_KEYS if key in zero), None)
         if user_persistence is None:  # else the user's DeepSpeed config decides
             free = _free_device_bytes(self.root_device)
+            model_bytes = _model_bytes(model, self.precision_plugin.precision)
             self.persistence_threshold = persistence_threshold(
-                self.param_persistence, self.world_size, _model_bytes(model, self.precision_plugin.precision), free)
+                self.param_persistence, self.world_size, model_bytes, free)
             if self.persistence_threshold is not None:
                 zero["stage3_param_persistence_threshold"] = self.persistence_threshold
         persist_all = (self.persistence_threshold if user_persistence is None else user_persistence) == PERSIST_ALL
@@ -421,6 +324,10 @@ class DeepOptimizerStatesStrategy(CPUSupportMixin):
             rank_zero_info("deep_optimizer_states: " + plan.describe())
 
 
+#: the DOS arguments' entries, from DOSOptions' field docstrings (help() and the CLI's --help read them)
+DeepOptimizerStatesStrategy.__doc__ = document_options(DeepOptimizerStatesStrategy.__doc__ or "")
+
+
 class _DispatchCallback(Callback):
     """Forwards ``on_before_optimizer_step`` to the strategy (Lightning gives strategies no such hook), and keeps the
     manager's plan state in checkpoints (a callback's ``state_dict`` is saved with them; a strategy's is not)."""
@@ -466,31 +373,15 @@ class _DispatchCallback(Callback):
 
 
 # ---------------------------------------------------------------------- config helpers
-def _activation_offload_callback(placement: Optional[str], nvme_path: Optional[Union[str, Path]],
-                                 min_tensor_bytes: int, keep_last_layers: int, layers: BlockNames = None,
-                                 layer_types: BlockTypes = None) -> Optional[Callback]:
-    """The activation-offload callback the ``activation_*`` arguments ask for (None: off); one ``ValueError`` naming
-    each bad argument and its fix otherwise."""
-    from lightning_dos.activations import OFFLOAD_PLACEMENTS, ActivationOffloadCallback, validate_options
-
-    validate_options(placement, nvme_path, min_tensor_bytes, keep_last_layers, keys=STRATEGY_KEYS,
-                     placements=(None, *OFFLOAD_PLACEMENTS))
-    if placement is None:
+def _activation_offload_callback(options: DOSOptions) -> Optional[Callback]:
+    """The activation-offload callback the (checked) ``activation_*`` options ask for (None: off)."""
+    if options.activation_offload is None:
         return None
-    return ActivationOffloadCallback(placement, nvme_path, min_tensor_bytes, keep_last_layers, keys=STRATEGY_KEYS,
-                                     layers=layers, layer_types=layer_types)
+    from lightning_dos.activations import ActivationOffloadCallback
 
-
-def _validate_sub_group_size(value: Union[int, str]) -> bool:
-    """Return whether the size is ``"auto"``; raise for anything that is not a positive integer."""
-    if value == "auto":
-        return True
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or int(value) != value:
-        raise ValueError(
-            f"sub_group_size: {value!r} is not a positive whole number of parameters; set e.g. 50000000 "
-            "(a few 1e7 to 1e8 per subgroup) or 'auto'"
-        )
-    return False
+    return ActivationOffloadCallback(options.activation_offload, options.activation_nvme_path,
+                                     options.activation_min_tensor_bytes, options.activation_keep_last_layers,
+                                     keys=STRATEGY_KEYS, layers=options.layers, layer_types=options.layer_types)
 
 
 def persistence_threshold(setting: Union[str, bool, int], world_size: int, model_bytes: int,
@@ -531,7 +422,7 @@ def _partition_numel(model: torch.nn.Module, world_size: int) -> int:
     return math.ceil(total / max(1, world_size))
 
 
-def _complete_user_config(config: dict[str, Any], pin_memory: bool, sub_group_size: Union[int, str]) -> None:
+def _complete_user_config(config: dict[str, Any], pin_memory: bool, sub_group_size: int) -> None:
     """Fill the DOS keys a user-supplied DeepSpeed config leaves out (never overriding what it sets)."""
     zero = config.get("zero_optimization")
     if not isinstance(zero, dict):
@@ -539,10 +430,7 @@ def _complete_user_config(config: dict[str, Any], pin_memory: bool, sub_group_si
     offload = zero.get("offload_optimizer")
     if isinstance(offload, dict):
         offload.setdefault("pin_memory", pin_memory)
-    if sub_group_size != "auto":
-        zero.setdefault("sub_group_size", int(sub_group_size))
-    else:
-        zero.setdefault("sub_group_size", AUTO_SUB_GROUP_MAX)
+    zero.setdefault("sub_group_size", sub_group_size)
 
 
 def overlap_by_default(world_size: int, device_type: str) -> bool:
@@ -574,8 +462,8 @@ def _overlap_config_defaults(config: dict[str, Any]) -> None:
             throughput.setdefault("synchronized", False)
 
 
-def validate_dos_config(config: Optional[dict[str, Any]]) -> None:
-    """Raise one ``MisconfigurationException`` listing every way ``config`` cannot run DOS."""
+def dos_config_problems(config: Optional[dict[str, Any]]) -> list[str]:
+    """Every way the DeepSpeed ``config`` cannot run DOS, one line each with its fix (empty: it can)."""
     problems = offload_config_problems(config, stage=3)
     zero = (config or {}).get("zero_optimization")
     if isinstance(zero, dict):
@@ -588,5 +476,5 @@ def validate_dos_config(config: Optional[dict[str, Any]]) -> None:
         sub = zero.get("sub_group_size")
         if sub is not None and (not isinstance(sub, (int, float)) or sub <= 0):
             problems.append(f"zero_optimization.sub_group_size: is {sub!r}; set a positive number such as 5e7")
-    if problems:
-        raise MisconfigurationException("deep_optimizer_states: " + "; ".join(problems))
+    return problems
+

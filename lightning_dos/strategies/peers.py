@@ -39,7 +39,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from lightning_dos.strategies.baselines import ZeRO3OffloadStrategy
-from lightning_dos.strategies.deepspeed_base import CPUSupportMixin, offload_config_problems
+from lightning_dos.strategies.deepspeed_base import DeepSpeedBase, offload_config_problems
 
 #: How to install the optional peers (torchao); named by every error about a missing one.
 PEERS_EXTRA = "pip install 'lightning-dos[peers]'"
@@ -356,7 +356,7 @@ class SuperOffloadStrategy(ZeRO3OffloadStrategy):
         )
 
 
-class ZenFlowStrategy(CPUSupportMixin):
+class ZenFlowStrategy(DeepSpeedBase):
     """DeepSpeed's ZenFlow at ZeRO stage 2, the optimizer offloaded: an approximate, stall-free offload.
 
     Every step ZenFlow updates on the GPU only the ``topk_ratio`` of gradient columns it ranks important, and

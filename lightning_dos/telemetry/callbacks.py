@@ -224,8 +224,9 @@ class PerfMetrics(Callback):
 
 
 class DOSMetricsLogger(Callback):
-    """Logs the strategy manager's ``dos/*`` metrics after every update phase (``on_step``), and to loggers that
-    take them (W&B), the plan table at every (re-)plan and a lane-timeline image every ``timeline_every_n`` phases.
+    """Logs the strategy manager's ``dos/*`` metrics of each update phase to the loggers, at the steps Lightning logs
+    (``log_every_n_steps``), each row holding that phase's keys alone; and to loggers that take them (W&B), the plan
+    table at every (re-)plan and a lane-timeline image every ``timeline_every_n`` phases.
 
     Works with any strategy: it does nothing unless ``trainer.strategy.manager.metrics()`` exists and
     returns values. Under gradient accumulation a phase runs every few batches; each phase is logged once.
@@ -244,8 +245,11 @@ class DOSMetricsLogger(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._log_new_phase(trainer, lambda metrics: pl_module.log_dict(metrics, on_step=True, on_epoch=False,
-                                                                         batch_size=1))
+        # straight to the loggers, at the steps Lightning logs (``log_every_n_steps``): through ``self.log`` a key this
+        # phase lacks (``dos/d2h_gb_per_s`` without a device lane) would be logged again with an earlier phase's value
+        connector = trainer._logger_connector
+        self._log_new_phase(trainer, connector.log_metrics if connector.should_update_logs or trainer.fast_dev_run
+                            else None)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -256,9 +260,9 @@ class DOSMetricsLogger(Callback):
             wait()
         self._log_new_phase(trainer, trainer._logger_connector.log_metrics)
 
-    def _log_new_phase(self, trainer: pl.Trainer, log: Callable[[dict[str, float]], Any]) -> None:
-        """Log the manager's last record through ``log`` if an update phase was recorded since the last call, and
-        its media; nothing under a strategy without a manager."""
+    def _log_new_phase(self, trainer: pl.Trainer, log: Optional[Callable[[dict[str, float]], Any]]) -> None:
+        """Log the manager's last record through ``log`` (None: not at this step) if an update phase was recorded
+        since the last call, and its media; nothing under a strategy without a manager."""
         manager = getattr(trainer.strategy, "manager", None)
         metrics_fn = getattr(manager, "metrics", None)
         if not callable(metrics_fn):
@@ -269,7 +273,7 @@ class DOSMetricsLogger(Callback):
                 return  # no update phase since the last log (accumulating gradients)
             self._logged_phases = len(records)
         metrics = {key: float(value) for key, value in (metrics_fn() or {}).items()}
-        if metrics:
+        if metrics and log is not None:
             log(metrics)
         if records and getattr(trainer, "is_global_zero", True):
             self._log_media(trainer, manager, records)

@@ -4,13 +4,13 @@ Every parity test compares against the same run without offload, bit for bit (``
 masters, ``==`` on losses), on a small GPT with and without activation checkpointing: plain torch, plain Lightning,
 the DOS strategy (through its own ``activation_offload`` argument) and DeepSpeed's ZeRO-3 offload (through the
 callback), with ZeRO-3 gathering and releasing every parameter (persistence 0). On the CPU the copy lanes and the
-NVMe I/O are real threads, so the ordering tests slow them down and check that nothing is read before it landed.
+NVMe I/O are real threads, so the ordering tests hold their copies at gates the test opens, and check that the reader
+arrived before the bytes had landed and still read them only once they had (no sleep, no measured wait).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -317,38 +317,87 @@ def test_prefetch_runs_in_reverse_layer_order(tmp_path: Path, monkeypatch: pytes
 
 
 # ---------------------------------------------------------------------- ordering: nothing read before it landed
-def _slow_copy_on(thread_prefix: str, delay: float, copies: list[str]) -> Any:
-    fast = streams._copy
+#: A gate the test forgot to open fails the test after this long instead of hanging it (no ordering depends on it).
+HANG_GUARD_S = 120.0
 
-    def slow(dst: torch.Tensor, src: torch.Tensor) -> None:
-        name = threading.current_thread().name
-        if name.startswith(thread_prefix):
-            time.sleep(delay)
-            copies.append(name)
-        fast(dst, src)
 
-    return slow
+class _Gate:
+    """Holds the calls it wraps until the test opens it: when a copy or an I/O lands is the test's choice, not the
+    machine's speed."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.opened = threading.Event()
+        self.held = 0  # calls that reached the gate
+
+    def wrap(self, call: Any, thread_prefix: str = "") -> Any:
+        """``call`` held at the gate when made on a thread named ``thread_prefix...`` (every thread by default)."""
+
+        def gated(*args: Any) -> None:
+            if threading.current_thread().name.startswith(thread_prefix):
+                self.held += 1
+                if not self.opened.wait(HANG_GUARD_S):
+                    raise AssertionError(f"{self.name}: the gate was never opened")
+            call(*args)
+
+        return gated
+
+    def open(self) -> None:
+        self.opened.set()
+
+
+def _on_arrival(monkeypatch: pytest.MonkeyPatch, then: Any = None) -> list[bool]:
+    """Per saved tensor that backward asks for (``ActivationOffload._restored``: the consumer arrives, before it waits
+    for the bytes), whether its restore had landed by then; ``then()`` runs at each arrival, before the wait."""
+    landed: list[bool] = []
+    restored = ActivationOffload._restored
+
+    def arriving(self: ActivationOffload, entry: Any) -> torch.Tensor:
+        landed.append(entry.restore is not None and entry.restore.done())
+        if then is not None:
+            then()
+        return restored(self, entry)
+
+    monkeypatch.setattr(ActivationOffload, "_restored", arriving)
+    return landed
 
 
 def _poisoned(nbytes: int, device: torch.device) -> torch.Tensor:
     return torch.full((nbytes,), 0xFF, dtype=torch.uint8, device=device)  # NaN in every float dtype
 
 
-@pytest.mark.parametrize("lane", ["act-h2d", "act-d2h"])
-def test_restores_wait_for_slow_copies(lane: str, tmp_path: Path, reference: dict,
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    copies: list[str] = []
-    monkeypatch.setattr(streams, "_copy", _slow_copy_on(lane, 0.03, copies))
-    monkeypatch.setattr(streams, "_allocate", _poisoned)  # restored bytes start as NaN
+def _poison_host_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
     fresh = pool.HostBufferPool._allocate
-    monkeypatch.setattr(pool.HostBufferPool, "_allocate",
-                        lambda self, capacity: _fill(fresh(self, capacity)))  # host buffers too
+    monkeypatch.setattr(pool.HostBufferPool, "_allocate", lambda self, capacity: _fill(fresh(self, capacity)))
+
+
+@pytest.mark.parametrize("lane", ["act-h2d", "act-d2h"])
+def test_restores_wait_for_held_copies(lane: str, tmp_path: Path, reference: dict,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every copy of one lane is held until backward first asks for a saved tensor, so that consumer arrives before
+    its bytes have landed (a restore held, or waiting for its held offload); it waits, and every gradient is the
+    reference's bit for bit although restored bytes start as NaN."""
+    gate = _Gate(lane)
+    monkeypatch.setattr(streams, "_copy", gate.wrap(streams._copy, lane))
+    monkeypatch.setattr(streams, "_allocate", _poisoned)  # restored bytes start as NaN
+    _poison_host_buffers(monkeypatch)  # host buffers too
+    landed = _on_arrival(monkeypatch, then=gate.open)
+    offload_landed: list[bool] = []  # per restore issued: whether the offloads it follows had landed
+    restore = streams.CopyLanes.restore
+
+    def noting_restore(self: streams.CopyLanes, src: torch.Tensor, dst: torch.Tensor, after: Any = ()) -> Any:
+        offload_landed.append(all(event.done() for event in after))
+        return restore(self, src, dst, after)
+
+    monkeypatch.setattr(streams.CopyLanes, "restore", noting_restore)
     offload = make_offload("host", tmp_path)
     run = train_plain(offload, checkpointing=True)
-    assert copies  # the delay was on the path
+    assert gate.held  # the gate was on the path
     assert_identical(run, reference[True])
-    if lane == "act-h2d":
-        assert offload.total.restore_wait_s > 0.005  # backward really had to wait for the landing
+    assert landed and not landed[0]  # the first consumer came before its restore had landed ...
+    assert offload.total.restore_wait_s > 0  # ... and waited for it
+    if lane == "act-d2h":
+        assert not offload_landed[0]  # the first restore was issued before its offload had landed, and waited
     offload.close()
 
 
@@ -360,36 +409,41 @@ def _fill(buffer: Any) -> Any:
 @pytest.mark.parametrize("placement", ["host", "nvme"])
 def test_reading_before_landing_is_caught(placement: str, tmp_path: Path, reference: dict,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """The control for the test above: with the consumer's wait removed, the same slow restores give wrong
-    gradients, so bit-identity there is evidence of the ordering and not of luck."""
-    monkeypatch.setattr(streams, "_copy", _slow_copy_on("act-h2d", 0.02, []))
+    """The control for the test above: with the consumer's wait removed and every restore held until the step is
+    over, backward reads the poisoned bytes and the gradients are wrong, so bit-identity there is evidence of the
+    ordering and not of luck."""
+    gate = _Gate("act-h2d")
+    monkeypatch.setattr(streams, "_copy", gate.wrap(streams._copy, "act-h2d"))
     monkeypatch.setattr(streams, "_allocate", _poisoned)
     monkeypatch.setattr(streams.CopyLanes, "consume", lambda self, event, tensor: None)
     offload = make_offload(placement, tmp_path)
-    losses, grads = train_plain(offload, checkpointing=True, steps=1)
-    offload.close()
+    try:
+        losses, grads = train_plain(offload, checkpointing=True, steps=1)
+    finally:
+        gate.open()  # the step is over: let the restores land, so the lanes can close
+        offload.close()
+    assert gate.held  # restores were issued, and none had landed when backward read them
     assert not all(torch.equal(a, b) for a, b in zip(grads[0], reference[True][1][0]))
 
 
 def test_nvme_reads_and_writes_are_ordered(tmp_path: Path, reference: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """File writes are held until the forward's write throttle waits for one, and reads until backward first asks
+    for a saved tensor: both waits happen, each write is waited for before the next starts, and every gradient is
+    the reference's bit for bit."""
     calls: list[str] = []
-    pwrite, pread = store._pwrite, store._pread
+    writes, reads = _Gate("writes"), _Gate("reads")
 
-    def slow_write(fd: int, data: memoryview) -> None:
-        time.sleep(0.05)
-        calls.append("write")
-        pwrite(fd, data)
+    def noting(kind: str, call: Any) -> Any:
+        def noted(fd: int, data: memoryview) -> None:
+            calls.append(kind)
+            call(fd, data)
 
-    def slow_read(fd: int, data: memoryview) -> None:
-        time.sleep(0.05)
-        calls.append("read")
-        pread(fd, data)
+        return noted
 
-    monkeypatch.setattr(store, "_pwrite", slow_write)
-    monkeypatch.setattr(store, "_pread", slow_read)
+    monkeypatch.setattr(store, "_pwrite", writes.wrap(noting("write", store._pwrite)))
+    monkeypatch.setattr(store, "_pread", reads.wrap(noting("read", store._pread)))
     monkeypatch.setattr(streams, "_allocate", _poisoned)
-    fresh = pool.HostBufferPool._allocate
-    monkeypatch.setattr(pool.HostBufferPool, "_allocate", lambda self, capacity: _fill(fresh(self, capacity)))
+    _poison_host_buffers(monkeypatch)
     in_flight_at_write: list[int] = []
     write = store.NVMeStore.write
 
@@ -398,12 +452,25 @@ def test_nvme_reads_and_writes_are_ordered(tmp_path: Path, reference: dict, monk
         return write(self, *args, **kwargs)
 
     monkeypatch.setattr(store.NVMeStore, "write", watched_write)
+    write_landed: list[bool] = []  # per wait of the throttle: whether the write it waits for had landed
+    oldest_write = store.NVMeStore.oldest_write
+
+    def throttling(self: NVMeStore) -> Any:
+        future = oldest_write(self)
+        if future is not None:
+            write_landed.append(future.done())
+            writes.open()
+        return future
+
+    monkeypatch.setattr(store.NVMeStore, "oldest_write", throttling)
+    landed = _on_arrival(monkeypatch, then=reads.open)
     offload = make_offload("nvme", tmp_path, max_inflight_write_bytes=0)  # each write waits for the one before
     run = train_plain(offload, checkpointing=True)
     assert_identical(run, reference[True])
-    assert calls.count("write") == calls.count("read") > 0
+    assert calls.count("write") == calls.count("read") > 0 and writes.held and reads.held
     assert len(in_flight_at_write) == calls.count("write") and not any(in_flight_at_write)
-    assert offload.total.restore_wait_s > 0.005 and offload.total.write_wait_s > 0.005
+    assert write_landed and not write_landed[0] and offload.total.write_wait_s > 0  # the forward waited for a write
+    assert landed and not landed[0] and offload.total.restore_wait_s > 0  # backward waited for a read
     offload.close()
 
 

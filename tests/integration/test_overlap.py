@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -173,16 +172,37 @@ def test_zero3_gather_variants(variant: str) -> None:
 
 
 # ---------------------------------------------------------------------- the gates, with a delayed host lane
+#: A held subgroup that nothing releases fails the test after this long instead of hanging it (no ordering depends on
+#: it).
+HANG_GUARD_S = 120.0
+
+
+class _BlockingEvent(threading.Event):
+    """One of a phase's gates (``Phase.issued``/``grad_free``) that calls ``on_block`` when a thread is about to wait on
+    it while it is not set, i.e. when that thread can go on no further without the subgroup."""
+
+    def __init__(self, on_block: Any) -> None:
+        super().__init__()
+        self.on_block = on_block
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self.is_set():
+            self.on_block()
+        return super().wait(timeout)
+
+
 class _HoldOneSubgroup(pl.Callback):
     """Runs the host lane with the head's weight subgroup ``k`` last, and holds ``k``'s CPU Adam on the worker until
-    the training loop reaches a gate that needs it (the next forward's head, else the join), then 0.1 s more.
+    the training loop can go on no further without it: a thread waits at one of ``k``'s gates, the loop joins the
+    phase, or (a gate missing) the head's forward has begun. Whatever ran before that ran before ``k``'s update,
+    whatever the machine's speed.
 
     Per module forward (a pre-hook registered after DeepSpeed's, so it runs after the gate) it records whether the
     module holds ``k`` and whether ``k``'s write had been issued when the module's compute began.
     """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, hold: bool = True) -> None:
-        self.reached = threading.Event()
+        self.released = threading.Event()  # the loop needs k now: the worker may run k's CPU Adam
         self.k_done = threading.Event()  # k's CPU Adam of the phase in flight has run
         self.forwards: list[tuple[str, bool, bool]] = []  # (module, holds k, k written), while a phase is in flight
         self.pending_after_step: list[bool] = []
@@ -193,35 +213,42 @@ class _HoldOneSubgroup(pl.Callback):
             self._patch(monkeypatch)
 
     def _patch(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        host_step, wait_params, join, issue = HostAdam.step, Phase.wait_params, Phase.join, UpdateExecutor.issue
+        host_step, init, join, issue = HostAdam.step, Phase.__init__, Phase.join, UpdateExecutor.issue
 
         def held_step(adam: HostAdam, state: dict, master: torch.Tensor, *args: Any, **kwargs: Any) -> None:
             if master is self.target:
-                self.timed_out |= not self.reached.wait(10.0)
-                time.sleep(0.1)
+                self.timed_out |= not self._until_released()
             host_step(adam, state, master, *args, **kwargs)
             if master is self.target:
                 self.k_done.set()
 
-        def noting_wait(phase: Phase, ids: Any, streams: Any = ()) -> None:
-            ids = list(ids)
-            if self.k in ids or any(not phase.issued[i].is_set() for i in ids):
-                self.reached.set()  # the loop needs k now (or something queued behind it): let the worker go on
-            wait_params(phase, ids, streams)
+        def watched_init(phase: Phase, *args: Any, **kwargs: Any) -> None:
+            init(phase, *args, **kwargs)
+            if self.k >= 0:  # before the worker starts: nothing has set them yet
+                phase.issued[self.k] = _BlockingEvent(self.released.set)
+                phase.grad_free[self.k] = _BlockingEvent(self._grad_wait)
 
         def releasing_join(phase: Phase) -> Any:
-            self.reached.set()
+            self.released.set()
             return join(phase)
 
         def fresh_issue(executor: UpdateExecutor, *args: Any, **kwargs: Any) -> Phase:
-            self.reached.clear()  # what set them belonged to the phase before
+            self.released.clear()  # what set it belonged to the phase before
             self.k_done.clear()
             return issue(executor, *args, **kwargs)
 
         monkeypatch.setattr(HostAdam, "step", held_step)
-        monkeypatch.setattr(Phase, "wait_params", noting_wait)
+        monkeypatch.setattr(Phase, "__init__", watched_init)
         monkeypatch.setattr(Phase, "join", releasing_join)
         monkeypatch.setattr(UpdateExecutor, "issue", fresh_issue)
+
+    def _until_released(self) -> bool:
+        """On the worker, before k's CPU Adam: wait until the loop needs k (False: nothing released it)."""
+        return self.released.wait(HANG_GUARD_S)
+
+    def _grad_wait(self) -> None:
+        """A thread is about to wait for k's host gradient to be free: it needs k's CPU Adam."""
+        self.released.set()
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         opt = trainer.strategy.model.optimizer
@@ -240,6 +267,8 @@ class _HoldOneSubgroup(pl.Callback):
         phase = trainer.strategy.model.optimizer.in_flight
         if phase is not None:
             self.forwards.append((name, holds, phase.issued[self.k].is_set()))
+            if holds:
+                self.released.set()  # past the gate (written, or no gate at all): k's update may run now
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         phase = trainer.strategy.model.optimizer.in_flight
@@ -273,10 +302,23 @@ def test_without_the_gate_the_same_run_reads_stale_params(monkeypatch: pytest.Mo
 class _WriteHostGradDuringUpdate(_HoldOneSubgroup):
     """After the second step, with its update in flight and ``k`` held, a thread writes ``k``'s host gradient
     through the backward's own path (``_send_host_grads``, the values already there: the run is unchanged) and
-    records whether ``k``'s CPU Adam had run when the write went through."""
+    records whether ``k``'s CPU Adam had run when the write went through. ``k`` stays held until the writer has
+    written or waits at ``k``'s gradient gate."""
 
     writer: threading.Thread | None = None
     adam_done_at_write: bool | None = None
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.settled = threading.Event()  # the writer has written, or waits at k's gradient gate
+        super().__init__(monkeypatch)
+
+    def _until_released(self) -> bool:
+        released = super()._until_released()
+        return released and (self.writer is None or self.settled.wait(HANG_GUARD_S))
+
+    def _grad_wait(self) -> None:
+        super()._grad_wait()
+        self.settled.set()
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, idx: int) -> None:
         super().on_train_batch_end(trainer)
@@ -291,6 +333,7 @@ class _WriteHostGradDuringUpdate(_HoldOneSubgroup):
         def write() -> None:
             opt._send_host_grads([(param_id, i, offset, same)])
             self.adam_done_at_write = self.k_done.is_set()
+            self.settled.set()
 
         self.writer = threading.Thread(target=write)
         self.writer.start()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 
 import lightning.pytorch as pl
 import pytest
@@ -14,6 +15,7 @@ import lightning_dos
 from lightning_dos import DeepOptimizerStatesStrategy, ZeRO3OffloadStrategy
 from lightning_dos._versions import check_versions
 from lightning_dos.strategies.dos import AUTO_SUB_GROUP_MAX, PERSIST_ALL, auto_sub_group_size, persistence_threshold
+from lightning_dos.strategies.options import DOSOptionsError
 from tests.support.parity import make_strategy, rel, train
 
 
@@ -96,16 +98,22 @@ def test_auto_sub_group_size_gives_several_subgroups() -> None:
 def test_bad_input_is_one_clear_error(kwargs: dict, exc: type, key: str) -> None:
     with pytest.raises(exc) as info:
         DeepOptimizerStatesStrategy(**kwargs)
-    message = str(info.value)
-    assert key in message
-    assert "set" in message or "use" in message  # says what to do instead
+    assert isinstance(info.value, DOSOptionsError)
+    (line,) = info.value.problems  # one bad argument: one problem, naming its key
+    assert line.split(":")[0].endswith(key), line
+    assert re.search(r"; (set|use|remove) ", line), line  # says what to do instead
+    assert line in str(info.value).splitlines()[1]
 
 
-def test_every_config_problem_is_reported_at_once() -> None:
-    with pytest.raises(MisconfigurationException) as info:
-        DeepOptimizerStatesStrategy(config={"zero_optimization": {"stage": 1, "sub_group_size": 0}})
-    message = str(info.value)
-    assert "zero_optimization.stage" in message and "offload_optimizer" in message and "sub_group_size" in message
+def test_every_argument_and_config_problem_is_reported_at_once() -> None:
+    with pytest.raises(DOSOptionsError) as info:
+        DeepOptimizerStatesStrategy(plan="strid:2", buffers=0, stage=2, overlap="sometimes",
+                                    activation_offload="nvme",
+                                    config={"zero_optimization": {"stage": 1, "sub_group_size": 0}})
+    keys = [problem.split(":")[0] for problem in info.value.problems]
+    assert keys == ["plan", "buffers", "stage", "activation_nvme_path", "overlap", "zero_optimization.stage",
+                    "zero_optimization.offload_optimizer.device", "zero_optimization.sub_group_size"]
+    assert str(info.value).count("\n  - ") == len(keys)  # one line each
 
 
 def test_unsupported_versions_fail_naming_the_range() -> None:

@@ -46,6 +46,7 @@ from lightning_dos.telemetry.run_info import (
     strategy_label,
     version_facts,
 )
+from tests.support.update_records import logged, phase_keys, record_metrics
 from tests.support.wandb_runs import read_finished_wandb_run
 
 # the tests pass args while pytest's own arguments sit in sys.argv
@@ -70,11 +71,16 @@ def _cores() -> int:
 
 # ---------------------------------------------------------------------------------------------- the two runs
 @pytest.fixture(scope="module")
-def strategy_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The debug recipe under DOS and under configs/strategy/zero3_offload.yaml, W&B offline: their run dirs."""
+def fits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, list[Any]]]:
+    """The debug recipe under DOS and under configs/strategy/zero3_offload.yaml, W&B offline: their run dirs, and the
+    DOS managers each fit built (none for vanilla)."""
     root = tmp_path_factory.mktemp("strategy_runs")
-    runs: dict[str, Path] = {}
+    runs: dict[str, tuple[Path, list[Any]]] = {}
+    managers: list[Any] = []
+    build = DeepOptimizerStatesStrategy._build_manager
     with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DeepOptimizerStatesStrategy, "_build_manager",
+                      lambda self, optimizer: managers.append(build(self, optimizer)) or managers[-1])
         patch.chdir(root)  # the recipes log under relative paths (runs/)
         patch.setenv("WANDB_MODE", "offline")
         for key in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
@@ -84,9 +90,15 @@ def strategy_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                   "--trainer.max_steps", str(MAX_STEPS), "--trainer.enable_progress_bar", "false"])
             run = wandb.run
             assert run is not None, f"{name}: the fit started no W&B run"
-            runs[name] = Path(run.dir).parent.resolve()
+            runs[name] = (Path(run.dir).parent.resolve(), list(managers))
+            managers.clear()
             run.finish()  # Lightning leaves the run open; the next fit must start its own
     return runs
+
+
+@pytest.fixture(scope="module")
+def strategy_runs(fits: dict[str, tuple[Path, list[Any]]]) -> dict[str, Path]:
+    return {name: path for name, (path, _) in fits.items()}
 
 
 @pytest.fixture(scope="module")
@@ -160,10 +172,29 @@ def test_history_has_perf_keys_for_both_and_dos_keys_for_dos(read_back: dict[str
         assert "perf/peak_gpu_gib" not in history and "perf/mfu" not in history  # CPU: no GPU memory, no peak FLOPs
         assert not {"train/tokens_per_s", "train/tflops_per_s", "train/mfu"} & set(history)  # moved to perf/*
         assert len(history["train/loss"]) == MAX_STEPS
-    dos_keys = {key for key in read_back["dos"].history if key.startswith("dos/")}
-    assert {"dos/device_fraction", "dos/update_ms", "dos/host_busy_ms", "dos/device_busy_ms"} <= dos_keys
     assert all(0.0 < f < 1.0 for _, f in read_back["dos"].history["dos/device_fraction"])  # plan 0.5: both lanes
     assert not any(key.startswith("dos/") for key in read_back["vanilla"].history)
+
+
+def test_dos_history_is_what_the_manager_recorded(read_back: dict[str, Run],
+                                                  fits: dict[str, tuple[Path, list[Any]]]) -> None:
+    """Every ``dos/*`` key of the W&B history, at every step, is what the manager recorded of that update phase
+    (docs/telemetry.md), and the last step's keys are those of its ``metrics()``."""
+    (manager,) = fits["dos"][1]
+    assert not fits["vanilla"][1]
+    history = read_back["dos"].history
+    records = manager.records
+    assert len(records) == MAX_STEPS
+    steps = [step for step, _ in history["dos/update_ms"]]
+    assert len(steps) == MAX_STEPS and steps == sorted(set(steps))  # one phase a step
+    rows: dict[int, dict[str, float]] = {step: {} for step in steps}
+    for key, values in history.items():
+        if key.startswith("dos/"):
+            for step, value in values:
+                rows[step][key] = value
+    for step, record in zip(steps, records):
+        assert phase_keys(rows[step]) == logged(record_metrics(record)), step  # no key more, none less
+    assert rows[steps[-1]] == logged(manager.metrics())
 
 
 def _png_size(path: Path) -> tuple[int, int]:

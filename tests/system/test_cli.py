@@ -242,19 +242,27 @@ def test_dos_metrics_logger_logs_each_update_phase_once() -> None:
         def metrics(self) -> dict[str, float]:
             return {"dos/update_ms": float(len(self.records))} if self.records else {}
 
-    logged: list[tuple[dict, dict]] = []
-    module = SimpleNamespace(log_dict=lambda metrics, **kw: logged.append((metrics, kw)))
+    logged: list[dict] = []
+    connector = SimpleNamespace(should_update_logs=True, log_metrics=logged.append)
     manager = Manager()
-    trainer = SimpleNamespace(strategy=SimpleNamespace(manager=manager))
+    trainer = SimpleNamespace(strategy=SimpleNamespace(manager=manager), _logger_connector=connector,
+                              fast_dev_run=False)
     callback = DOSMetricsLogger()
-    callback.on_train_batch_end(trainer, module, None, None, 0)  # no phase yet
+    callback.on_train_batch_end(trainer, None, None, None, 0)  # no phase yet
     manager.records.append(1)
-    callback.on_train_batch_end(trainer, module, None, None, 1)
-    callback.on_train_batch_end(trainer, module, None, None, 2)  # accumulating: same phase, not logged again
+    callback.on_train_batch_end(trainer, None, None, None, 1)
+    callback.on_train_batch_end(trainer, None, None, None, 2)  # accumulating: same phase, not logged again
     manager.records.append(2)
-    callback.on_train_batch_end(trainer, module, None, None, 3)
-    assert [m for m, _ in logged] == [{"dos/update_ms": 1.0}, {"dos/update_ms": 2.0}]
-    assert all(kw["on_step"] and not kw["on_epoch"] for _, kw in logged)
+    callback.on_train_batch_end(trainer, None, None, None, 3)
+    assert logged == [{"dos/update_ms": 1.0}, {"dos/update_ms": 2.0}]
+    # a step Lightning does not log at (log_every_n_steps): the phase is passed over, not logged at a later step
+    connector.should_update_logs = False
+    manager.records.append(3)
+    callback.on_train_batch_end(trainer, None, None, None, 4)
+    connector.should_update_logs = True
+    callback.on_train_batch_end(trainer, None, None, None, 5)
+    assert len(logged) == 2
     # strategies without a manager are left alone
-    callback.on_train_batch_end(SimpleNamespace(strategy=object()), module, None, None, 4)
+    callback.on_train_batch_end(SimpleNamespace(strategy=object(), _logger_connector=connector, fast_dev_run=False),
+                                None, None, None, 6)
     assert len(logged) == 2

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -14,6 +12,33 @@ from lightning_dos.update.subgroup import AdamHyper, Subgroup
 
 HYPER = AdamHyper(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, adamw=True)
 SIZES = [300, 120, 500, 80, 260]
+
+
+class _Clock:
+    """The update modules' ``time.perf_counter``, moved by the test: each reading ``tick`` s after the one before, and
+    what runs between two points of the test takes the time :meth:`advance` says. Spans and leads are then exact, and
+    their order is the order the code ran in, whatever the machine's speed."""
+
+    def __init__(self, tick: float) -> None:
+        self.now, self.tick = 1000.0, tick
+
+    def perf_counter(self) -> float:
+        self.now += self.tick
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    """A ticking clock (1 ms a reading) for every update module that reads the time."""
+    from lightning_dos.update import device_lane, executor, host_lane, streams
+
+    fake = _Clock(tick=1e-3)
+    for module in (device_lane, executor, host_lane, streams):
+        monkeypatch.setattr(module, "time", fake)
+    return fake
 
 
 def _subgroups(param_dtype: torch.dtype = torch.float32) -> list[Subgroup]:
@@ -79,7 +104,7 @@ def _host_step_with_cpu_adam(subgroups: list[Subgroup], inv: float):
 
 @pytest.mark.parametrize(("lanes", "buffers"), [("HDHDD", 1), ("HDHDD", 2), ("HDHDD", 3), ("DDDDD", 1), ("DDDDD", 2),
                                                 ("DDDDD", 3), ("HHHHH", 1)])  # no device lane: buffers change nothing
-def test_both_lanes_match_torch_adamw(lanes: str, buffers: int) -> None:
+def test_both_lanes_match_torch_adamw(lanes: str, buffers: int, clock: _Clock) -> None:
     """Each lane's real update, DeepSpeed's CPU Adam on the host and fused Adam on the device, against torch's AdamW
     from the same state."""
     inv = 0.5
@@ -89,11 +114,11 @@ def test_both_lanes_match_torch_adamw(lanes: str, buffers: int) -> None:
     expected = [_reference(sg, inv) for sg in subgroups]
     plan = [Lane.DEVICE if c == "D" else Lane.HOST for c in lanes]
     order = [4, 0, 1, 2, 3]  # a device-lane order other than ascending
-    before = time.perf_counter()
+    before = clock.now
     timings = UpdateExecutor(torch.device("cpu")).run(
         plan, order, buffers, subgroups, torch.tensor(inv), _host_step_with_cpu_adam(subgroups, inv)
     )
-    assert before <= timings.started_s <= time.perf_counter() - timings.total_s  # when the phase began, host clock
+    assert before < timings.started_s < timings.started_s + timings.total_s <= clock.now  # when it began: host clock
     for sg, (m, a, v), lane in zip(subgroups, expected, lanes):
         # CPU Adam's vectorised fp32 (fused multiply-adds) differs from torch's loop in the last bits of the moments
         scale = 10 if lane == "H" else 1
@@ -172,7 +197,7 @@ def test_a_16_bit_gradient_widened_in_chunks_is_the_same_bit_for_bit(monkeypatch
 
 @pytest.mark.parametrize("grads", ["kept bf16", "kept fp32", "host"])
 def test_subgroups_pass_through_the_slots_in_pieces_with_the_values_of_whole_subgroups(
-        grads: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        grads: str, monkeypatch: pytest.MonkeyPatch, clock: _Clock) -> None:
     """Pieces of 128 parameters (a multiple of every vector width, as the real piece is) through slots of one piece:
     the values of whole subgroups bit for bit, early prefetches included, the same bytes on the link, slots of a
     piece instead of the largest subgroup, and one span per stage of each subgroup covering all its pieces."""
@@ -214,7 +239,7 @@ def test_subgroups_pass_through_the_slots_in_pieces_with_the_values_of_whole_sub
     assert 0 < timings.prefetch_busy_s <= timings.device_busy_s + max(0.0, -big["prefetch"][0])
 
 
-def test_device_lane_stages_are_ordered_by_slot() -> None:
+def test_device_lane_stages_are_ordered_by_slot(clock: _Clock) -> None:
     """prefetch -> adam -> flush per subgroup; with one slot, a prefetch starts after the previous flush."""
     subgroups = _subgroups()
     timings = UpdateExecutor(torch.device("cpu")).run(
@@ -313,37 +338,42 @@ def test_device_lane_is_issued_a_window_ahead_of_the_host_lane(monkeypatch: pyte
 def test_host_lane_uploads_pass_through_the_ring_in_chunks_and_never_block_the_host(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Uploads that take 0.1 s each and a 7-element chunk: the host lane issues them and goes straight on.
+    """Uploads that land only once something waits for them, and a 7-element chunk: the host lane issues every
+    upload and goes straight on; the first wait comes after the last upload was issued (``run`` waiting for it before
+    it returns).
 
     Every chunk of every host subgroup goes through the ring of ``UPLOAD_BUFFERS`` device buffers (chunk k into
     buffer k mod 3), and the params come out bit-identical to the updated master in their own dtype.
-    ``host_busy_s`` is then all CPU Adam but for the issuing, whereas the uploads (0.1 s apiece) would have
-    added seconds had the host waited for them.
     """
-    import time
-
     import lightning_dos.update.host_lane as host_lane
     import lightning_dos.update.streams as streams
 
-    delay = 0.1
+    copies: list[tuple[int, int]] = []
+    ends: list[InFlightEvent] = []  # each upload's last event
+    waits: list[int] = []  # per wait for an event: how many subgroups' uploads had been issued by then
 
     class InFlightEvent(streams.HostEvent):
+        """An upload still on the link: it lands when something waits for it, not before."""
+
+        landed = False
+
         def query(self) -> bool:
-            return time.perf_counter() >= self.time + delay
+            return self.landed
 
         def synchronize(self) -> None:
-            time.sleep(max(0.0, self.time + delay - time.perf_counter()))
+            waits.append(len(copies))
+            self.landed = True
 
-    copies: list[tuple[int, int]] = []
     monkeypatch.setattr(streams.Streams, "event", lambda self, timing=False: InFlightEvent())
     monkeypatch.setattr(host_lane, "COPY_CHUNK", 7)  # the upload ring's buffers
     ring_upload = host_lane._UploadRing.upload
 
     def logged_upload(ring: host_lane._UploadRing, master: torch.Tensor, param16: torch.Tensor):
         first = ring.next
-        out = ring_upload(ring, master, param16)
+        begin, end = ring_upload(ring, master, param16)
         copies.append((first, ring.next))
-        return out
+        ends.append(end)
+        return begin, end
 
     monkeypatch.setattr(host_lane._UploadRing, "upload", logged_upload)
     subgroups = _subgroups(torch.bfloat16)
@@ -356,10 +386,8 @@ def test_host_lane_uploads_pass_through_the_ring_in_chunks_and_never_block_the_h
     ring = run.host_lane.buffers
     assert all(b.numel() == 7 for b in ring) and len(ring) == host_lane.UPLOAD_BUFFERS
     assert timings.device_buffer_bytes == host_lane.UPLOAD_BUFFERS * 7 * 4
-    chunks = sum(-(-n // 7) for n in SIZES)  # 183: waiting for each (or for each buffer's reuse) takes 18 (6) s
-    assert timings.host_busy_s - timings.host_compute_s < chunks * delay / 9  # no upload was waited for; margin
-    # for a busy host's scheduling
-    assert timings.total_s >= delay  # ... but run() returns only once the last one has landed
+    assert waits and waits[0] == len(SIZES)  # no upload was waited for while the host lane ran ...
+    assert ends[-1].landed  # ... but run() returns only once the last one has landed
     for sg, (m, _, _) in zip(subgroups, expected):
         torch.testing.assert_close(sg.master, m, rtol=1e-6, atol=1e-7)
         assert torch.equal(sg.param16, sg.master.to(torch.bfloat16))
@@ -406,7 +434,7 @@ def test_upload_ring_reuses_a_buffer_only_after_its_last_conversion() -> None:
     assert [e for kind, stream, e in log if kind == "wait" and stream == "convert"] == copies
 
 
-def test_prefetches_issued_before_the_update_phase_are_used_and_give_the_same_result() -> None:
+def test_prefetches_issued_before_the_update_phase_are_used_and_give_the_same_result(clock: _Clock) -> None:
     """``prefetch_ahead`` (the manager calls it at dispatch) issues the device lane's first prefetches, one per slot
     and at most PREFETCH_WINDOW; the next ``run`` of that plan uses them, and the result is torch's AdamW."""
     from lightning_dos.planning.perf_model import PREFETCH_WINDOW
@@ -416,17 +444,18 @@ def test_prefetches_issued_before_the_update_phase_are_used_and_give_the_same_re
     expected = [_reference(sg, inv) for sg in subgroups]
     lanes = [Lane.DEVICE if c == "D" else Lane.HOST for c in "DHDDD"]
     executor = UpdateExecutor(torch.device("cpu"))
+    clock.tick = 0.0  # the clock stands still but for what the test says
     assert executor.prefetch_ahead(lanes, [3, 0, 2, 4], 3, subgroups) == min(PREFETCH_WINDOW, 3) == 2
-    time.sleep(0.02)  # what runs between dispatch and the update phase (overflow check, gradient norm)
+    clock.advance(0.02)  # what runs between dispatch and the update phase (overflow check, gradient norm)
     timings = executor.run(lanes, [3, 0, 2, 4], 3, subgroups, torch.tensor(inv), _host_step_with_torch(subgroups, inv))
     assert timings.prefetched_ahead == 2
-    assert 0.02 <= timings.lead_s < 5.0  # the head start the model's dispatch_lead_s learns
+    assert timings.lead_s == pytest.approx(0.02)  # the head start the model's dispatch_lead_s learns
     for sg, (m, a, v) in zip(subgroups, expected):
         torch.testing.assert_close(sg.master, m, rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(sg.exp_avg, a, rtol=1e-6, atol=1e-9)
         torch.testing.assert_close(sg.exp_avg_sq, v, rtol=1e-6, atol=1e-10)
     spans = {e["subgroup"]: e for e in timings.events if e["lane"] == "device"}
-    assert spans[3]["prefetch"][0] < 0 and spans[0]["prefetch"][0] < 0  # issued before the phase began
+    assert spans[3]["prefetch"][0] == spans[0]["prefetch"][0] == pytest.approx(-0.02)  # issued at dispatch
     assert spans[2]["prefetch"][0] >= 0 and spans[3]["prefetch"][1] <= spans[3]["adam"][0]
     assert timings.h2d_bytes == 16 * sum(SIZES[i] for i in (0, 2, 3, 4))  # every prefetch counted once
 
