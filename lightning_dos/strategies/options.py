@@ -282,7 +282,7 @@ def field_docs(cls: type) -> dict[str, str]:
 def document_options(doc: str, options: type = DOSOptions) -> str:
     """``doc`` (a Google-style class docstring) with an ``Args:`` entry per field of ``options`` inserted at the top of
     its ``Args:`` block, for ``help()`` and the CLI's ``--help``."""
-    entries = "".join(textwrap.fill(f"{name}: {text}", width=116, initial_indent=" " * 8,
+    entries = "".join(textwrap.fill(f"{name}: {text}", width=116, break_on_hyphens=False, initial_indent=" " * 8,
                                     subsequent_indent=" " * 12) + "\n" for name, text in field_docs(options).items())
     head, marker, tail = doc.partition("    Args:\n")
     return head + marker + entries + tail if marker else doc
