@@ -178,7 +178,7 @@ def plan(argv: Sequence[str]) -> int:
     data = cli.datamodule
     budget = strategy.memory_budget_gib
     resident = strategy.resident_gib
-    sizing = size_run(cli.model, world, "auto" if strategy._auto_sub_group_size else
+    sizing = size_run(cli.model, world, "auto" if strategy.options.auto_sub_group_size else
                       strategy.config["zero_optimization"]["sub_group_size"],
                       int(getattr(data, "batch_size", 1)), int(getattr(data, "seq_len", 1)), device_bytes, host,
                       budget_bytes=None if budget is None else int(budget * GIB),

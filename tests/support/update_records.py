@@ -12,7 +12,8 @@ GIB = 2**30
 
 
 #: ``dos/*`` keys that describe the manager as a whole, not one update phase
-MANAGER_KEYS = frozenset({"dos/resident_subgroups", "dos/resident_gib", "dos/median_prediction_error"})
+MANAGER_KEYS = frozenset({"dos/resident_subgroups", "dos/resident_gib", "dos/host_state_gib",
+                          "dos/median_prediction_error"})
 
 
 def record_metrics(record: Any) -> dict[str, float]:
