@@ -27,7 +27,7 @@ import torch
 
 from lightning_dos.planning.perf_model import PIECE_PARAMS, PREFETCH_WINDOW, buffer_slots, early_prefetches
 from lightning_dos.update.device_adam import adam, adam_widened, scratch_for
-from lightning_dos.update.phase import Phase
+from lightning_dos.update.in_flight import InFlightUpdate
 from lightning_dos.update.streams import COPY_CHUNK, Streams, chunked_copy
 from lightning_dos.update.subgroup import Subgroup
 from lightning_dos.update.timings import LaneTimings, Span
@@ -93,7 +93,7 @@ class DeviceLane:
         self.window = PREFETCH_WINDOW
         # early prefetches: pieces, one per slot (the performance model predicts with subgroups: a head start)
         self.early = early_prefetches(buffers, len(self.pieces))
-        self.signals: Phase | None = None  # the phase in flight, when issued to the worker (``issue``)
+        self.signals: InFlightUpdate | None = None  # the phase in flight, when issued to the worker (``issue``)
         if not self.ids:
             return
         s = streams

@@ -4,11 +4,11 @@ The phase's parts live in their own modules: the host lane (:mod:`lightning_dos.
 subgroup, then the upload of its new params through a ring of device buffers), the device lane
 (:mod:`lightning_dos.update.device_lane`: prefetch -> fused Adam -> flush, in pieces through buffer slots on the
 device), the streams and events that order them (:mod:`lightning_dos.update.streams`), what the phase measured
-(:mod:`lightning_dos.update.timings`) and, with ``overlap``, the phase in flight and its worker thread
-(:mod:`lightning_dos.update.phase`). This module composes them: the resident subgroups' update is issued first (on the
-``adam`` stream), then the host lane runs and feeds the device lane between its subgroups, then whatever is left of the
-device lane is issued. ``run`` returns only when the host state is consistent, and the caller's stream waits for the
-last param write.
+(:mod:`lightning_dos.update.timings`) and, with ``overlap``, the update in flight and its worker thread
+(:mod:`lightning_dos.update.in_flight`). This module composes them: the resident subgroups' update is issued first
+(on the ``adam`` stream), then the host lane runs and feeds the device lane between its subgroups, then whatever is left
+of the device lane is issued. ``run`` returns only when the host state is consistent, and the caller's stream waits
+for the last param write.
 
 The first prefetches of the device lane may be issued before the update phase (``prefetch_ahead``, called when the
 manager dispatches the step's plan): they read only the optimizer state, which nothing changes between the end of
@@ -18,10 +18,11 @@ starts afresh otherwise.
 
 On a machine without an accelerator the device lane runs with the host standing in for the device: the
 same buffers, copies, ordering and write-back, with streams and events that complete immediately. ``issue``
-(``overlap=True``) runs the same two lanes on one persistent worker thread instead and returns at once with a
-:class:`~lightning_dos.update.phase.Phase`: the next forward and backward run meanwhile, each reader waiting at the
-phase's per-subgroup gates, and ``Phase.join`` returns the timings once everything has landed. The caller's stream then
-never waits for the update as a whole (the readers' gates order each read after its own subgroup's write).
+(``overlap=True``) runs the same two lanes on one persistent worker thread instead and returns at once with an
+:class:`~lightning_dos.update.in_flight.InFlightUpdate`: the next forward and backward run meanwhile, each reader
+waiting at its per-subgroup gates, and ``InFlightUpdate.join`` returns the timings once everything has landed. The
+caller's stream then never waits for the update as a whole (the readers' gates order each read after its own
+subgroup's write).
 
 No DeepSpeed import here.
 """
@@ -38,7 +39,7 @@ import torch
 from lightning_dos.planning.plan import Lane
 from lightning_dos.update.device_lane import DeviceLane
 from lightning_dos.update.host_lane import HostLane
-from lightning_dos.update.phase import Phase, Worker
+from lightning_dos.update.in_flight import InFlightUpdate, Worker
 from lightning_dos.update.resident import ResidentUpdate
 from lightning_dos.update.streams import Streams
 from lightning_dos.update.subgroup import Subgroup
@@ -137,12 +138,13 @@ class UpdateExecutor:
         inv_scale: torch.Tensor | float,
         host_step: Callable[[int], None],
         host_order: Sequence[int] = (),
-    ) -> Phase:
-        """``run``'s update, issued to the worker thread: returns at once with the phase in flight (see
-        :mod:`lightning_dos.update.phase`); ``Phase.join`` gives its timings. ``host_step`` then runs on the worker and
-        must read nothing the training loop may change meanwhile (hyperparameters are read when it is made)."""
+    ) -> InFlightUpdate:
+        """``run``'s update, issued to the worker thread: returns at once with the update in flight (see
+        :mod:`lightning_dos.update.in_flight`); ``InFlightUpdate.join`` gives its timings. ``host_step`` then runs on
+        the worker and must read nothing the training loop may change meanwhile (hyperparameters are read when it is
+        made)."""
         begun = self._begin(lanes, order, buffers, subgroups, inv_scale, host_order)
-        phase = Phase(len(subgroups), self.streams.wait)
+        phase = InFlightUpdate(len(subgroups), self.streams.wait)
         lane = begun.device_lane
         lane.signals = phase
         for k, prefetched in enumerate(lane.prefetched):  # issued before the phase began, on this thread
@@ -229,7 +231,7 @@ class UpdateExecutor:
         return frozenset(self.resident.ids) if self.resident is not None else frozenset()
 
     def _run_resident(self, subgroups: Sequence[Subgroup], inv_scale: torch.Tensor | float, timings: LaneTimings,
-                      phase: Phase | None = None) -> list[Any]:
+                      phase: InFlightUpdate | None = None) -> list[Any]:
         """Issue the resident subgroups' updates on the ``adam`` stream, ahead of the device lane's first Adam (which
         waits for its prefetch anyway); the event after which their 16-bit params are written. With a ``phase``, its
         readers are told at once (the worker issues nothing for them)."""

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from lightning_dos.update.device_lane import DeviceLane
-from lightning_dos.update.phase import Phase
+from lightning_dos.update.in_flight import InFlightUpdate
 from lightning_dos.update.streams import COPY_CHUNK, HostEvent, Streams
 from lightning_dos.update.subgroup import Subgroup
 from lightning_dos.update.timings import LaneTimings, Span
@@ -65,7 +65,7 @@ class HostLane:
         timings: LaneTimings,
         spans: list[Span],
         device_lane: DeviceLane,
-        phase: Phase | None = None,
+        phase: InFlightUpdate | None = None,
     ) -> list[Any]:
         """Run the host lane on this thread; between its subgroups, feed the device lane (see ``DeviceLane``).
         With a ``phase`` (``issue``), tell its readers as each subgroup's gradient is free and its params written.

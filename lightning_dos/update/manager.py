@@ -18,8 +18,8 @@ to the host under memory pressure at later dispatches. The planner weighs the re
 covers the three places.
 
 With ``overlap=True`` the update phase is issued to the executor's worker thread and runs beside the next forward
-and backward (:mod:`lightning_dos.update.phase`); the manager joins it at the next dispatch, before any plan change and
-whenever asked (:meth:`OptimizerStateManager.join`), and records and calibrates it then: a step's record appears
+and backward (:mod:`lightning_dos.update.in_flight`); the manager joins it at the next dispatch, before any plan change
+and whenever asked (:meth:`OptimizerStateManager.join`), and records and calibrates it then: a step's record appears
 one step later than without overlap.
 """
 
@@ -53,7 +53,7 @@ from lightning_dos.planning.plan import Lane, Plan, PlanSpec, parse_plan, resolv
 from lightning_dos.planning.planner import demote_to_fit
 from lightning_dos.planning.trials import TRIAL_SOURCE
 from lightning_dos.update.executor import UpdateExecutor
-from lightning_dos.update.phase import Phase
+from lightning_dos.update.in_flight import InFlightUpdate
 from lightning_dos.update.resident import ResidentUpdate, resident_bytes
 from lightning_dos.update.subgroup import Subgroup
 from lightning_dos.update.timings import LaneTimings
@@ -138,7 +138,7 @@ class StepRecord:
 class _InFlight:
     """An issued update phase (``overlap=True``) and what its record will say."""
 
-    phase: Phase
+    phase: InFlightUpdate
     plan: Plan
     free_bytes: int | None
     demoted: tuple[int, ...]
@@ -537,7 +537,7 @@ class OptimizerStateManager:
 
     # ------------------------------------------------------------------ the update phase
     @property
-    def phase_in_flight(self) -> Phase | None:
+    def phase_in_flight(self) -> InFlightUpdate | None:
         """The update phase issued and not yet joined (``overlap``), or None: the seam gates its reads on it."""
         return self._in_flight.phase if self._in_flight is not None else None
 

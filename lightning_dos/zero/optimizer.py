@@ -13,7 +13,7 @@
   are reduced together, and persistent parameters that are their own partition (one rank) are not released;
 - ``subgroups()`` exposes each subgroup as a plain :class:`~lightning_dos.update.subgroup.Subgroup`;
 - with a runner that overlaps (``overlap=True``) its ``step`` returns once the update phase is issued to a worker
-  thread (:mod:`lightning_dos.update.phase`), and it gates every reader of what the phase writes: ZeRO-3's parameter
+  thread (:mod:`lightning_dos.update.in_flight`), and it gates every reader of what the phase writes: ZeRO-3's parameter
   coordinator waits, per module, for the subgroups holding the module's params before it fetches them (forward,
   backward, recompute, prefetches), the backward's copies into the host gradients wait until the update is done
   with them, and everything else that reads optimizer state (checkpoints, ``safe_get_*``) joins the phase first.
@@ -43,7 +43,7 @@ from deepspeed.runtime.zero.partitioned_param_coordinator import iter_params
 from deepspeed.utils import z3_leaf_module
 
 from lightning_dos.planning.placement import Home
-from lightning_dos.update.phase import Phase
+from lightning_dos.update.in_flight import InFlightUpdate
 from lightning_dos.update.subgroup import AdamHyper, Subgroup
 from lightning_dos.zero.homes import StateHomes
 
@@ -65,7 +65,7 @@ class UpdateRunner(Protocol):
         backward has run, so the device's peak shows the training's own memory."""
 
     @property
-    def phase_in_flight(self) -> Phase | None:
+    def phase_in_flight(self) -> InFlightUpdate | None:
         """The update phase issued and not yet joined (overlap), or None."""
 
     def run_update_phase(self, optimizer: InterleavedZeroOptimizer, host_step: Callable[[int], None],
@@ -136,7 +136,7 @@ class InterleavedZeroOptimizer(StateHomes, _VanillaStage3):
         return self.runner.device_grad_subgroups if self.runner is not None else frozenset()
 
     @property
-    def in_flight(self) -> Phase | None:
+    def in_flight(self) -> InFlightUpdate | None:
         """The update phase in flight (overlap), or None."""
         return self.runner.phase_in_flight if self.runner is not None else None
 
@@ -453,7 +453,7 @@ class InterleavedZeroOptimizer(StateHomes, _VanillaStage3):
         return out
 
     @torch.no_grad()
-    def _refresh_whole_params(self, phase: Phase | None) -> None:
+    def _refresh_whole_params(self, phase: InFlightUpdate | None) -> None:
         """After the update: the whole persistent parameters kept through the step (``_release_for_step``) get their
         subgroup's new 16-bit partitions from every rank, one all-gather of the subgroup's flat partition each, then
         one or two strided copies per parameter, all on the current stream (no host synchronisation). DeepSpeed's

@@ -25,7 +25,7 @@ from lightning_dos.strategies import dos as strategy_module
 from lightning_dos.strategies.dos import overlap_by_default
 from lightning_dos.telemetry.callbacks import DOSMetricsLogger
 from lightning_dos.update.executor import UpdateExecutor
-from lightning_dos.update.phase import Phase
+from lightning_dos.update.in_flight import InFlightUpdate
 from lightning_dos.zero.cpu_adam_nogil import HostAdam
 from lightning_dos.zero.optimizer import InterleavedZeroOptimizer
 from tests.support.parity import RandomPlanEveryStep, TinyLM, assert_tracks, make_strategy, rel, shared_run, train
@@ -178,8 +178,9 @@ HANG_GUARD_S = 120.0
 
 
 class _BlockingEvent(threading.Event):
-    """One of a phase's gates (``Phase.issued``/``grad_free``) that calls ``on_block`` when a thread is about to wait on
-    it while it is not set, i.e. when that thread can go on no further without the subgroup."""
+    """One of the gates of an update in flight (``InFlightUpdate.issued``/``grad_free``) that calls ``on_block`` when a
+    thread is about to wait on it while it is not set, i.e. when that thread can go on no further without the
+    subgroup."""
 
     def __init__(self, on_block: Any) -> None:
         super().__init__()
@@ -213,7 +214,7 @@ class _HoldOneSubgroup(pl.Callback):
             self._patch(monkeypatch)
 
     def _patch(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        host_step, init, join, issue = HostAdam.step, Phase.__init__, Phase.join, UpdateExecutor.issue
+        host_step, init, join, issue = HostAdam.step, InFlightUpdate.__init__, InFlightUpdate.join, UpdateExecutor.issue
 
         def held_step(adam: HostAdam, state: dict, master: torch.Tensor, *args: Any, **kwargs: Any) -> None:
             if master is self.target:
@@ -222,24 +223,24 @@ class _HoldOneSubgroup(pl.Callback):
             if master is self.target:
                 self.k_done.set()
 
-        def watched_init(phase: Phase, *args: Any, **kwargs: Any) -> None:
+        def watched_init(phase: InFlightUpdate, *args: Any, **kwargs: Any) -> None:
             init(phase, *args, **kwargs)
             if self.k >= 0:  # before the worker starts: nothing has set them yet
                 phase.issued[self.k] = _BlockingEvent(self.released.set)
                 phase.grad_free[self.k] = _BlockingEvent(self._grad_wait)
 
-        def releasing_join(phase: Phase) -> Any:
+        def releasing_join(phase: InFlightUpdate) -> Any:
             self.released.set()
             return join(phase)
 
-        def fresh_issue(executor: UpdateExecutor, *args: Any, **kwargs: Any) -> Phase:
+        def fresh_issue(executor: UpdateExecutor, *args: Any, **kwargs: Any) -> InFlightUpdate:
             self.released.clear()  # what set it belonged to the phase before
             self.k_done.clear()
             return issue(executor, *args, **kwargs)
 
         monkeypatch.setattr(HostAdam, "step", held_step)
-        monkeypatch.setattr(Phase, "__init__", watched_init)
-        monkeypatch.setattr(Phase, "join", releasing_join)
+        monkeypatch.setattr(InFlightUpdate, "__init__", watched_init)
+        monkeypatch.setattr(InFlightUpdate, "join", releasing_join)
         monkeypatch.setattr(UpdateExecutor, "issue", fresh_issue)
 
     def _until_released(self) -> bool:
@@ -292,7 +293,7 @@ def test_without_the_gate_the_same_run_reads_stale_params(monkeypatch: pytest.Mo
     """Negative control: the gate a no-op, the head's forward runs before k's update lands and the losses differ
     (so the test above has teeth)."""
     reference = train("host", steps=5, clip=CLIP, every_step=_HoldOneSubgroup(monkeypatch, hold=False))
-    monkeypatch.setattr(Phase, "wait_params", lambda phase, ids, streams=(): None)
+    monkeypatch.setattr(InFlightUpdate, "wait_params", lambda phase, ids, streams=(): None)
     held = _HoldOneSubgroup(monkeypatch)
     run = train("host", steps=5, clip=CLIP, strategy=_overlap("host"), every_step=held)
     assert any(holds and not written for _, holds, written in held.forwards)
@@ -343,7 +344,7 @@ class _WriteHostGradDuringUpdate(_HoldOneSubgroup):
 def test_the_backwards_host_gradient_writes_wait_for_the_update_to_be_done_with_them(
         gate: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     if not gate:
-        monkeypatch.setattr(Phase, "wait_grads", lambda phase, ids, stream=None: None)
+        monkeypatch.setattr(InFlightUpdate, "wait_grads", lambda phase, ids, stream=None: None)
     writer = _WriteHostGradDuringUpdate(monkeypatch)
     train("host", steps=3, clip=CLIP, strategy=_overlap("host"), every_step=writer)
     assert writer.writer is not None
@@ -391,7 +392,7 @@ def test_a_worker_failure_surfaces_in_the_training_loop_with_its_message(update:
 
 
 def test_a_failed_phase_releases_every_reader_and_raises_once() -> None:
-    phase = Phase(3, lambda stream, event: None)
+    phase = InFlightUpdate(3, lambda stream, event: None)
     error = ValueError("boom")
 
     def work() -> None:
@@ -408,7 +409,7 @@ def test_a_failed_phase_releases_every_reader_and_raises_once() -> None:
         assert phase.join() is None
     assert all(e.is_set() for e in (*phase.issued, *phase.grad_free))
 
-    ok = Phase(1, lambda stream, event: None)
+    ok = InFlightUpdate(1, lambda stream, event: None)
     with ThreadPoolExecutor(1) as pool:
         ok.start(pool, lambda: ok.wrote(0, None), lambda: "timings")
         assert ok.join() == "timings" and ok.join() == "timings"
@@ -534,18 +535,18 @@ def test_both_lanes_issue_their_subgroups_in_the_order_the_forward_first_reads_t
     the last subgroup id, is read by the first layers): each lane takes its subgroups in the order the forward first
     reads them, not in id order, so the forward can start long before the phase ends."""
     issued: list[list[int]] = []
-    wrote, issue = Phase.wrote, UpdateExecutor.issue
+    wrote, issue = InFlightUpdate.wrote, UpdateExecutor.issue
 
-    def new_phase(executor: UpdateExecutor, *args: Any, **kwargs: Any) -> Phase:
+    def new_phase(executor: UpdateExecutor, *args: Any, **kwargs: Any) -> InFlightUpdate:
         issued.append([])
         return issue(executor, *args, **kwargs)
 
-    def noting(phase: Phase, i: int, event: Any) -> None:
+    def noting(phase: InFlightUpdate, i: int, event: Any) -> None:
         issued[-1].append(i)
         wrote(phase, i, event)
 
     monkeypatch.setattr(UpdateExecutor, "issue", new_phase)
-    monkeypatch.setattr(Phase, "wrote", noting)
+    monkeypatch.setattr(InFlightUpdate, "wrote", noting)
     run = train(0.5, steps=4, clip=CLIP, strategy=_overlap(0.5))
     optimizer = run.strategy.model.optimizer
     first_reads = optimizer.forward_order()

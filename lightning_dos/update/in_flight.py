@@ -11,9 +11,10 @@ kept between phases) runs it; meanwhile the next forward and backward run. Per s
   after which that prefetch has read it.
 
 A reader waits on the host until the work is *issued* and then makes its stream wait on the device for its
-*completion* (a stream wait on an event not yet recorded would be a silent no-op): :meth:`Phase.wait_params` for
-kernels and gathers that read the 16-bit params, :meth:`Phase.wait_grads` for the backward's copies into the host
-gradient. :meth:`Phase.join` waits for the worker and every device event, and returns what the executor measured.
+*completion* (a stream wait on an event not yet recorded would be a silent no-op): :meth:`InFlightUpdate.wait_params`
+for kernels and gathers that read the 16-bit params, :meth:`InFlightUpdate.wait_grads` for the backward's copies into
+the host gradient. :meth:`InFlightUpdate.join` waits for the worker and every device event, and returns what the
+executor measured.
 
 A failure on the worker sets every event, so no reader blocks forever, and is raised, once, in the training loop's
 thread: by the first gate that meets it, else by the join. No DeepSpeed import here.
@@ -27,7 +28,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 
-class Phase:
+class InFlightUpdate:
     """One update phase running on a worker thread, with per-subgroup gates (see the module docstring).
 
     Args:
@@ -127,8 +128,8 @@ class Worker:
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
 
-    def start(self, phase: Phase, work: Callable[[], None], finish: Callable[[], Any]) -> None:
-        """Run ``phase``'s ``work`` on the thread (see :meth:`Phase.start`)."""
+    def start(self, phase: InFlightUpdate, work: Callable[[], None], finish: Callable[[], Any]) -> None:
+        """Run ``phase``'s ``work`` on the thread (see :meth:`InFlightUpdate.start`)."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dos-update")
         phase.start(self._pool, work, finish)
