@@ -160,7 +160,7 @@ class AutoPlanner:
         """What tells two plans apart in a trial: their lanes and device order, and whether the device lane keeps its
         gradients on the device (under a budget the same lanes may run either way, at different buffering depths).
         Not the host lane's order: the model alone decides it (it moves the step's tail, which the model times)."""
-        return plan.lanes, plan.order, bool(self.model().kept_grads(plan))
+        return plan.lanes, plan.device_order, bool(self.model().kept_grads(plan))
 
     def record(self, step: int, ran: Plan, measured_s: float, in_force: Plan) -> AutoDecision:
         """An update phase of ``ran`` took ``measured_s`` seconds (the calibration has seen it already) while

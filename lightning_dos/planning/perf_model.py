@@ -2,7 +2,7 @@
 
 The model is a small deterministic event schedule (see docs/performance-model.md for the equations):
 
-* the device lane is a 3-stage pipeline over ``plan.order``: prefetch (H2D of master/m/v, plus the fp32 grad
+* the device lane is a 3-stage pipeline over ``plan.device_order``: prefetch (H2D of master/m/v, plus the fp32 grad
   when it sits on the host), fused Adam on the GPU, flush (D2H of master/m/v), with ``plan.buffers`` slots;
 * the host lane runs CPU Adam on its subgroups back to back in ``plan.host_order``, each followed by an upload of its
   new fp32 master weights on the H2D link (the device writes the 16-bit params from them), which it shares
@@ -241,7 +241,7 @@ class _Timeline:
 
 def _timeline(plan: Plan, sizes: Sequence[int], params: CostParams, grads_on_device: frozenset[int]) -> _Timeline:
     """The event schedule of one step; inputs are already validated."""
-    order = plan.order
+    order = plan.device_order
     host = plan.host_order
     buffers = plan.buffers
     busy = bool(order)  # device lane non-empty: CPU contention and the duplex cap apply for the whole step
@@ -325,11 +325,11 @@ def predict(
     events: dict[int, SubgroupEvent] = {}
     for g, (a0, a1), (u0, u1) in zip(t.host, t.adam_host, t.upload):
         events[g] = SubgroupEvent(g, Lane.HOST, a0, max(a1, u1), a0, a1, u0, u1)
-    for g, (p0, p1), (a0, a1), (f0, f1) in zip(plan.order, t.prefetch, t.adam, t.flush):
+    for g, (p0, p1), (a0, a1), (f0, f1) in zip(plan.device_order, t.prefetch, t.adam, t.flush):
         events[g] = SubgroupEvent(g, Lane.DEVICE, p0, f1, a0, a1, p0, p1, f0, f1)
     prefetch_bytes = sum(
         sizes[g] * (params.state_bytes_per_param + (0 if g in grads_on_device else params.grad_bytes_per_param))
-        for g in plan.order
+        for g in plan.device_order
     )
     upload_bytes = sum(sizes[g] for g in t.host) * params.host_upload_bytes_per_param
 
@@ -342,7 +342,7 @@ def predict(
         device_lane_s=t.device_lane_s(),
         events=tuple(events[g] for g in range(len(sizes))),
         bytes_h2d=prefetch_bytes + upload_bytes,
-        bytes_d2h=sum(sizes[g] for g in plan.order) * params.state_bytes_per_param,
+        bytes_d2h=sum(sizes[g] for g in plan.device_order) * params.state_bytes_per_param,
         host_busy_s=busy(t.adam_host),
         h2d_busy_s=busy(t.prefetch) + busy(t.upload),
         d2h_busy_s=busy(t.flush),

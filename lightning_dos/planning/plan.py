@@ -72,7 +72,7 @@ class Plan:
 
     lanes: tuple[Lane, ...]
     """Lane of each subgroup; the index is the subgroup id."""
-    order: tuple[int, ...] = ()
+    device_order: tuple[int, ...] = ()
     """Processing order of the device-lane subgroups; empty means ascending ids."""
     buffers: int = 2
     """Device buffer slots (buffering depth of the device lane), >= 1."""
@@ -87,7 +87,7 @@ class Plan:
                       for i, lane in enumerate(self.lanes))
         object.__setattr__(self, "lanes", lanes)
         _check_buffers(self.buffers)
-        for name, lane in (("order", Lane.DEVICE), ("host_order", Lane.HOST)):
+        for name, lane in (("device_order", Lane.DEVICE), ("host_order", Lane.HOST)):
             ids = [i for i, each in enumerate(lanes) if each is lane]
             given = tuple(getattr(self, name))
             order = given if given else tuple(ids)
@@ -123,18 +123,18 @@ class Plan:
         if not moved:
             return self
         lanes = tuple(Lane.HOST if i in moved else lane for i, lane in enumerate(self.lanes))
-        order = tuple(i for i in self.order if i not in moved)
+        device_order = tuple(i for i in self.device_order if i not in moved)
         source = self.source if self.source.endswith("+demoted") else self.source + "+demoted"
         # ascending ids stay ascending; a chosen host order takes the demoted subgroups first (demotion moves the
         # device lane's largest subgroups, and a host lane that ends on small ones ends sooner)
         host_order = () if self.host_order == self.host_subgroups() else (*sorted(moved), *self.host_order)
-        return Plan(lanes=lanes, order=order, buffers=self.buffers, source=source, host_order=host_order)
+        return Plan(lanes=lanes, device_order=device_order, buffers=self.buffers, source=source, host_order=host_order)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable dict; :meth:`from_json` reads it back."""
         return {
             "lanes": [lane.value for lane in self.lanes],
-            "order": list(self.order),
+            "order": list(self.device_order),  # the saved format's key for the device lane's order
             "buffers": self.buffers,
             "source": self.source,
             "host_order": list(self.host_order),
@@ -147,7 +147,7 @@ class Plan:
             raise ValueError(f"plan: {data!r} is not a saved plan; expected a dict with 'lanes', 'order', 'buffers'")
         return cls(
             lanes=tuple(data["lanes"]),
-            order=tuple(data.get("order", ())),
+            device_order=tuple(data.get("order", ())),
             buffers=data.get("buffers", 2),
             source=str(data.get("source", "list")),
             host_order=tuple(data.get("host_order", ())),
@@ -162,7 +162,7 @@ class Plan:
         letters = self.lane_letters()
         if len(letters) > _STR_WIDTH:
             letters = letters[:_STR_WIDTH] + "..."
-        share = 100.0 * len(self.order) / len(self.lanes) if self.lanes else 0.0
+        share = 100.0 * len(self.device_order) / len(self.lanes) if self.lanes else 0.0
         slots = "buffer" if self.buffers == 1 else "buffers"
         text = f"plan {self.source} [{letters}] {self.buffers} {slots}, {share:.1f}% on device"
         if self.host_order != self.host_subgroups():

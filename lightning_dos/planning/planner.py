@@ -107,8 +107,8 @@ def _ranked(
         # be the fastest one that does
         fitted, grads = _as_run(plan, sizes, params, memory_budget_bytes, grads_on_device)
         plan = plan if fitted is plan else replace(fitted, source=plan.source)
-        key = (plan.lanes, plan.order, plan.host_order, plan.buffers)
-        if grads is None or key in seen or (not plan.order and plan.buffers != 1):  # the all-host plan is there
+        key = (plan.lanes, plan.device_order, plan.host_order, plan.buffers)
+        if grads is None or key in seen or (not plan.device_order and plan.buffers != 1):  # the all-host plan is there
             continue
         seen.add(key)
         scored.append((plan, grads, _timeline(plan, sizes, params, grads).makespan_s()))
@@ -118,7 +118,7 @@ def _ranked(
         plan, _, makespan = item
         tied = makespan <= cutoff
         # tied plans compare only by size (then the host lane in id order first), the others by makespan first
-        return (not tied, 0.0 if tied else makespan, len(plan.order), plan.buffers,
+        return (not tied, 0.0 if tied else makespan, len(plan.device_order), plan.buffers,
                 plan.host_order != plan.host_subgroups())
 
     return [(plan, grads) for plan, grads, _ in sorted(scored, key=key)]
@@ -214,16 +214,16 @@ def demote_to_fit(
     """Move device subgroups to the host until ``device_memory_bytes`` fits in ``free_bytes``.
 
     The largest subgroup goes first (it sets the buffer slot size); among equal sizes, the one processed last
-    in ``plan.order``. Returns the new plan (the same plan if it already fits) and the demoted ids in the order
+    in ``plan.device_order``. Returns the new plan (the same plan if it already fits) and the demoted ids in the order
     they were demoted. A negative ``free_bytes`` demotes everything.
     """
     sizes = _check_sizes(sizes)
     _check_length(plan, sizes)
-    position = {g: k for k, g in enumerate(plan.order)}
-    queue = sorted(plan.order, key=lambda g: (-sizes[g], -position[g]))
+    position = {g: k for k, g in enumerate(plan.device_order)}
+    queue = sorted(plan.device_order, key=lambda g: (-sizes[g], -position[g]))
     demoted: list[int] = []
     current = plan
-    while current.order and device_memory_bytes(current, sizes, params, grads_on_device) > free_bytes:
+    while current.device_order and device_memory_bytes(current, sizes, params, grads_on_device) > free_bytes:
         demoted.append(queue[len(demoted)])
         current = plan.demote(demoted)
     return current, tuple(demoted)

@@ -52,7 +52,7 @@ LanesKey = tuple[tuple[Lane, ...], tuple[int, ...]]
 
 def lanes_key(plan: Plan) -> LanesKey:
     """What a trial tells apart by default: the lanes and the device lane's order (not the buffering depth)."""
-    return plan.lanes, plan.order
+    return plan.lanes, plan.device_order
 
 
 @dataclass(frozen=True)

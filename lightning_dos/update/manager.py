@@ -525,10 +525,10 @@ class OptimizerStateManager:
             demoted = tuple(demoted_ids)
             log.info("deep_optimizer_states: %d subgroups demoted to the host lane (limit %.2f GiB)",
                      len(demoted), limit / GIB)
-        orders = (plan.order, plan.host_order)
+        orders = (plan.device_order, plan.host_order)
         if self.overlap:
             first_reads = self.optimizer.forward_order()
-            orders = (forward_order(plan.order, first_reads), forward_order(plan.host_order, first_reads))
+            orders = (forward_order(plan.device_order, first_reads), forward_order(plan.host_order, first_reads))
         ahead = 0
         if self.active and self.optimizer.placed:
             ahead = self.executor.prefetch_ahead(plan.lanes, orders[0], plan.buffers, self.optimizer.subgroups())

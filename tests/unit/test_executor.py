@@ -231,7 +231,8 @@ def test_subgroups_pass_through_the_slots_in_pieces_with_the_values_of_whole_sub
     assert first.device_buffer_bytes == 2 * rows * max(SIZES) * 4 + (4 * max(SIZES) if scratch else 0)
     assert timings.device_buffer_bytes == 2 * rows * 128 * 4 + scratch
     # the planner weighs the slots that run (a piece each, at 16 bytes per parameter): never less than the lane takes
-    weighed = device_memory_bytes(Plan(lanes=tuple(lanes), order=tuple(order)), SIZES, CostParams(slot_params=128))
+    weighed = device_memory_bytes(Plan(lanes=tuple(lanes), device_order=tuple(order)), SIZES,
+                                  CostParams(slot_params=128))
     assert timings.device_buffer_bytes <= weighed == 2 * 128 * 16
     assert sorted(e["subgroup"] for e in timings.events) == list(range(len(SIZES)))
     big = next(e for e in timings.events if e["subgroup"] == 2)  # 4 pieces: the first prefetched before the phase

@@ -200,7 +200,7 @@ def test_device_pipeline_unequal_sizes_and_launch_overhead():
 
 def test_device_lane_follows_plan_order():
     # sizes 2 1, order (1, 0), 1 slot: subgroup 1 first 0-1|1-2|2-3, then subgroup 0 3-5|5-7|7-9
-    plan = Plan(lanes=(D, D), order=(1, 0), buffers=1)
+    plan = Plan(lanes=(D, D), device_order=(1, 0), buffers=1)
     events = predict(plan, [2, 1], toy()).events
     assert (events[1].start_s, events[1].end_s, events[0].start_s, events[0].end_s) == (0.0, 3.0, 3.0, 9.0)
 
@@ -412,8 +412,8 @@ def test_the_host_lane_runs_in_its_host_order_and_auto_ends_it_on_small_subgroup
     plan = best_plan(sizes, params, 0)  # no device memory: the host lane alone, largest first
     assert (plan.host_order, plan.source) == ((2, 0, 1), "auto")
     # equal sizes: largest first is id order, weighed once; unequal ones: both orders are weighed
-    assert [p.host_order for p in candidate_plans([1] * 3, 1) if not p.order] == [(0, 1, 2)]
-    assert [p.host_order for p in candidate_plans(sizes, 1) if not p.order] == [(0, 1, 2), (2, 0, 1)]
+    assert [p.host_order for p in candidate_plans([1] * 3, 1) if not p.device_order] == [(0, 1, 2)]
+    assert [p.host_order for p in candidate_plans(sizes, 1) if not p.device_order] == [(0, 1, 2), (2, 0, 1)]
 
 
 @pytest.mark.parametrize(
@@ -485,7 +485,7 @@ def test_candidates_that_do_not_fit_the_budget_are_weighed_as_dispatch_would_dem
     demoted, _ = demote_to_fit(stride, sizes, 40, params)
     assert letters(demoted) == "HHDH" and device_memory_bytes(demoted, sizes, params) == 32
     assert any(p.lanes == demoted.lanes and p.buffers == 2 and p.source == "auto" for p in ranked)
-    assert sum(not p.order for p in ranked) == 1
+    assert sum(not p.device_order for p in ranked) == 1
     assert all(device_memory_bytes(p, sizes, params) <= 40 for p in ranked)
 
 
@@ -502,7 +502,7 @@ def test_demote_to_fit_moves_the_largest_last_in_order_first():
     assert demoted == (2, 1) and letters(fitted) == "DHHD" and fitted.source == "device+demoted"
     assert device_memory_bytes(fitted, sizes) == 640
     # with order (3, 2, 1, 0) subgroup 1 is the later of the two 30s
-    reordered = Plan(lanes=plan.lanes, order=(3, 2, 1, 0), source="list")
+    reordered = Plan(lanes=plan.lanes, device_order=(3, 2, 1, 0), source="list")
     assert demote_to_fit(reordered, sizes, 700)[1] == (1, 2)
     # nothing free: everything goes to the host, largest first
     fitted, demoted = demote_to_fit(plan, sizes, 0)

@@ -79,7 +79,7 @@ def test_spec_source_labels():
 def test_resolve_host_and_device():
     assert letters(resolve_plan("host", [5, 5, 5])) == "HHH"
     device = resolve_plan("device", [5, 5, 5], buffers=3)
-    assert letters(device) == "DDD" and device.order == (0, 1, 2) and device.buffers == 3
+    assert letters(device) == "DDD" and device.device_order == (0, 1, 2) and device.buffers == 3
     assert device.source == "device"
 
 
@@ -162,29 +162,29 @@ def test_even_device_lanes_unequal_sizes_gives_exactly_count():
 
 
 def test_plan_queries():
-    plan = Plan(lanes=(D, H, D, H), order=(2, 0), buffers=3, source="list")
+    plan = Plan(lanes=(D, H, D, H), device_order=(2, 0), buffers=3, source="list")
     assert plan.device_subgroups() == (0, 2)
     assert plan.host_subgroups() == (1, 3)
-    assert plan.order == (2, 0)
+    assert plan.device_order == (2, 0)
     # by parameters: (10 + 30) / (10 + 20 + 30 + 40)
     assert plan.device_fraction([10, 20, 30, 40]) == 0.4
-    assert Plan(lanes=(H, D, D)).order == (1, 2)  # default order: ascending ids
+    assert Plan(lanes=(H, D, D)).device_order == (1, 2)  # default order: ascending ids
     assert plan.host_order == (1, 3) and Plan(lanes=(H, D, H), host_order=(2, 0)).host_order == (2, 0)
 
 
 def test_plan_coerces_lane_names_and_rejects_a_bad_order():
     assert Plan(lanes=("device", "h")).lanes == (D, H)
-    with pytest.raises(ValueError, match=r"^plan: order \[1\] must list each device-lane subgroup \[0, 1\]"):
-        Plan(lanes=(D, D), order=(1,))
-    with pytest.raises(ValueError, match=r"^plan: order \[0, 1\] must list"):
-        Plan(lanes=(D, H), order=(0, 1))
+    with pytest.raises(ValueError, match=r"^plan: device_order \[1\] must list each device-lane subgroup \[0, 1\]"):
+        Plan(lanes=(D, D), device_order=(1,))
+    with pytest.raises(ValueError, match=r"^plan: device_order \[0, 1\] must list"):
+        Plan(lanes=(D, H), device_order=(0, 1))
     with pytest.raises(ValueError, match=r"^plan: host_order \[0, 1\] must list each host-lane subgroup \[0\] "
                                          r"exactly once; set host_order to a permutation of the host-lane subgroup"):
         Plan(lanes=(H, D), host_order=(0, 1))
 
 
 def test_plan_json_round_trip():
-    plan = Plan(lanes=(H, D, D, H), order=(2, 1), buffers=4, source="auto", host_order=(3, 0))
+    plan = Plan(lanes=(H, D, D, H), device_order=(2, 1), buffers=4, source="auto", host_order=(3, 0))
     data = plan.to_json()
     assert data == {"lanes": ["host", "device", "device", "host"], "order": [2, 1], "buffers": 4, "source": "auto",
                     "host_order": [3, 0]}
@@ -207,9 +207,9 @@ def test_plan_str():
 
 
 def test_demote():
-    plan = Plan(lanes=(D, D, H, D), order=(3, 1, 0), buffers=2, source="fraction:0.75")
+    plan = Plan(lanes=(D, D, H, D), device_order=(3, 1, 0), buffers=2, source="fraction:0.75")
     demoted = plan.demote([1, 2])  # 2 is already on the host
-    assert letters(demoted) == "DHHD" and demoted.order == (3, 0) and demoted.source == "fraction:0.75+demoted"
+    assert letters(demoted) == "DHHD" and demoted.device_order == (3, 0) and demoted.source == "fraction:0.75+demoted"
     assert demoted.demote([0]).source == "fraction:0.75+demoted"  # not suffixed twice
     assert plan.demote([2]) is plan
     assert demoted.host_order == (1, 2)  # the host lane in id order stays so
