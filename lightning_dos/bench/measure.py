@@ -49,7 +49,7 @@ def dos_records(strategy: Any) -> dict[str, Any] | None:
         "largest_subgroup": max(manager.subgroup_sizes) if manager.subgroup_sizes else 0,
         "resident_subgroups": list(manager.resident),
         "resident_params": sum(manager.subgroup_sizes[i] for i in manager.resident),
-        "plan": str(manager.base_plan),
+        "plan": str(manager.plans.in_force),
         "steps": [record_dict(record) for record in manager.records],
         "cost": manager.cost.to_json(),  # the cost parameters calibration ended with
     }

@@ -369,7 +369,7 @@ class _DispatchCallback(Callback):
         manager = self.strategy.manager
         if manager is not None and manager.active and "plan_state" in state_dict:
             if manager.load_state_dict(state_dict["plan_state"]):
-                rank_zero_info(f"deep_optimizer_states: resumed the plan state: {manager.base_plan}")
+                rank_zero_info(f"deep_optimizer_states: resumed the plan state: {manager.plans.in_force}")
 
 
 # ---------------------------------------------------------------------- config helpers

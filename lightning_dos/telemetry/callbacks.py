@@ -288,7 +288,7 @@ class DOSMetricsLogger(Callback):
         record = records[-1]
         step = trainer.global_step
         if len(records) == 1 or getattr(record, "replanned", False):
-            rows = plan_table_rows(manager.base_plan, manager.sizes, manager.cost)
+            rows = plan_table_rows(manager.plans.in_force, manager.sizes, manager.cost)
             for lg in loggers:
                 if hasattr(lg, "log_table"):
                     lg.log_table(key="dos/plan", columns=PLAN_TABLE_COLUMNS, data=rows, step=step)

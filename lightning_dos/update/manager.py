@@ -116,8 +116,39 @@ class PlanningState:
 
     spec: PlanSpec
     calibrator: Calibrator
-    base_plan: Plan
+    in_force: Plan
     auto: AutoPlanner | None
+
+
+@dataclass(frozen=True)
+class Dispatched:
+    """The plan dispatch fitted to this step's free memory and budget, and what it saw, until its update phase runs."""
+
+    plan: Plan
+    free_bytes: int | None
+    demoted: tuple[int, ...]
+    ahead: int
+    """Device-lane prefetches issued at dispatch."""
+    device_order: tuple[int, ...]
+    host_order: tuple[int, ...]
+
+
+@dataclass
+class Plans:
+    """The manager's plans, from the one asked for to the one about to run (one object, read top to bottom)."""
+
+    asked: PlanSpec
+    """The user's ``plan``: ``"auto"``, a named plan, a fraction, a list."""
+    in_force: Plan
+    """The plan the next steps run (``set_plan``, ``auto``'s choices, a checkpoint's)."""
+    from_asked: Plan | None
+    """``asked`` resolved for the subgroups the lanes share, while it is the plan in force (resolved again when the
+    residents change); None for ``auto`` or once a plan was set from outside."""
+    for_grads: Plan
+    """The plan the next backward places its gradients for: with overlap, a plan put in force at a join runs from the
+    step after, so that step's gradients are where its plan reads them."""
+    dispatched: Dispatched | None = None
+    """This step's plan as dispatch fitted it, until its update phase runs."""
 
 
 @dataclass
@@ -166,7 +197,6 @@ class OptimizerStateManager:
         resident_gib: float | str = 0.0,
     ) -> None:
         self.optimizer = optimizer
-        self.spec = plan
         self.device = torch.device(device)
         self.memory_budget_bytes = None if memory_budget_gib is None else int(memory_budget_gib * GIB)
         self.buffers = buffers
@@ -204,18 +234,14 @@ class OptimizerStateManager:
         self.subgroup_sizes = sizes
         self.sizes = [0 if i in self.resident else n for i, n in enumerate(sizes)]  # what the planner weighs
         #: ``auto``'s state machine (None for any other plan): the probe first, the planner chooses after it
-        self.auto: AutoPlanner | None = self._new_auto() if self.spec.kind == "auto" else None
-        self.base_plan = self.auto.probes[0] if self.auto is not None else self._resolve(self.spec)
-        #: the plan resolved from an explicit ``plan`` (re-resolved when the residents change, unless replaced)
-        self._spec_plan: Plan | None = None if self.spec.kind == "auto" else self.base_plan
+        self.auto: AutoPlanner | None = self._new_auto() if plan.kind == "auto" else None
+        first = self.auto.probes[0] if self.auto is not None else self._resolve(plan)
+        self.plans = Plans(asked=plan, in_force=first, from_asked=None if self.auto is not None else first,
+                           for_grads=first)
         self.executor = UpdateExecutor(self.device)
         if self.active:  # a fixed device footprint (the host lane's upload ring), allocated before any plan runs
             self.executor.reserve_upload_buffers(max(self.sizes, default=1))
         self.records: list[StepRecord] = []
-        # plan, free, demoted, early prefetches, (device order, host order) it runs in
-        self._pending: tuple[Plan, int | None, tuple[int, ...], int, tuple[tuple[int, ...], tuple[int, ...]]] | None
-        self._pending = None
-        self._grads_plan: Plan = self.base_plan  # the plan the next backward places its gradients for
         self._in_flight: _InFlight | None = None  # the phase issued and not yet joined (overlap)
         if self.active:
             self._plan_gradients()
@@ -263,7 +289,7 @@ class OptimizerStateManager:
         if len(plan.lanes) != len(self.sizes):
             raise ValueError(f"plan: has {len(plan.lanes)} lanes, this rank has {len(self.sizes)} subgroups")
         self.join()
-        self.base_plan = plan
+        self.plans.in_force = plan
         self._plan_gradients()
 
     def swap_planning(self, state: PlanningState | None) -> PlanningState:
@@ -273,17 +299,18 @@ class OptimizerStateManager:
         the records are kept. The plan sweep swaps the fixed plans' state and ``auto``'s in and out of one process
         with it, and a checkpoint's plan state is put in force through it."""
         self.join()
-        previous = PlanningState(spec=self.spec, calibrator=self.calibrator, base_plan=self.base_plan, auto=self.auto)
+        previous = PlanningState(spec=self.plans.asked, calibrator=self.calibrator, in_force=self.plans.in_force,
+                                 auto=self.auto)
         if state is None:
             auto = self._new_auto()
             state = PlanningState(spec=parse_plan("auto"),
                                   calibrator=Calibrator(self._start_cost, overrides=self._cost_overrides),
-                                  base_plan=auto.probes[0], auto=auto)
-        self.spec = state.spec
+                                  in_force=auto.probes[0], auto=auto)
+        self.plans.asked = state.spec
         self.calibrator = state.calibrator
         self.auto = state.auto
-        self._pending = None
-        self.set_plan(state.base_plan)
+        self.plans.dispatched = None
+        self.set_plan(state.in_force)
         return previous
 
     def state_dict(self) -> dict[str, Any]:
@@ -295,32 +322,33 @@ class OptimizerStateManager:
         progress = (self.auto.state_dict() if self.auto is not None else
                     {"auto_steps": 0, "replan_checked": 0, "trials": {"incumbent": None, "trials": 0,
                                                                        "exhausted": False}})
-        return {"version": PLAN_STATE_VERSION, "plan": self.spec.source, "sizes": list(self.subgroup_sizes),
-                "base_plan": self.base_plan.to_json(), "calibrator": self.calibrator.state_dict(), **progress}
+        # "base_plan": the saved format's key for the plan in force
+        return {"version": PLAN_STATE_VERSION, "plan": self.plans.asked.source, "sizes": list(self.subgroup_sizes),
+                "base_plan": self.plans.in_force.to_json(), "calibrator": self.calibrator.state_dict(), **progress}
 
     def load_state_dict(self, state: dict[str, Any]) -> bool:
         """Plan on from :meth:`state_dict`'s output (call before the next backward). Returns False, changing nothing,
         when the state belongs to another configuration: another ``plan`` or other subgroups (a changed
         ``sub_group_size`` or model), or another format; the run then plans as a new one would."""
         self.join()
-        if (state.get("version") != PLAN_STATE_VERSION or state.get("plan") != self.spec.source
+        if (state.get("version") != PLAN_STATE_VERSION or state.get("plan") != self.plans.asked.source
                 or list(state.get("sizes", ())) != list(self.subgroup_sizes)):
             log.warning("deep_optimizer_states: the checkpoint's plan state (plan %r, %d subgroups of %s parameters) "
                         "is not this run's (plan %r, %d subgroups of %s: another plan, world size or sub_group_size); "
                         "planning starts afresh", state.get("plan"), len(state.get("sizes", ())),
-                        f"{sum(state.get('sizes', ())):,}", self.spec.source, len(self.subgroup_sizes),
+                        f"{sum(state.get('sizes', ())):,}", self.plans.asked.source, len(self.subgroup_sizes),
                         f"{sum(self.subgroup_sizes):,}")
             return False
         calibrator = Calibrator(self._start_cost, overrides=self._cost_overrides)
         calibrator.load_state_dict(state["calibrator"])
-        base_plan = Plan.from_json(state["base_plan"])
+        in_force = Plan.from_json(state["base_plan"])
         auto = None
         if self.auto is not None:
             auto = self._new_auto()
             auto.load_state_dict(state)
             if auto.trials.incumbent is not None:
-                base_plan = auto.trials.incumbent  # a trial under way is dropped: the plan in force runs
-        self.swap_planning(PlanningState(spec=self.spec, calibrator=calibrator, base_plan=base_plan, auto=auto))
+                in_force = auto.trials.incumbent  # a trial under way is dropped: the plan in force runs
+        self.swap_planning(PlanningState(spec=self.plans.asked, calibrator=calibrator, in_force=in_force, auto=auto))
         return True
 
     def _plan_gradients(self) -> None:
@@ -333,8 +361,8 @@ class OptimizerStateManager:
         kept = frozenset(self.resident) | frozenset(self.candidates) if self.device_gradients else frozenset()
         # a candidate has no host gradient before it is placed: the first backward keeps its gradient on the device,
         # and the peak it shows then includes it
-        self.device_grad_subgroups = self._kept_grads(self.base_plan) | kept
-        self._grads_plan = self.base_plan
+        self.device_grad_subgroups = self._kept_grads(self.plans.in_force) | kept
+        self.plans.for_grads = self.plans.in_force
 
     def _kept_grads(self, plan: Plan) -> frozenset[int]:
         """The subgroups of ``plan`` whose gradients stay on the device (the planner's rule, ``kept_grads``): those
@@ -491,9 +519,9 @@ class OptimizerStateManager:
         self.sizes = [0 if i in kept else n for i, n in enumerate(self.subgroup_sizes)]
         if self.auto is not None and changed:
             self.set_plan(self.auto.resize(self.sizes))
-        elif self.base_plan is self._spec_plan and changed:  # a plan set from outside (set_plan) is left as it is
-            self.set_plan(self._resolve(self.spec))
-            self._spec_plan = self.base_plan
+        elif self.plans.in_force is self.plans.from_asked and changed:  # a plan set from outside is left as it is
+            self.set_plan(self._resolve(self.plans.asked))
+            self.plans.from_asked = self.plans.in_force
         else:
             self._plan_gradients()
 
@@ -506,14 +534,14 @@ class OptimizerStateManager:
         step runs the plan the backward placed its gradients for (none of them then crosses the link here, and the
         host does not wait for such copies before issuing the update). Both lanes then run in the order the forward
         first reads the subgroups (``forward_order``), so the next forward waits for as little as it can."""
-        placed = self._grads_plan
+        placed = self.plans.for_grads
         self.join()
         if self.active and self.placement is None:
             self.optimizer.ensure_placed()  # the homes are made now, from the peak the first step showed
-            placed = self.base_plan  # the plan made for the residents runs now, with or without overlap
+            placed = self.plans.in_force  # the plan made for the residents runs now, with or without overlap
         elif self.active and self.resident_auto and self._release_under_pressure():
-            placed = self.base_plan  # the residents changed: the plan made for them runs now, with or without overlap
-        plan = placed if self.overlap else self.base_plan
+            placed = self.plans.in_force  # the residents changed: the plan made for them runs now, overlap or not
+        plan = placed if self.overlap else self.plans.in_force
         free = self.free_device_bytes()
         limit = self.lane_budget_bytes
         if free is not None:
@@ -532,7 +560,7 @@ class OptimizerStateManager:
         ahead = 0
         if self.active and self.optimizer.placed:
             ahead = self.executor.prefetch_ahead(plan.lanes, orders[0], plan.buffers, self.optimizer.subgroups())
-        self._pending = (plan, free, demoted, ahead, orders)
+        self.plans.dispatched = Dispatched(plan, free, demoted, ahead, *orders)
         return plan
 
     # ------------------------------------------------------------------ the update phase
@@ -545,11 +573,12 @@ class OptimizerStateManager:
         """The seam's step calls this once per optimizer step: run the update phase of the plan dispatched (with
         ``overlap``: issue it to the worker and return)."""
         self.join()
-        if self._pending is None:
+        if self.plans.dispatched is None:
             self.dispatch()
-        assert self._pending is not None
-        plan, free, demoted, ahead, (order, host_order) = self._pending
-        self._pending = None
+        dispatched, self.plans.dispatched = self.plans.dispatched, None
+        assert dispatched is not None
+        plan, free, demoted, ahead = dispatched.plan, dispatched.free_bytes, dispatched.demoted, dispatched.ahead
+        order, host_order = dispatched.device_order, dispatched.host_order
         if self.overlap:  # the worker must make no blocking copy: demoted gradients come to the host here
             optimizer.grads_to_host([i for i, lane in enumerate(plan.lanes) if lane == Lane.HOST
                                      and i not in self.resident])
@@ -634,7 +663,7 @@ class OptimizerStateManager:
         )
         if self.auto is None:
             return
-        decision = self.auto.record(record.step, record.plan, t.total_s, in_force=self.base_plan)
+        decision = self.auto.record(record.step, record.plan, t.total_s, in_force=self.plans.in_force)
         if decision.plan is not None:
             self.set_plan(decision.plan)
         record.replanned = decision.replanned
@@ -650,7 +679,7 @@ class OptimizerStateManager:
                 f"deep_optimizer_states: {len(sizes)} subgroups ({total:,} params on this rank); this configuration "
                 "is not supported by the interleaved update, so DeepSpeed's own host-only update runs"
             )
-        plan = self.base_plan
+        plan = self.plans.in_force
         resident = self.executor.resident
         kept = (f"; subgroups {', '.join(map(str, self.resident))} ({resident.params:,} params, "
                 f"{resident.nbytes / GIB:.2f} GiB) resident on the device, in neither lane"

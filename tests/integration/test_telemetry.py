@@ -69,7 +69,7 @@ def test_auto_run_logs_metrics_plan_tables_and_timelines() -> None:
     key, columns, rows, _ = logger.tables[-1]
     assert key == "dos/plan" and columns == PLAN_TABLE_COLUMNS
     assert [row[0] for row in rows] == list(range(len(manager.sizes)))
-    assert [row[1] for row in rows] == [lane.value for lane in manager.base_plan.lanes]  # the plan put in force
+    assert [row[1] for row in rows] == [lane.value for lane in manager.plans.in_force.lanes]  # the plan put in force
     assert [row[2] for row in rows] == manager.sizes
     # a timeline every 2nd update phase, as a matplotlib figure
     assert [k for k, _, _ in logger.images] == ["dos/timeline", "dos/timeline"]

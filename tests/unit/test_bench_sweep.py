@@ -44,7 +44,7 @@ class _Manager:
         self.sizes = sizes
         self.buffers = None
         self.active = True
-        self.base_plan: Any = None
+        self.plans = SimpleNamespace(in_force=None)
         self.records: list[Any] = []
         self.set_calls = 0
         self.auto_started_at: list[int] = []
@@ -53,30 +53,30 @@ class _Manager:
 
     def set_plan(self, plan: Any) -> None:
         self.set_calls += 1
-        self.base_plan = plan
+        self.plans.in_force = plan
 
     def swap_planning(self, state: Any) -> Any:
-        previous = (self.state, self.base_plan)
+        previous = (self.state, self.plans.in_force)
         if state is None:  # auto from a cold start
             self.auto_started_at.append(len(self.records))
             self.state = ("auto", 0)
-            self.base_plan = resolve_plan("host", self.sizes)  # the probe's first step
+            self.plans.in_force = resolve_plan("host", self.sizes)  # the probe's first step
         else:
             self.restored.append(state[0])
-            self.state, self.base_plan = state
+            self.state, self.plans.in_force = state
         return previous
 
     def update(self, ms: float) -> None:
         if self.state != "fixed":  # auto: after its first update phase it runs the stride:2 lanes, say
             self.state = ("auto", self.state[1] + 1)
             self._record(ms)
-            self.base_plan = resolve_plan("stride:2", self.sizes)
+            self.plans.in_force = resolve_plan("stride:2", self.sizes)
             return
         self._record(ms)
 
     def _record(self, ms: float) -> None:
         timings = LaneTimings(total_s=ms / 1e3)
-        self.records.append(SimpleNamespace(plan=self.base_plan, timings=timings, device_fraction=0.25, demoted=(),
+        self.records.append(SimpleNamespace(plan=self.plans.in_force, timings=timings, device_fraction=0.25, demoted=(),
                                             free_bytes=None, predicted_s=ms / 2e3, replanned=False))
 
 
@@ -105,7 +105,7 @@ def test_plan_sweep_sets_each_plan_before_its_iterations(tmp_path: Path) -> None
     assert [r["update_ms"] for r in raw["iterations"][3]["records"]] == pytest.approx([13.0, 99.0])
     assert raw["resolved"][2] == {"plan": "stride:2", "lanes": "HDHD", "buffers": 2, "source": "stride:2"}
     assert json.loads((tmp_path / "progress.json").read_text()) == raw
-    assert manager.base_plan == resolve_plan("stride:2", sizes)
+    assert manager.plans.in_force == resolve_plan("stride:2", sizes)
     assert sweep.current_plan == "stride:2"
 
 

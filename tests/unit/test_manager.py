@@ -105,8 +105,8 @@ def test_a_named_plan_that_runs_demoted_keeps_the_gradients_it_still_runs_on_the
     the backward from the plan as dispatch will run it (up to b73d0c1: none kept, every gradient to the host)."""
     manager = OptimizerStateManager(_UnevenOptimizer(), plan=parse_plan("device"), memory_budget_gib=50_000 / GIB)
     manager.device = torch.device("cuda")  # the budget applies on a GPU only; nothing here touches one
-    assert manager.plan_model.kept_grads(manager.base_plan) == frozenset({1, 2, 3, 4, 5})
-    manager.set_plan(manager.base_plan)  # the gradients are planned again for the plan in force
+    assert manager.plan_model.kept_grads(manager.plans.in_force) == frozenset({1, 2, 3, 4, 5})
+    manager.set_plan(manager.plans.in_force)  # the gradients are planned again for the plan in force
     assert manager.optimizer.device_grad_subgroups == frozenset({1, 2, 3, 4, 5})
 
 
@@ -135,14 +135,14 @@ def _candidates(manager: OptimizerStateManager) -> list[Plan]:
 
 def test_the_probe_puts_its_plans_in_force_with_their_gradients_and_the_choice_is_a_replan() -> None:
     manager = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("auto"))
-    assert manager.base_plan.source == "probe" and manager.optimizer.device_grad_subgroups == frozenset()
+    assert manager.plans.in_force.source == "probe" and manager.optimizer.device_grad_subgroups == frozenset()
     probe = [_step(manager)]
     assert manager.optimizer.device_grad_subgroups == frozenset({1, 3, 5})  # decided before the next backward
     probe += [_step(manager) for _ in range(PROBE_STEPS - 1)]
     assert [_letters(r.plan) for r in probe] == ["HHHHHH", "HDHDHD"]
     assert [r.replanned for r in probe] == [False, True]  # the probe's steps are not re-plans; choosing after is
-    assert manager.base_plan.source == "auto" and not manager.auto.probing
-    assert manager.optimizer.device_grad_subgroups == manager.plan_model.kept_grads(manager.base_plan)
+    assert manager.plans.in_force.source == "auto" and not manager.auto.probing
+    assert manager.optimizer.device_grad_subgroups == manager.plan_model.kept_grads(manager.plans.in_force)
 
 
 @pytest.mark.parametrize("budget_bytes", [None, 60_000])
@@ -174,26 +174,26 @@ def test_swapping_in_a_cold_auto_after_fixed_plans_begins_as_a_new_run() -> None
     assert manager.calibrator.history
 
     fixed = manager.swap_planning(None)
-    assert manager.spec.kind == "auto" and manager.cost == start and not manager.calibrator.history
+    assert manager.plans.asked.kind == "auto" and manager.cost == start and not manager.calibrator.history
     assert manager.cost.gpu_adam_params_per_s == 7e9
-    assert _letters(manager.base_plan) == "HHHHHH" and manager.optimizer.device_grad_subgroups == frozenset()
+    assert _letters(manager.plans.in_force) == "HHHHHH" and manager.optimizer.device_grad_subgroups == frozenset()
     probe = [_step(manager)]
-    assert _letters(manager.base_plan) == "HDHDHD" and manager.optimizer.device_grad_subgroups == {1, 3, 5}
+    assert _letters(manager.plans.in_force) == "HDHDHD" and manager.optimizer.device_grad_subgroups == {1, 3, 5}
 
     # a fixed-plan step between two of auto's (the plan sweep interleaves them): it neither advances auto's probe nor
     # feeds auto's calibration, and auto goes on where it was
     auto = manager.swap_planning(fixed)
     assert auto.auto is not None and auto.auto.steps == 1
-    assert manager.spec.kind == "fraction" and _letters(manager.base_plan) == _letters(fixed.base_plan)
+    assert manager.plans.asked.kind == "fraction" and _letters(manager.plans.in_force) == _letters(fixed.in_force)
     assert manager.auto is None
-    assert manager.optimizer.device_grad_subgroups == {i for i, c in enumerate(_letters(fixed.base_plan)) if c == "D"}
+    assert manager.optimizer.device_grad_subgroups == {i for i, c in enumerate(_letters(fixed.in_force)) if c == "D"}
     between = _step(manager)
     assert not between.replanned and len(fixed.calibrator.history) == 4 and len(auto.calibrator.history) == 1
     assert manager.swap_planning(auto).calibrator is fixed.calibrator
     probe.append(_step(manager))
     assert [_letters(r.plan) for r in probe] == ["HHHHHH", "HDHDHD"]
     assert [r.replanned for r in probe] == [False, True]  # counted under auto, not from the run's first step
-    assert manager.base_plan.source not in ("probe", "0.5") and len(manager.records) == 6
+    assert manager.plans.in_force.source not in ("probe", "0.5") and len(manager.records) == 6
     assert len(manager.calibrator.history) == 2
     # a cold start begins afresh: a new state machine, no plan in force yet for its trials
     manager.swap_planning(None)
@@ -230,17 +230,17 @@ def test_plan_state_round_trips_through_json_and_continues_auto() -> None:
     calibration, auto's progress; a trial under way is dropped for the plan in force; another run's state is refused."""
     old = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("auto"))
     scripted = AutoPlanner(old.sizes, 2, _Scripted)
-    old.swap_planning(PlanningState(spec=old.spec, calibrator=old.calibrator, base_plan=scripted.probes[0],
+    old.swap_planning(PlanningState(spec=old.plans.asked, calibrator=old.calibrator, in_force=scripted.probes[0],
                                     auto=scripted))
     for _ in range(PROBE_STEPS + 1):
         _step(old)
-    assert old.auto.trials.running and _letters(old.base_plan) == "DDDHHH"  # a trial under way when it is saved
+    assert old.auto.trials.running and _letters(old.plans.in_force) == "DDDHHH"  # a trial under way when it is saved
     state = json.loads(json.dumps(old.state_dict()))  # what a checkpoint holds survives JSON
 
     new = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("auto"))
-    assert new.base_plan.source == "probe"
+    assert new.plans.in_force.source == "probe"
     assert new.load_state_dict(state)
-    assert new.base_plan.lanes == _plan("DDHHHH").lanes  # the plan in force, not the trial's candidate
+    assert new.plans.in_force.lanes == _plan("DDHHHH").lanes  # the plan in force, not the trial's candidate
     assert not new.auto.trials.running and new.auto.state_dict() == old.auto.state_dict()
     assert new.auto.steps == old.auto.steps == PROBE_STEPS + 1
     assert new.cost == old.cost and new.calibrator.history == old.calibrator.history
@@ -252,8 +252,8 @@ def test_plan_state_round_trips_through_json_and_continues_auto() -> None:
 
     for other in (OptimizerStateManager(FakeOptimizer(), plan=parse_plan("0.5")),  # another plan asked for
                   OptimizerStateManager(FakeOptimizer(), plan=parse_plan("auto"))):
-        if other.spec.kind == "auto":
+        if other.plans.asked.kind == "auto":
             state = dict(state, sizes=[500] * 12)  # other subgroups (a changed sub_group_size)
-        before = other.base_plan
+        before = other.plans.in_force
         assert not other.load_state_dict(state)
-        assert other.base_plan == before
+        assert other.plans.in_force == before

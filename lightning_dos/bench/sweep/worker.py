@@ -87,7 +87,7 @@ class PlanSweep(pl.Callback):
             if not self._in_auto:  # where auto left off (cold the first time), the fixed plans' state set aside
                 self._fixed_state = manager.swap_planning(self._auto_state)
                 self._in_auto = True
-            plan, index = manager.base_plan, None
+            plan, index = manager.plans.in_force, None
         else:
             if self._in_auto:
                 self._auto_state = manager.swap_planning(self._fixed_state)
