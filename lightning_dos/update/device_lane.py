@@ -1,19 +1,9 @@
-"""Owns the device lane of an update phase: subgroups streamed through buffer slots on the device and back.
-
-Per subgroup, in pieces of at most ``PIECE`` parameters through a ring of buffer slots on the device (each slot holds
-one piece): ``prefetch`` (host->device: master, exp_avg, exp_avg_sq, grad) -> ``adam`` (unscale + fused AdamW on the
-device, then write the 16-bit params) -> ``flush`` (device->host: master, exp_avg, exp_avg_sq). A gradient kept on
-the device through backward is not prefetched; kept in its 16-bit dtype, ``adam`` widens it (exactly) into the slot's
-gradient row, or, when every gradient of the lane stayed on the device, chunk by chunk through one 64 MB scratch
-buffer and the slot has no gradient row (a quarter less memory; :mod:`lightning_dos.update.device_adam`). The
-performance model's ``device_memory_bytes`` counts slots of a piece with the row: it may demote early by that quarter,
-never late.
-
-Each stage has its own stream (:mod:`lightning_dos.update.streams`); a piece's prefetch waits for the flush that last
-used its slot, adam waits for its prefetch, flush waits for its adam. The lane's first prefetches may be issued
-before the update phase (:meth:`DeviceLane.prefetch_ahead`, at the manager's dispatch): they read only the optimizer
-state, which nothing changes between the end of backward and the update phase; :meth:`DeviceLane.serves` tells
-whether a phase may use them. No DeepSpeed import here.
+"""Owns the device lane of an update phase: subgroups streamed through buffer slots on the device and back
+(:class:`DeviceLane` says how). A gradient kept on the device through backward is not prefetched; kept in its 16-bit
+dtype, ``adam`` widens it (exactly) into the slot's gradient row, or, when every gradient of the lane stayed on the
+device, chunk by chunk through one 64 MB scratch buffer and the slot has no gradient row (a quarter less memory;
+:mod:`lightning_dos.update.device_adam`). The performance model's ``device_memory_bytes`` counts slots with the row: it
+may demote early by that quarter, never late. No DeepSpeed import here.
 """
 
 from __future__ import annotations
@@ -135,7 +125,8 @@ class DeviceLane:
         self.step_count.copy_(step_host)
 
     def prefetch_ahead(self) -> None:
-        """Issue the first pieces' prefetches before the update phase: one per slot, ``window`` at most."""
+        """Issue the first pieces' prefetches before the update phase: one per slot, ``window`` at most. They read only
+        the optimizer state, which nothing changes between the end of backward and the update phase."""
         self.issued_at = time.perf_counter()
         while len(self.piece_prefetched) < self.early:
             self._prefetch(len(self.piece_prefetched))
@@ -246,7 +237,7 @@ class DeviceLane:
             _, offset, n = self.pieces[p]
             master, exp_avg, exp_avg_sq, grad = self.staged[p]
             with s.use(s.adam):
-                s.wait(s.adam, self.piece_prefetched[p])
+                s.wait(s.adam, self.piece_prefetched[p])  # Adam reads the piece only once its prefetch has landed
                 begin = s.record(s.adam, timing=True)
                 if sg.grad_on_device and sg.grad.dtype == torch.float32:
                     grad = _piece(sg.grad, offset, n)  # kept in fp32 (gradients accumulate in fp32): used in place
@@ -263,7 +254,7 @@ class DeviceLane:
                 adam_done = s.record(s.adam, timing=True)
                 self.spans.append((i, "device", "adam", begin, adam_done))
             with s.use(s.flush):
-                s.wait(s.flush, adam_done)
+                s.wait(s.flush, adam_done)  # the flush copies back what Adam wrote, not what it is writing
                 begin = s.record(s.flush, timing=True)
                 chunked_copy(_piece(sg.master, offset, n), master)
                 chunked_copy(_piece(sg.exp_avg, offset, n), exp_avg)
