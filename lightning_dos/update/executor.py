@@ -1,30 +1,14 @@
 """Owns the execution of one update phase for a given plan: the resident subgroups, the host lane and the device lane.
 
-The phase's parts live in their own modules: the host lane (:mod:`lightning_dos.update.host_lane`: CPU Adam per
-subgroup, then the upload of its new params through a ring of device buffers), the device lane
-(:mod:`lightning_dos.update.device_lane`: prefetch -> fused Adam -> flush, in pieces through buffer slots on the
-device), the streams and events that order them (:mod:`lightning_dos.update.streams`), what the phase measured
-(:mod:`lightning_dos.update.timings`) and, with ``overlap``, the update in flight and its worker thread
-(:mod:`lightning_dos.update.in_flight`). This module composes them: the resident subgroups' update is issued first
-(on the ``adam`` stream), then the host lane runs and feeds the device lane between its subgroups, then whatever is left
-of the device lane is issued. ``run`` returns only when the host state is consistent, and the caller's stream waits
-for the last param write.
-
-The first prefetches of the device lane may be issued before the update phase (``prefetch_ahead``, called when the
-manager dispatches the step's plan): they read only the optimizer state, which nothing changes between the end of
-backward and the update phase, and the link is otherwise idle while DeepSpeed checks for overflow and computes the
-gradient norm. ``run`` uses them if the plan and every tensor they read are still the same, and waits for them and
-starts afresh otherwise.
-
-On a machine without an accelerator the device lane runs with the host standing in for the device: the
-same buffers, copies, ordering and write-back, with streams and events that complete immediately. ``issue``
-(``overlap=True``) runs the same two lanes on one persistent worker thread instead and returns at once with an
-:class:`~lightning_dos.update.in_flight.InFlightUpdate`: the next forward and backward run meanwhile, each reader
-waiting at its per-subgroup gates, and ``InFlightUpdate.join`` returns the timings once everything has landed. The
-caller's stream then never waits for the update as a whole (the readers' gates order each read after its own
-subgroup's write).
-
-No DeepSpeed import here.
+It composes the phase's parts, each in its own module (:mod:`~lightning_dos.update.resident`,
+:mod:`~lightning_dos.update.host_lane`, :mod:`~lightning_dos.update.device_lane`, the streams of
+:mod:`~lightning_dos.update.streams`, the measurements of :mod:`~lightning_dos.update.timings`): the residents' update
+is issued first, then the host lane runs and feeds the device lane between its subgroups, then whatever is left of the
+device lane is issued. ``run`` returns once the state is consistent; ``issue`` (``overlap=True``) hands the same work
+to a worker thread and returns an :class:`~lightning_dos.update.in_flight.InFlightUpdate` at once. The device lane's
+first prefetches may be issued at dispatch (``prefetch_ahead``), while the link is otherwise idle. On a machine without
+an accelerator the host stands in for the device: the same buffers, copies and ordering, with events that complete
+at once. No DeepSpeed import here.
 """
 
 from __future__ import annotations
