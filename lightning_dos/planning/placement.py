@@ -50,8 +50,10 @@ HEADROOM_MIN_BYTES = 2 * GIB
 RESIDENT_BYTES_PER_PARAM = 12
 #: Bytes per parameter of a subgroup living on the host: its state (12) and the fp32 gradient CPU Adam reads (4).
 HOST_BYTES_PER_PARAM = 16
-#: Host memory kept free beyond what the plan places there (the training process, the loader, page cache).
+#: Host memory kept free beyond what the plan places there (the training process, the loader, page cache) ...
 HOST_RESERVE_BYTES = 4 * GIB
+#: ... at most this share of the host (a small machine's reserve would otherwise be most of it).
+HOST_RESERVE_SHARE = 0.05
 #: Device-lane slots left room for at most: two slots of a whole piece, as the planner weighs them.
 SLOT_RESERVE_BYTES = device_memory_bytes(Plan(lanes=(Lane.DEVICE,)), [PIECE_PARAMS])
 
@@ -106,7 +108,12 @@ class HostMemory:
     @property
     def share(self) -> int:
         """What one rank may place on the host: its share of what is available, less the reserve."""
-        return max(0, self.available // self.ranks - HOST_RESERVE_BYTES)
+        return max(0, self.available // self.ranks - self.reserve)
+
+    @property
+    def reserve(self) -> int:
+        """What one rank leaves free of its share."""
+        return min(HOST_RESERVE_BYTES, int(HOST_RESERVE_SHARE * self.total))
 
 
 def headroom_bytes(total: int) -> int:
@@ -324,7 +331,7 @@ class MemoryPlan:
             lines.append(f"  host: {h.total / GIB:.2f} GiB, {h.available / GIB:.2f} available"
                          + (f" for {h.ranks} ranks" if h.ranks > 1 else "")
                          + f"; this rank places {self.host_needed / GIB:.2f} GiB there (of {h.share / GIB:.2f} it may "
-                         f"take, {HOST_RESERVE_BYTES / GIB:.0f} GiB kept free)")
+                         f"take, {h.reserve / GIB:.2f} GiB kept free)")
         for problem in self.problems:
             lines.append(f"  does not fit: {problem}")
         return "\n".join(lines)

@@ -432,7 +432,10 @@ class OptimizerStateManager:
         if self.placement is None:
             if measured:
                 reading = self.device_memory()
-                placement = place(self.subgroup_sizes, reading, self.memory_budget_bytes, candidates=self.candidates)
+                # under accumulation DeepSpeed's boundary writes an fp32 gradient for each resident, which the peak
+                # does not show; without, the peak holds the candidates' kept gradients already
+                placement = place(self.subgroup_sizes, reading, self.memory_budget_bytes, candidates=self.candidates,
+                                  grad_bytes_per_param=0 if self.device_gradients else 4)
                 when = "after the first forward and backward"
             else:
                 placement, reading = self.memory_plans[0].placement, self.memory_plans[0].device

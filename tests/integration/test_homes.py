@@ -318,7 +318,8 @@ def test_under_pressure_without_host_room_the_run_stops_with_the_numbers(sizes: 
     monkeypatch.setattr(OptimizerStateManager, "device_memory", _read_as(memory))
     _pressure_at_the_third_dispatch(monkeypatch, memory)
     readings = iter([HostMemory(total=8 * GIB, available=8 * GIB)] * 2)  # at start and at placement: room enough
-    short = HostMemory(total=8 * GIB, available=4 * GIB + 16 * sum(sizes[:RESIDENT]) - 1)  # then: not for residents
+    reserve = HostMemory(total=8 * GIB, available=0).reserve
+    short = HostMemory(total=8 * GIB, available=reserve + 16 * sum(sizes[:RESIDENT]) - 1)  # then: not for residents
 
     def host_memory(self: OptimizerStateManager) -> HostMemory:
         return next(readings, short)
@@ -332,7 +333,7 @@ def test_under_pressure_without_host_room_the_run_stops_with_the_numbers(sizes: 
 def test_a_run_the_host_cannot_hold_stops_before_its_state_is_allocated(monkeypatch: pytest.MonkeyPatch) -> None:
     """The plan at start: even with every subgroup the device could hold resident (none here: the host stands in),
     the host has no room: the run stops when the engine is built, before any update, naming the numbers."""
-    monkeypatch.setattr(OptimizerStateManager, "host_memory", lambda self: HostMemory(total=GIB, available=GIB))
+    monkeypatch.setattr(OptimizerStateManager, "host_memory", lambda self: HostMemory(total=GIB, available=0))
     with pytest.raises(DoesNotFit) as caught:
         train("host", steps=2, clip=CLIP)
     message = str(caught.value)
@@ -345,8 +346,9 @@ def test_a_run_that_fits_at_start_but_not_beside_the_measured_peak_stops_before_
     room for none, and the host cannot take them: the run stops at the first dispatch, before any home is made."""
     full = DeviceMemory(total=4 * GIB, peak=4 * GIB, other=0)  # after the first step: the peak fills the device
     monkeypatch.setattr(OptimizerStateManager, "device_memory", _read_as(full))
+    reserve = HostMemory(total=8 * GIB, available=0).reserve
     monkeypatch.setattr(OptimizerStateManager, "host_memory",
-                        lambda self: HostMemory(total=8 * GIB, available=4 * GIB + 16 * sum(sizes) - 1))
+                        lambda self: HostMemory(total=8 * GIB, available=reserve + 16 * sum(sizes) - 1))
     homes: list[Any] = []
 
     class Watch(pl.Callback):

@@ -88,8 +88,9 @@ def test_a_reading_cannot_be_negative() -> None:
 
 def test_the_ranks_of_a_host_share_what_it_has_available() -> None:
     host = HostMemory(total=128 * GIB, available=120 * GIB, ranks=4)
-    assert host.share == 30 * GIB - HOST_RESERVE_BYTES
-    assert HostMemory(total=GIB, available=GIB).share == 0  # less than the reserve: nothing
+    assert host.share == 30 * GIB - HOST_RESERVE_BYTES and host.reserve == HOST_RESERVE_BYTES
+    small = HostMemory(total=20 * GIB, available=GIB)  # a small host keeps 5% free, not 4 GiB
+    assert small.reserve == GIB and small.share == 0
 
 
 def test_the_memory_plan_counts_16_bytes_a_parameter_on_the_host_and_splits_it_by_lane() -> None:
@@ -116,7 +117,8 @@ def test_a_plan_the_host_cannot_hold_raises_with_the_numbers_and_what_to_change(
     with pytest.raises(DoesNotFit) as caught:
         plan.check()
     message = str(caught.value)
-    assert "the host needs 32.00 GiB" in message and "may take 16.00 GiB" in message
+    assert "the host needs 32.00 GiB" in message and f"may take {host.share / GIB:.2f} GiB" in message
+    assert host.share == 20 * GIB - int(0.05 * 32 * GIB)  # 5% of this host kept free, under the 4 GiB cap
     assert "activation checkpointing" in message and "more GPUs" in message  # what to change
     assert "GPU, resident" in message  # the whole table comes with it
 

@@ -7,7 +7,7 @@ subgroups on the device, ``resident_gib``; OVERLAP=1: each update phase overlaps
 random plan every step, drawn from seed S, the same on both ranks; PERSIST=1: every 16-bit parameter persists
 (``param_persistence=True``, and so leaf blocks); FLAT_GATHER=1/0: the seam's gather per subgroup of the persistent
 parameters after the step, or DeepSpeed's own release and per-parameter gather (``flat_persistent_gather``);
-ACCELERATOR=cuda: two GPUs; HOST_GIB_RANK1=G: rank 1 reads a host of G GiB, all of it available)
+ACCELERATOR=cuda: two GPUs; HOST_GIB_RANK1=G: rank 1 reads a host of G GiB with nothing available)
 Lightning re-runs this script for rank 1, as it does for any multi-process CPU run. With TWO_NODES=1 and NODE_RANK,
 LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, as a cluster launcher sets them, it is one of two
 single-rank nodes.
@@ -72,7 +72,7 @@ def train(plan_arg: str, out: Path, env: dict[str, str], ckpt_path: str | None =
         small = int(float(env["HOST_GIB_RANK1"]) * 2**30)
         real = OptimizerStateManager.host_memory
         OptimizerStateManager.host_memory = lambda self: (  # type: ignore[method-assign]
-            HostMemory(total=small, available=small, ranks=2) if torch.distributed.get_rank() == 1 else real(self))
+            HostMemory(total=small, available=0, ranks=2) if torch.distributed.get_rank() == 1 else real(self))
     callbacks: list[pl.Callback] = [rec]
     if "RANDOM_PLAN" in env:
         callbacks.append(RandomPlanEveryStep(seed=int(env["RANDOM_PLAN"])))
