@@ -480,10 +480,9 @@ class OptimizerStateManager:
 
     def _release_under_pressure(self) -> bool:
         """At a later dispatch, with ``resident_gib="auto"``: give residents back to the host, newest first, when
-        something else has taken more than half the headroom (:func:`~lightning_dos.planning.placement
-        .residents_to_release`); they move to host homes and the planner weighs them again. The host must have room
-        for them: if it has not, the run stops with the numbers instead of a kill by the kernel. Returns whether the
-        residents changed."""
+        something else has taken more than half the headroom (``residents_to_release``); they move to host homes and
+        the planner weighs them again. The host must have room for them: if it has not, the run stops with the numbers
+        instead of a kill by the kernel. Returns whether the residents changed."""
         placement = self.placement
         if placement is None or placement.memory is None or not self.resident:
             return False

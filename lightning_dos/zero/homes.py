@@ -38,8 +38,8 @@ _WIDEN_CHUNK = 16 * 1024 * 1024
 
 
 class StateHomes:
-    """The homes of one ZeRO-3 optimizer's subgroups; a mixin of :class:`~lightning_dos.zero.optimizer
-    .InterleavedZeroOptimizer` (it reads DeepSpeed's lists of that optimizer)."""
+    """The homes of one ZeRO-3 optimizer's subgroups: a mixin of
+    :class:`~lightning_dos.zero.optimizer.InterleavedZeroOptimizer`, whose DeepSpeed lists it reads and writes."""
 
     fp32_partitioned_groups_flat: list[torch.Tensor]
     fp16_partitioned_groups_flat: list[torch.Tensor]
