@@ -148,6 +148,7 @@ def plan(argv: Sequence[str]) -> int:
     from lightning_dos.planning.placement import GIB
     from lightning_dos.strategies.dos import DeepOptimizerStatesStrategy
     from lightning_dos.strategies.sizing import host_for, size_run, world_of
+    from lightning_dos.update.host_memory import read_meminfo
 
     parser = argparse.ArgumentParser(prog="lightning-dos plan", description=PLAN_HELP, add_help=False)
     parser.add_argument("--gpu-gib", type=float, help="memory of one GPU (default: this machine's first GPU)")
@@ -172,9 +173,10 @@ def plan(argv: Sequence[str]) -> int:
     if ours.host_gib is not None:
         host = host_for(int(ours.host_gib * GIB), ranks_per_host)
     else:
-        with open("/proc/meminfo") as handle:
-            fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in handle if ":" in line}
-        host = host_for(fields["MemTotal"], ranks_per_host, fields["MemAvailable"])
+        reading = read_meminfo()
+        if reading is None:
+            parser.error("this host's memory cannot be read (/proc/meminfo): give --host-gib")
+        host = host_for(reading[0], ranks_per_host, reading[1])
     data = cli.datamodule
     budget = strategy.memory_budget_gib
     resident = strategy.resident_gib

@@ -22,6 +22,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_dos.telemetry.peak_memory import ru_maxrss_bytes
+from lightning_dos.update.host_memory import read_meminfo
 
 __all__ = ["DOSMetricsLogger", "NonFiniteLossGuard", "PerfMetrics", "ValLossReport", "batch_tokens",
            "default_callbacks", "host_in_use_gib", "peak_host_gib"]
@@ -126,13 +127,8 @@ def host_in_use_gib(meminfo: str = "/proc/meminfo") -> Optional[float]:
     DeepSpeed's pinned gradient buffers) are not in a process's resident set: measured at 5.37B parameters, 45 GiB
     of them showed as shared memory beside a 67 GiB RSS. This figure counts them (and any other process's memory).
     """
-    try:
-        with open(meminfo) as handle:
-            fields = dict(line.split(":", 1) for line in handle if ":" in line)
-        total, available = (int(fields[key].split()[0]) for key in ("MemTotal", "MemAvailable"))
-    except (OSError, KeyError, ValueError):
-        return None
-    return (total - available) * 1024 / GIB
+    reading = read_meminfo(meminfo)
+    return None if reading is None else (reading[0] - reading[1]) / GIB
 
 
 class PerfMetrics(Callback):

@@ -1,4 +1,5 @@
-"""Owns page-locking host tensors in place, and unlocking them before their memory can be freed.
+"""Owns the host's memory as this package sees it: page-locking host tensors in place (and unlocking them before their
+memory can be freed), and reading how much memory the whole host has available.
 
 torch's pinned allocator rounds every block up to a power of two, so a 400 MB subgroup of optimizer state
 takes 512 MB, about 28% more host memory than the same state unpinned. Registering an ordinary host
@@ -27,6 +28,18 @@ _PORTABLE = 1
 
 def _cudart() -> Any:
     return torch.cuda.cudart()
+
+
+def read_meminfo(meminfo: str = "/proc/meminfo") -> tuple[int, int] | None:
+    """The whole host's ``MemTotal`` and ``MemAvailable`` now, in bytes (pages the CUDA driver pinned count as in use,
+    not available); None where there is no such file or it lacks them."""
+    try:
+        with open(meminfo) as handle:
+            fields = dict(line.split(":", 1) for line in handle if ":" in line)
+        total, available = (int(fields[key].split()[0]) * 1024 for key in ("MemTotal", "MemAvailable"))
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+    return total, available
 
 
 class PinnedRegistry:
