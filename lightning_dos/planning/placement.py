@@ -136,24 +136,8 @@ class Placement:
         """The subgroups whose state lives on the device, in id order."""
         return tuple(i for i, home in enumerate(self.homes) if home == Home.DEVICE)
 
-    @property
-    def on_host(self) -> tuple[int, ...]:
-        return tuple(i for i, home in enumerate(self.homes) if home == Home.HOST)
-
     def params(self, sizes: Sequence[int], home: Home) -> int:
         return sum(size for size, h in zip(sizes, self.homes) if h == home)
-
-    def describe(self, sizes: Sequence[int]) -> str:
-        n = len(self.homes)
-        resident = self.params(sizes, Home.DEVICE)
-        head = (f"{len(self.resident)} of {n} subgroups ({resident:,} params, "
-                f"{resident * RESIDENT_BYTES_PER_PARAM / GIB:.2f} GiB) resident on the device")
-        if self.memory is None:
-            return head
-        m = self.memory
-        return (head + f": peak {m.peak / GIB:.2f} GiB of {m.total / GIB:.2f} GiB after the first step "
-                f"({m.other / GIB:.2f} GiB outside the allocator, {m.headroom / GIB:.2f} GiB headroom, room for "
-                f"{self.room / GIB:.2f} GiB of state)")
 
 
 def all_on_host(n: int) -> Placement:
@@ -291,10 +275,6 @@ class MemoryPlan:
         return HOST_BYTES_PER_PARAM * self.placement.params(self.sizes, Home.HOST) + self.host_extra_bytes
 
     @property
-    def device_state(self) -> int:
-        return RESIDENT_BYTES_PER_PARAM * self.placement.params(self.sizes, Home.DEVICE)
-
-    @property
     def fits(self) -> bool:
         return not self.problems
 
@@ -332,15 +312,16 @@ class MemoryPlan:
                          + (f" for {h.ranks} ranks" if h.ranks > 1 else "")
                          + f"; this rank places {self.host_needed / GIB:.2f} GiB there (of {h.share / GIB:.2f} it may "
                          f"take, {h.reserve / GIB:.2f} GiB kept free)")
-        for problem in self.problems:
-            lines.append(f"  does not fit: {problem}")
+        lines += [f"  does not fit: {problem}" for problem in self.problems]
         return "\n".join(lines)
 
-    def check(self) -> None:
-        """Raise :class:`DoesNotFit` with the table if the box cannot hold the run."""
-        if self.problems:
+    def check(self, problems: Sequence[str] | None = None) -> None:
+        """Raise :class:`DoesNotFit` with the table if the box cannot hold the run: its own problems, or ``problems``
+        in their place (every rank's, where the ranks check together)."""
+        problems = self.problems if problems is None else tuple(problems)
+        if problems:
             raise DoesNotFit("deep_optimizer_states: this run cannot fit the box, so nothing was allocated for its "
-                             "optimizer state.\n" + self.describe())
+                             "optimizer state.\n" + replace(self, problems=problems).describe())
 
 
 def memory_plan(sizes: Sequence[int], placement: Placement, host: HostMemory | None, device: DeviceMemory | None,

@@ -53,6 +53,7 @@ from lightning_dos.planning.plan import Lane, Plan, PlanSpec, parse_plan, resolv
 from lightning_dos.planning.planner import demote_to_fit
 from lightning_dos.planning.trials import TRIAL_SOURCE
 from lightning_dos.update.executor import UpdateExecutor
+from lightning_dos.update.host_memory import read_meminfo
 from lightning_dos.update.in_flight import InFlightUpdate
 from lightning_dos.update.resident import ResidentUpdate, resident_bytes
 from lightning_dos.update.subgroup import Subgroup
@@ -397,12 +398,8 @@ class OptimizerStateManager:
     def host_memory(self) -> HostMemory | None:
         """The whole host's memory now (``MemAvailable``: driver-pinned pages count as used), shared by this run's
         ranks on the host; None where it cannot be read."""
-        try:
-            with open("/proc/meminfo") as handle:
-                fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in handle if ":" in line}
-            return HostMemory(total=fields["MemTotal"], available=fields["MemAvailable"], ranks=self.ranks_per_host)
-        except (OSError, KeyError, ValueError, IndexError):
-            return None
+        reading = read_meminfo()
+        return None if reading is None else HostMemory(*reading, ranks=self.ranks_per_host)
 
     def _plan_memory_at_start(self) -> None:
         """When the engine is built: the memory plan of the best case the box allows
@@ -467,10 +464,7 @@ class OptimizerStateManager:
         if host is not None and node > host.ranks * host.share:
             problems.append(f"the {self.ranks_per_host} ranks of this host place {node / GIB:.2f} GiB there, and it "
                             f"has {host.ranks * host.share / GIB:.2f} GiB for them")
-        if problems:
-            raise DoesNotFit("deep_optimizer_states: this run cannot fit the box, so nothing was allocated for its "
-                             f"optimizer state.\n{plan.describe()}\n" + "\n".join(f"  does not fit: {p}"
-                                                                              for p in problems))
+        plan.check(problems)
 
     def _put_in_force(self, placement: Placement) -> None:
         """The residents of ``placement`` set, and the plan made again for the subgroups left to the lanes."""
