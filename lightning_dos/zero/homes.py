@@ -65,8 +65,9 @@ class StateHomes:
     # ------------------------------------------------------------------ what lives where
     @property
     def placed(self) -> bool:
-        """Whether every subgroup has its home (its state then exists, in that home)."""
-        return None not in self.__dict__.get("_dos_homes", (None,))
+        """Whether every subgroup has its home (its state then exists, in that home). Read at every step and, under
+        gradient accumulation, at every parameter's boundary copy: kept by :meth:`place`, not recounted."""
+        return bool(self.__dict__.get("_dos_placed"))
 
     def homes(self) -> tuple[Home | None, ...]:
         """Each subgroup's home (None: not placed yet)."""
@@ -111,6 +112,7 @@ class StateHomes:
             home = homes[i]
             if home is not None and current[i] != home:
                 self._move(i, Home(home))
+        self._dos_placed = None not in current
 
     def _move(self, i: int, home: Home) -> None:
         """Subgroup ``i``'s master, moments and gradient made in ``home`` from wherever they are (or begin)."""
