@@ -28,8 +28,9 @@ LADDER = ("32x2560", "40x3200", "32x4096", "40x4096", "48x4096", "40x5120", "48x
 FAILED = tuple(status for status in FINISHED if status != "ok")
 MEASURED = ("tokens/s: tokens per iteration / the median end-to-end iteration; model TFLOP/s: 6 x parameters "
             "(embeddings included) x tokens/s, attention, recomputation not counted; peak GPU: max_memory_allocated; "
-            "host in use: the whole host's MemTotal - MemAvailable (driver-pinned pages included) at its highest while "
-            "the worker ran (sampled every 0.1 s) less before it; process RSS: the worker's peak resident set")
+            "host in use: the whole host's MemTotal - MemAvailable (driver-pinned pages included) less before the run, at "
+            "its highest while the worker ran (peak: sampled every 0.1 s, start and end included) and at the end of any "
+            "iteration (training); process RSS: the worker's peak resident set")
 
 
 @dataclass(frozen=True)
@@ -93,9 +94,18 @@ def entry(size: Size, model: dict[str, Any], result: dict[str, Any], figures: di
             "tokens_per_s": tokens_per_s,
             "model_tflops_per_s": 6 * params * tokens_per_s / 1e12 if params and tokens_per_s else None,
             "peak_gpu_gib": figures["peak_gpu_gib"], "host_in_use_gib": result.get("host_in_use_gib"),
+            "host_in_use_training_gib": training_host_in_use(result),
             "host_in_use_before_gib": result.get("host_in_use_before_gib"), "process_rss_gib": figures["peak_host_gib"],
             "final_loss": figures["final_loss"], "elapsed_s": result.get("elapsed_s"), "log": result.get("log"),
             "reused": bool(result.get("reused"))}
+
+
+def training_host_in_use(result: dict[str, Any]) -> float | None:
+    """The most host memory in use at the end of any iteration, less what was in use before the run (GiB), or None
+    for a run that trained no iteration."""
+    readings = [v for v in (result.get("iterations") or {}).get("host_in_use_gib") or [] if v == v]
+    before = result.get("host_in_use_before_gib")
+    return max(readings) - before if readings and before is not None else None
 
 
 def run_sizes(runner: Runner, settings: SizeSettings) -> dict[str, Any]:
@@ -155,10 +165,12 @@ def tables(doc: dict[str, Any]) -> list[Table]:
                   [(label, e["shape"] or "none", count(e["params"]),
                     e["stopped"] or "(not stopped)") for label, e in doc["largest"].items()]),
             Table("Every run", ("size", "parameters", "strategy", "status", "tokens/s", "model TFLOP/s",
-                                "peak GPU GiB", "host in use GiB", "process RSS GiB", "reason"),
+                                "peak GPU GiB", "host in use, training GiB", "host in use, peak GiB",
+                                "process RSS GiB", "reason"),
                   [(e["shape"], count(e["params"]), e["label"], e["status"],
                     num(e["tokens_per_s"], 0), num(e["model_tflops_per_s"]), num(e["peak_gpu_gib"]),
-                    num(e["host_in_use_gib"]), num(e["process_rss_gib"]), e["reason"] or "")
+                    num(e.get("host_in_use_training_gib")), num(e["host_in_use_gib"]), num(e["process_rss_gib"]),
+                    e["reason"] or "")
                    for e in doc["runs"]], doc["measurement"]["figures"] + ".")]
 
 

@@ -20,6 +20,7 @@ import lightning.pytorch as pl
 import torch
 
 from lightning_dos.bench.stats import HOST_KEYS, PHASE_PEAKS, PHASES
+from lightning_dos.telemetry.callbacks import host_in_use_gib
 from lightning_dos.telemetry.peak_memory import GIB, GpuPeakMeter
 
 
@@ -60,6 +61,8 @@ class PhaseTimer(pl.Callback):
         """Per iteration: the other threads' CPU ms and the training thread's involuntary switches, per phase."""
         self.ends: list[float] = []
         """Per iteration: seconds from ``on_train_start`` (or the first iteration's start) to its end."""
+        self.host_in_use: list[float] = []
+        """Per iteration: the whole host's memory in use at its end, GiB (``perf/host_in_use_gib``'s reading)."""
         self._manager: Any = None  # the DOS manager, whose records say when each update phase began
         self._losses: list[Any] = []
         self._cpu: dict[str, tuple[float, float, float]] = {}
@@ -138,6 +141,8 @@ class PhaseTimer(pl.Callback):
         else:
             end = self._record_phases()
         self.ends.append(end - self._origin)
+        in_use = host_in_use_gib()
+        self.host_in_use.append(math.nan if in_use is None else in_use)
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor):
             self._losses.append(loss.detach())  # converted after training: float() here would wait for the device

@@ -100,15 +100,19 @@ class HostMemory:
     available: int
     ranks: int = 1
     """Ranks of this run on the host: they share what is available."""
+    held: int = 0
+    """Bytes this rank's own host homes (and DeepSpeed's host gradient buffer) hold already: in use at the reading, so
+    not in ``available``, and counted again in any plan that keeps them there."""
 
     def __post_init__(self) -> None:
-        if min(self.total, self.available) < 0 or self.ranks < 1:
+        if min(self.total, self.available, self.held) < 0 or self.ranks < 1:
             raise ValueError(f"host memory: bad figures in {self}")
 
     @property
     def share(self) -> int:
-        """What one rank may place on the host: its share of what is available, less the reserve."""
-        return max(0, self.available // self.ranks - self.reserve)
+        """What one rank's host homes may take in all: its share of what is available, what it holds already, less
+        the reserve (the ranks of a host are taken to hold alike)."""
+        return max(0, self.available // self.ranks + self.held - self.reserve)
 
     @property
     def reserve(self) -> int:
@@ -310,6 +314,7 @@ class MemoryPlan:
             h = self.host
             lines.append(f"  host: {h.total / GIB:.2f} GiB, {h.available / GIB:.2f} available"
                          + (f" for {h.ranks} ranks" if h.ranks > 1 else "")
+                         + (f" and {h.held / GIB:.2f} held by this rank's state already" if h.held else "")
                          + f"; this rank places {self.host_needed / GIB:.2f} GiB there (of {h.share / GIB:.2f} it may "
                          f"take, {h.reserve / GIB:.2f} GiB kept free)")
         lines += [f"  does not fit: {problem}" for problem in self.problems]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,6 +26,17 @@ from typing_extensions import override
 from lightning_dos.optim import offloads_optimizer
 from lightning_dos.strategies.checkpoint import describe, partial_path, publish, remove_partials, validate_resume_path
 from lightning_dos.strategies.module_device import move_module_state
+
+
+@contextlib.contextmanager
+def state_left_in_place(strategy: Any) -> Iterator[None]:
+    """Lightning's ``Strategy.teardown`` without its move of every optimizer's state to the CPU: state that lives on
+    the device would take host memory it was never given (tens of GiB at the end of a large run), only to be freed."""
+    optimizers, strategy._optimizers = strategy._optimizers, []
+    try:
+        yield
+    finally:
+        strategy._optimizers = optimizers
 
 
 class DeepSpeedBase(DeepSpeedStrategy):
@@ -109,7 +121,8 @@ class DeepSpeedBase(DeepSpeedStrategy):
     @override
     def teardown(self) -> None:
         module, engine = self.lightning_module, self.model
-        super().teardown()
+        with state_left_in_place(self):  # the engine's release below frees it where it lives
+            super().teardown()
         if module is not None and engine is not None and engine is not module:
             from lightning_dos.zero.engine_release import release_engine
 

@@ -21,10 +21,9 @@ starts.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import importlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Optional
 
 import lightning.pytorch as pl
@@ -39,7 +38,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from lightning_dos.strategies.baselines import ZeRO3OffloadStrategy
-from lightning_dos.strategies.deepspeed_base import DeepSpeedBase, offload_config_problems
+from lightning_dos.strategies.deepspeed_base import DeepSpeedBase, offload_config_problems, state_left_in_place
 
 #: How to install the optional peers (torchao); named by every error about a missing one.
 PEERS_EXTRA = "pip install 'lightning-dos[peers]'"
@@ -257,7 +256,7 @@ class TorchaoOffloadStrategy(_OneDeviceStrategy):
 
     @override
     def teardown(self) -> None:
-        with self._optimizers_hidden():  # Strategy.teardown moves optimizer state to the CPU
+        with state_left_in_place(self):
             super().teardown()
 
     @override
@@ -265,14 +264,6 @@ class TorchaoOffloadStrategy(_OneDeviceStrategy):
         # Strategy's, less the move of the loaded state to the root device: torchao's AdamW state lives on the host
         for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"]):
             optimizer.load_state_dict(state)
-
-    @contextlib.contextmanager
-    def _optimizers_hidden(self) -> Iterator[None]:
-        optimizers, self._optimizers = self._optimizers, []
-        try:
-            yield
-        finally:
-            self._optimizers = optimizers
 
     @classmethod
     @override

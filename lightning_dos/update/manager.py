@@ -91,6 +91,9 @@ class ZeroOptimizer(Protocol):
     def host_gradient_bytes(self) -> int:
         """Host bytes of DeepSpeed's whole-partition gradient buffer (made only under gradient accumulation)."""
 
+    def home_bytes(self) -> dict[Home, int]:
+        """Bytes of state and gradients held in each home now."""
+
     def place(self, homes: Sequence[Home | None]) -> None:
         """Make or move each subgroup's state in ``homes[i]`` (None: leave it)."""
 
@@ -397,9 +400,12 @@ class OptimizerStateManager:
 
     def host_memory(self) -> HostMemory | None:
         """The whole host's memory now (``MemAvailable``: driver-pinned pages count as used), shared by this run's
-        ranks on the host; None where it cannot be read."""
+        ranks on the host, with what this rank's host homes hold already; None where it cannot be read."""
         reading = read_meminfo()
-        return None if reading is None else HostMemory(*reading, ranks=self.ranks_per_host)
+        if reading is None:
+            return None
+        held = self.optimizer.home_bytes()[Home.HOST] + self.optimizer.host_gradient_bytes()
+        return HostMemory(*reading, ranks=self.ranks_per_host, held=held)
 
     def _plan_memory_at_start(self) -> None:
         """When the engine is built: the memory plan of the best case the box allows
@@ -487,11 +493,12 @@ class OptimizerStateManager:
         released = residents_to_release(self.resident, self.subgroup_sizes, free, headroom)
         needed = HOST_BYTES_PER_PARAM * sum(self.subgroup_sizes[i] for i in released)
         host = self.host_memory()
-        if host is not None and needed > host.share:
+        if host is not None and host.held + needed > host.share:
             raise DoesNotFit(
                 f"deep_optimizer_states: {free / GIB:.2f} GiB free on the device (under half the {headroom / GIB:.2f} "
                 f"GiB headroom): subgroups {', '.join(map(str, released))} would go back to the host, which needs "
-                f"{needed / GIB:.2f} GiB for them and has {host.share / GIB:.2f} GiB this rank may take; free device "
+                f"{needed / GIB:.2f} GiB for them and has {(host.share - host.held) / GIB:.2f} GiB more this rank may "
+                "take; free device "
                 "memory (whatever else took it), or set a smaller resident_gib or memory_budget_gib")
         log.warning("deep_optimizer_states: %.2f GiB free on the device (under half the %.2f GiB headroom): subgroups "
                     "%s given back to the host", free / GIB, headroom / GIB, ", ".join(map(str, released)))

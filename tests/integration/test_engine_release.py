@@ -50,3 +50,18 @@ def test_engine_is_freed_after_fit(plan: Any, tmp_path: Path) -> None:
     assert [(engine(), optimizer()) for engine, optimizer in refs] == [(None, None)] * 3
     assert len(parameter_offload.FWD_MODULE_STACK) == stack_before
     assert (tmp_path / "after_fit.ckpt" / "checkpoint").is_dir()  # saving after fit still works
+
+
+@pytest.mark.parametrize("plan", [0.5, None], ids=["dos", "vanilla"])
+def test_teardown_leaves_the_optimizer_state_where_it_lives(plan: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning's teardown would move every optimizer's state to the CPU: for state resident on a GPU that is host
+    memory it was never given, at the end of the run, only to be freed with the engine. No optimizer reaches it."""
+    from lightning.pytorch.strategies import strategy as lightning_strategy
+
+    moved: list[list[Any]] = []
+    move = lightning_strategy._optimizers_to_device
+    monkeypatch.setattr(lightning_strategy, "_optimizers_to_device",
+                        lambda optimizers, device: (moved.append(list(optimizers)), move(optimizers, device))[1])
+    run = train(plan, steps=2)
+    assert moved == [[]]
+    assert run.strategy.optimizers  # and the strategy still has them afterwards

@@ -20,6 +20,7 @@ import torch
 
 from lightning_dos import DeepOptimizerStatesStrategy
 from lightning_dos.planning.placement import GIB, DeviceMemory, DoesNotFit, Home, HostMemory, slot_bytes
+from lightning_dos.update import manager as manager_module
 from lightning_dos.update.manager import OptimizerStateManager
 from tests.support.parity import RandomPlanEveryStep, assert_tracks, make_strategy, shared_run, train
 
@@ -338,6 +339,32 @@ def test_a_run_the_host_cannot_hold_stops_before_its_state_is_allocated(monkeypa
         train("host", steps=2, clip=CLIP)
     message = str(caught.value)
     assert "before the first step" in message and "the host needs" in message and "may take 0.00 GiB" in message
+
+
+def test_the_host_homes_made_at_start_count_as_held_when_the_rest_are_placed(sizes: list[int],
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host with room for every subgroup's state and no more: at start the subgroups beyond the candidates get their
+    host homes, which the host then shows in use; at the first dispatch the candidates that do not fit join them. The
+    plan counts what is held as the rank's own, not as missing room, and the run trains."""
+    in_use = [0]
+    host_memory = OptimizerStateManager.host_memory
+
+    def reading(self: OptimizerStateManager) -> HostMemory | None:
+        in_use[0] = self.optimizer.home_bytes()[Home.HOST]
+        return host_memory(self)
+
+    total = 8 * GIB
+    available = HostMemory(total=total, available=0).reserve + 16 * sum(sizes)
+    monkeypatch.setattr(OptimizerStateManager, "host_memory", reading)
+    monkeypatch.setattr(manager_module, "read_meminfo", lambda: (total, available - in_use[0]))
+    monkeypatch.setattr(OptimizerStateManager, "device_memory",
+                        _read_as(_reading_for(sizes, 1), at_start=_reading_for(sizes, RESIDENT, peak=0)))
+    run = train("host", steps=3, clip=CLIP, strategy=_auto("host"))
+    manager = run.strategy.manager
+    start, placed = manager.memory_plans[0], manager.memory_plans[-1]
+    assert start.placement.resident == tuple(range(RESIDENT)) and placed.host.held == 16 * sum(sizes[RESIDENT:])
+    assert manager.resident == (0,) and placed.fits
+    assert run.strategy.model.optimizer.home_bytes()[Home.HOST] == 16 * sum(sizes[1:])
 
 
 def test_a_run_that_fits_at_start_but_not_beside_the_measured_peak_stops_before_placing(

@@ -46,12 +46,14 @@ def test_sizes_until_each_strategy_fails_over_two_invocations(tmp_path: Path,
         assert ok["tokens_per_s"] > 0 and ok["model_tflops_per_s"] == pytest.approx(
             6 * ok["params"] * ok["tokens_per_s"] / 1e12)
         assert ok["process_rss_gib"] > 0.05 and ok["host_in_use_gib"] is not None and ok["peak_gpu_gib"] is None
+        assert isinstance(ok["host_in_use_training_gib"], float)  # read at the end of every iteration
     assert runs[("2x64", "plain")]["status"] == runs[("2x64", "killed")]["status"] == "ok"
     assert runs[("2x128", "plain")]["status"] == "oom"
     assert runs[("2x128", "plain")]["reason"].startswith("OutOfMemoryError: CUDA out of memory")
     killed = runs[("2x128", "killed")]
     assert killed["status"] == "oom" and killed["reason"].startswith("killed by SIGKILL")
     assert killed["host_in_use_gib"] is not None  # sampled by the parent until the kill
+    assert killed["host_in_use_training_gib"] is None  # no iteration's reading came back
     refused = runs[("2x64", "refused")]
     assert refused["status"] == "failed" and "ValueError: memory plan: n_embd 64 does not fit" in refused["reason"]
     assert runs[("2x64", "offload_opt_states")]["status"] == "skipped"

@@ -14,6 +14,7 @@ import torch
 
 from lightning_dos.planning import planner
 from lightning_dos.planning.auto import AUTO_MAX_BUFFERS, PROBE_STEPS, AutoPlanner
+from lightning_dos.planning.placement import Home
 from lightning_dos.planning.plan import Lane, Plan, parse_plan
 from lightning_dos.update.manager import GIB, OptimizerStateManager, PlanningState, StepRecord
 from lightning_dos.update.subgroup import AdamHyper, Subgroup
@@ -56,6 +57,9 @@ class FakeOptimizer:
 
     def host_gradient_bytes(self) -> int:
         return 0
+
+    def home_bytes(self) -> dict[Home, int]:
+        return {Home.DEVICE: 0, Home.HOST: 16 * sum(self.sizes)}
 
     def subgroups(self) -> list[Subgroup]:
         return self._subgroups

@@ -15,6 +15,7 @@ from lightning_dos.planning.placement import (
     DoesNotFit,
     Home,
     HostMemory,
+    Placement,
     fill,
     headroom_bytes,
     memory_plan,
@@ -89,6 +90,17 @@ def test_the_ranks_of_a_host_share_what_it_has_available() -> None:
     assert host.share == 30 * GIB - HOST_RESERVE_BYTES and host.reserve == HOST_RESERVE_BYTES
     small = HostMemory(total=20 * GIB, available=GIB)  # a small host keeps 5% free, not 4 GiB
     assert small.reserve == GIB and small.share == 0
+
+
+def test_what_a_rank_holds_on_the_host_already_counts_towards_its_share() -> None:
+    """A reading taken after some homes were made on the host: they are in use, so not available, and a plan that keeps
+    them there counts them again; they are part of what the rank may take, not a second claim on what is left."""
+    host = HostMemory(total=128 * GIB, available=28 * GIB, held=93 * GIB)
+    assert host.share == 121 * GIB - HOST_RESERVE_BYTES
+    sizes = [GIB // 16] * 100  # 1 GiB of host state each
+    plan = memory_plan(sizes, Placement(homes=(Home.HOST,) * 100), host, None, "after the first step")
+    assert plan.fits and "93.00 held by this rank's state already" in plan.describe()
+    assert not memory_plan(sizes * 2, Placement(homes=(Home.HOST,) * 200), host, None, "after").fits
 
 
 def test_the_memory_plan_counts_16_bytes_a_parameter_on_the_host_and_splits_it_by_lane() -> None:
