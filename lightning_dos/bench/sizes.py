@@ -28,9 +28,9 @@ LADDER = ("32x2560", "40x3200", "32x4096", "40x4096", "48x4096", "40x5120", "48x
 FAILED = tuple(status for status in FINISHED if status != "ok")
 MEASURED = ("tokens/s: tokens per iteration / the median end-to-end iteration; model TFLOP/s: 6 x parameters "
             "(embeddings included) x tokens/s, attention, recomputation not counted; peak GPU: max_memory_allocated; "
-            "host in use: the whole host's MemTotal - MemAvailable (driver-pinned pages included) less before the run, at "
-            "its highest while the worker ran (peak: sampled every 0.1 s, start and end included) and at the end of any "
-            "iteration (training); process RSS: the worker's peak resident set")
+            "host in use: the whole host's MemTotal - MemAvailable (driver-pinned pages included) less before the "
+            "run, at its highest while the worker ran (peak: sampled every 0.1 s, start and end included) and at the "
+            "end of any iteration (training); process RSS: the worker's peak resident set")
 
 
 @dataclass(frozen=True)
@@ -147,14 +147,21 @@ def run_sizes(runner: Runner, settings: SizeSettings) -> dict[str, Any]:
     return doc
 
 
+#: Figures of a row's largest size that ``largest`` repeats (the results tables read them there).
+AT_LARGEST = ("tokens_per_s", "model_tflops_per_s", "peak_gpu_gib", "host_in_use_training_gib", "host_in_use_gib")
+
+
 def largest(entries: list[dict[str, Any]], labels: list[str]) -> dict[str, Any]:
-    """Per row: the largest size it trained (None: none) and why it stopped (None: it did not)."""
+    """Per row: the largest size it trained (None: none) with its figures there, and why it stopped (None: it did
+    not)."""
     out = {}
     for label in labels:
         mine = [e for e in entries if e["label"] == label]
         ok = [e for e in mine if e["status"] == "ok"]
         failed = next((e for e in mine if e["status"] != "ok"), None)
-        out[label] = {"shape": ok[-1]["shape"] if ok else None, "params": ok[-1]["params"] if ok else None,
+        top = ok[-1] if ok else {}
+        out[label] = {"shape": top.get("shape"), "params": top.get("params"),
+                      **{key: top.get(key) for key in AT_LARGEST},
                       "stopped": None if failed is None else f"{failed['status']} at {failed['shape']}: "
                                                              f"{failed['reason']}"}
     return out

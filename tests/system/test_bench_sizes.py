@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_dos.bench import main
+from lightning_dos.bench import main, sizes
 from tests.support.bench import PNG_SIGNATURE, TINY, WINDOWS, fault, rows_file
 
 
@@ -61,8 +61,9 @@ def test_sizes_until_each_strategy_fails_over_two_invocations(tmp_path: Path,
     assert {label for (shape, label), e in runs.items() if e["status"] == "stopped"} == {
         "plain", "killed", "refused", "offload_opt_states"}
     assert runs[("2x256", "killed")]["reason"] == "oom at 2x128"
-    assert doc["largest"]["zero3_offload"] == {"shape": "2x256", "params": runs[("2x256", "zero3_offload")]["params"],
-                                               "stopped": None}
+    top = runs[("2x256", "zero3_offload")]
+    assert doc["largest"]["zero3_offload"] == {"shape": "2x256", "stopped": None,
+                                               **{key: top[key] for key in ("params", *sizes.AT_LARGEST)}}
     assert doc["largest"]["killed"]["shape"] == "2x64" and doc["largest"]["refused"]["shape"] is None
     report = (out / "sizes.md").read_text()
     for text in ("## Largest size each strategy trains", "| zero3_offload | 2x256 |", "needs engine.compile()",

@@ -209,6 +209,7 @@ def test_the_size_study_ladder_entries_and_largest(tmp_path: Path) -> None:
     assert runs[0]["model_tflops_per_s"] == pytest.approx(6 * runs[0]["params"] * 2000.0 / 1e12)
     largest = sizes.largest(runs, ["dos", "vanilla"])
     assert largest["dos"]["shape"] == "40x3200" and largest["dos"]["stopped"] == "failed at 32x4096: failed: x"
+    assert largest["dos"]["tokens_per_s"] == 1500.0 and largest["dos"]["host_in_use_gib"] == runs[2]["host_in_use_gib"]
     assert largest["vanilla"]["shape"] == "32x2560" and largest["vanilla"]["stopped"].startswith("oom at 40x3200")
     doc = {"config": {"model": "gpt", "seq_len": 8, "micro_batch": 1, "precision": "bf16-mixed"}, "hardware": {},
            "date": "2026-01-01", "runs": runs, "largest": largest, "measurement": {"figures": "how"}}
