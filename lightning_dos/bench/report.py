@@ -61,7 +61,10 @@ def render(doc: dict[str, Any], tables: Sequence[Table], chart: str | None, data
     cfg, model = doc["config"], doc["model"]
     device = doc["hardware"].get("gpu_name") or "CPU"
     params = f", {count(model['params'])} parameters" if model.get("params") else ""
-    lines = [f"# lightning-dos bench {cfg.get('study', 'compare')}: {cfg['model']}{params} on {device}", "",
+    sizes = doc.get("sizes")
+    workload = (f"GPT sizes {count(sizes[0]['params'])} to {count(sizes[-1]['params'])} (the blocks of "
+                f"{cfg['model']} grown)" if sizes else f"{cfg['model']}{params}")
+    lines = [f"# lightning-dos bench {cfg.get('study', 'compare')}: {workload} on {device}", "",
              f"- Date: {doc['date']}; host: {host_text(doc['hardware'])}",
              "- Versions: " + ", ".join(f"{k} {v}" for k, v in doc["versions"].items()),
              f"- Command: `{cfg.get('command') or 'lightning-dos bench'}`",

@@ -207,5 +207,5 @@ def render(doc: dict[str, Any], path: str | Path) -> Path:
         ax.set_ylim(bottom=0)
     if doc["runs"]:
         speed.legend(loc="best", fontsize="small")
-    fig.suptitle(f"sizes: {workload_title(doc)}", wrap=True)
+    fig.suptitle(f"GPT sizes, the blocks of {workload_title(doc)}", wrap=True)
     return save(fig, path)
