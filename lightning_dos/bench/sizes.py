@@ -20,6 +20,7 @@ from lightning_dos.bench.results import aggregate
 from lightning_dos.bench.rows import load_rows, make_run, table_path
 from lightning_dos.bench.runner import FINISHED, Runner
 from lightning_dos.bench.settings import slug
+from lightning_dos.bench.stats import finite
 
 #: Sizes tried from ``--from`` upward (2.8B to 65B parameters at the GPT-2 shape of ``recipes/gpt-2.7b.yaml``).
 LADDER = ("32x2560", "40x3200", "32x4096", "40x4096", "48x4096", "40x5120", "48x5120", "56x5120", "48x6144",
@@ -103,7 +104,7 @@ def entry(size: Size, model: dict[str, Any], result: dict[str, Any], figures: di
 def training_host_in_use(result: dict[str, Any]) -> float | None:
     """The most host memory in use at the end of any iteration, less what was in use before the run (GiB), or None
     for a run that trained no iteration."""
-    readings = [v for v in (result.get("iterations") or {}).get("host_in_use_gib") or [] if v == v]
+    readings = finite((result.get("iterations") or {}).get("host_in_use_gib") or [])
     before = result.get("host_in_use_before_gib")
     return max(readings) - before if readings and before is not None else None
 

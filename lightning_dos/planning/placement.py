@@ -115,6 +115,11 @@ class HostMemory:
         return max(0, self.available // self.ranks + self.held - self.reserve)
 
     @property
+    def room(self) -> int:
+        """What more this rank may place on the host, beyond what it holds already."""
+        return max(0, self.available // self.ranks - self.reserve)
+
+    @property
     def reserve(self) -> int:
         """What one rank leaves free of its share."""
         return min(HOST_RESERVE_BYTES, int(HOST_RESERVE_SHARE * self.total))

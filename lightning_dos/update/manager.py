@@ -493,11 +493,11 @@ class OptimizerStateManager:
         released = residents_to_release(self.resident, self.subgroup_sizes, free, headroom)
         needed = HOST_BYTES_PER_PARAM * sum(self.subgroup_sizes[i] for i in released)
         host = self.host_memory()
-        if host is not None and host.held + needed > host.share:
+        if host is not None and needed > host.room:
             raise DoesNotFit(
                 f"deep_optimizer_states: {free / GIB:.2f} GiB free on the device (under half the {headroom / GIB:.2f} "
                 f"GiB headroom): subgroups {', '.join(map(str, released))} would go back to the host, which needs "
-                f"{needed / GIB:.2f} GiB for them and has {(host.share - host.held) / GIB:.2f} GiB more this rank may "
+                f"{needed / GIB:.2f} GiB for them and has {host.room / GIB:.2f} GiB more this rank may "
                 "take; free device "
                 "memory (whatever else took it), or set a smaller resident_gib or memory_budget_gib")
         log.warning("deep_optimizer_states: %.2f GiB free on the device (under half the %.2f GiB headroom): subgroups "

@@ -96,7 +96,7 @@ def test_what_a_rank_holds_on_the_host_already_counts_towards_its_share() -> Non
     """A reading taken after some homes were made on the host: they are in use, so not available, and a plan that keeps
     them there counts them again; they are part of what the rank may take, not a second claim on what is left."""
     host = HostMemory(total=128 * GIB, available=28 * GIB, held=93 * GIB)
-    assert host.share == 121 * GIB - HOST_RESERVE_BYTES
+    assert host.share == 121 * GIB - HOST_RESERVE_BYTES and host.room == 28 * GIB - HOST_RESERVE_BYTES
     sizes = [GIB // 16] * 100  # 1 GiB of host state each
     plan = memory_plan(sizes, Placement(homes=(Home.HOST,) * 100), host, None, "after the first step")
     assert plan.fits and "93.00 held by this rank's state already" in plan.describe()
