@@ -106,12 +106,14 @@ def fit_and_measure(
     from lightning_dos.bench.compose import build
     from lightning_dos.bench.timing import PhaseTimer
     from lightning_dos.telemetry.environment import device_info
+    from lightning_dos.telemetry.host_census import HostCensusLog
     from lightning_dos.telemetry.peak_memory import GpuPeakMeter, HostMemorySampler, gpu_peaks
 
     started = time.perf_counter()
     with HostMemorySampler() as sampler:
         timer = PhaseTimer(e2e_iterations=spec.e2e_iterations, memory=GpuPeakMeter() if phase_memory else None)
-        cli = build(payload["fit"]["args"], callbacks=[timer, *callbacks])
+        census = HostCensusLog()  # its lines in the worker's log outlive a run the kernel kills
+        cli = build(payload["fit"]["args"], callbacks=[timer, census, *callbacks])
         trainer = cli.trainer
         if on_strategy is not None:
             on_strategy(trainer.strategy)
@@ -119,6 +121,7 @@ def fit_and_measure(
         fit_started = time.perf_counter()
         trainer.fit(cli.model, datamodule=cli.datamodule)
         fit_s = time.perf_counter() - fit_started
+        census.record(trainer, "after fit")
     device = trainer.strategy.root_device
     measured_phases = timer.memory is not None and timer.memory.active
     ran = len(timer.samples["iteration_ms"])
@@ -135,6 +138,7 @@ def fit_and_measure(
                        **(timer.memory_samples if measured_phases else {})},
         **(timer.memory.process_peaks() if measured_phases else gpu_peaks(device)),
         **sampler.summary(),
+        "host_census": census.censuses,
         "fit_s": fit_s,
         "wall_s": time.perf_counter() - started,
     }

@@ -65,15 +65,16 @@ def test_cuda_step_preamble(monkeypatch: pytest.MonkeyPatch, vanilla: dict[str, 
 
 
 def _assert_state_pinned_in_place(opt: object) -> None:
-    """Master, exp_avg and exp_avg_sq of every subgroup are page-locked in place: exactly 12 bytes/param."""
+    """Master, exp_avg, exp_avg_sq and the fp32 gradient CPU Adam reads, of every subgroup, are page-locked in place:
+    exactly 16 bytes/param."""
     masters = opt.fp32_partitioned_groups_flat
     for master in masters:
         state = opt.optimizer.state[master]
-        for tensor in (master, state["exp_avg"], state["exp_avg_sq"]):
+        for tensor in (master, state["exp_avg"], state["exp_avg_sq"], master.grad):
             assert tensor.is_pinned() and tensor.device.type == "cpu"
     registry = opt._dos_pinned
-    assert len(registry) == 3 * len(masters)
-    assert registry.nbytes == 12 * sum(m.numel() for m in masters)  # no power-of-two rounding
+    assert len(registry) == 4 * len(masters)
+    assert registry.nbytes == 16 * sum(m.numel() for m in masters)  # no power-of-two rounding
     assert opt.fp16_partitioned_groups_flat[0].is_cuda
 
 
