@@ -22,6 +22,7 @@ from typing import Any
 from lightning_dos.bench import ranks
 from lightning_dos.bench.settings import ROOT
 from lightning_dos.telemetry.callbacks import host_in_use_gib
+from lightning_dos.telemetry.host_census import last_reading
 
 WORKER_MODULE = "lightning_dos.bench.worker"
 #: Seconds a timed-out worker gets to exit after SIGTERM before SIGKILL.
@@ -53,6 +54,14 @@ def log_reason(log_path: Path, max_chars: int = 300) -> str | None:
         if text and _ERROR_LINE.search(text):
             return text if len(text) <= max_chars else text[: max_chars - 3] + "..."
     return None
+
+
+def _last_reading(log_path: Path) -> tuple[str, float] | None:
+    """The last host-memory reading the worker wrote into its log (:func:`host_census.last_reading`)."""
+    try:
+        return last_reading(log_path.read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return None
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -92,7 +101,9 @@ def classify_exit(returncode: int | None, timed_out: bool, timeout_s: float, log
     if timed_out:
         return {"status": "timeout", "reason": f"no result within {timeout_s:g} s (raise --timeout)"}
     if returncode == -signal.SIGKILL:
-        reason = "killed by SIGKILL, most likely the kernel's out-of-memory killer (host memory exhausted)"
+        reading = _last_reading(log_path)
+        last = f" (its last reading: {reading[0]}, {reading[1]:.1f} GiB of host memory in use)" if reading else ""
+        reason = f"killed by SIGKILL{last}, most likely the kernel's out-of-memory killer (host memory exhausted)"
         return {"status": "oom", "reason": reason}
     if detail and "out of memory" in detail.lower():
         return {"status": "oom", "reason": detail}

@@ -18,6 +18,7 @@ leaves the lines before its end in its log) and a census after the first batches
 from __future__ import annotations
 
 import gc
+import re
 import sys
 from collections import Counter
 from typing import Any
@@ -32,6 +33,21 @@ GIB = 1024**3
 STATUS_KEYS = ("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmPin", "VmLck")
 #: /proc/meminfo fields read, in kB there.
 MEMINFO_KEYS = ("MemTotal", "MemAvailable", "AnonPages", "Shmem", "Mlocked", "Cached")
+
+
+#: A line :class:`HostCensusLog` writes: when it was read, and the host in use then (GiB).
+_READING = re.compile(r"^(?:host census \((?P<when>[^)]+)\): host in use (?P<census>[0-9.]+) GiB"
+                      r"|host in use (?P<after>after training batch \d+): (?P<line>[0-9.]+) GiB)")
+
+
+def last_reading(log: str) -> tuple[str, float] | None:
+    """The last reading a :class:`HostCensusLog` wrote into ``log`` (a worker's log): when it was taken and the host
+    in use then, in GiB; None where it wrote none."""
+    for line in reversed(log.splitlines()):
+        found = _READING.match(line.strip())
+        if found:
+            return found["when"] or found["after"], float(found["census"] or found["line"])
+    return None
 
 
 def read_kb_fields(path: str, keys: tuple[str, ...]) -> dict[str, int]:

@@ -177,7 +177,18 @@ def test_a_worker_that_wrote_no_result_is_classified(tmp_path: Path) -> None:
     log = tmp_path / "worker.log"
     log.write_text("loading\nRuntimeError: CUDA error: out of memory\n")
     assert classify_exit(1, False, 60, log)["status"] == "oom"
-    assert classify_exit(-signal.SIGKILL, False, 60, log)["reason"].startswith("killed by SIGKILL")
+    assert classify_exit(-signal.SIGKILL, False, 60, log)["reason"].startswith("killed by SIGKILL, most likely")
+    # a worker that logged its host memory: the reason says where it got to, from the last reading
+    log.write_text("host census (after training batch 1): host in use 96.10 GiB (Shmem 0.10, Mlocked 0.00); ...\n"
+                   "  host tensors 93.00 GiB: float32 pinned 93.00\nhost in use after training batch 2: 113.52 GiB\n"
+                   "`Trainer.fit` stopped: `max_steps=2` reached.\n")
+    assert classify_exit(-signal.SIGKILL, False, 60, log)["reason"] == (
+        "killed by SIGKILL (its last reading: after training batch 2, 113.5 GiB of host memory in use), most likely "
+        "the kernel's out-of-memory killer (host memory exhausted)")
+    log.write_text("host in use after training batch 19: 110.00 GiB\nhost census (at the end of training): host in "
+                   "use 112.25 GiB (Shmem 0.1, ...)\n")
+    assert "(its last reading: at the end of training, 112.2 GiB" in classify_exit(-signal.SIGKILL, False, 60,
+                                                                                   log)["reason"]
     assert classify_exit(None, True, 60, log) == {"status": "timeout",
                                                   "reason": "no result within 60 s (raise --timeout)"}
     log.write_text("Traceback\nSegmentation fault\n")

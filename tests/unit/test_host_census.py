@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from lightning_dos.telemetry.host_census import GIB, HostCensusLog, describe, read_kb_fields, take
+from lightning_dos.telemetry.host_census import GIB, HostCensusLog, describe, last_reading, read_kb_fields, take
 
 
 def test_read_kb_fields_reads_the_keys_asked_in_bytes(tmp_path: Path) -> None:
@@ -50,3 +52,16 @@ def test_the_log_takes_a_census_at_the_batches_asked_and_a_line_at_the_others(
     assert any(line.startswith("host in use after training batch 3: ") for line in out)
     assert list(log.censuses) == ["after training batch 2", "at the end of training"]
     assert all(c["host"]["MemTotal"] > GIB // 16 for c in log.censuses.values())
+
+
+def test_the_last_reading_of_a_log_is_what_the_log_wrote_last() -> None:
+    log = HostCensusLog(at=(1,))
+    trainer = SimpleNamespace(is_global_zero=True)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        log.on_train_batch_end(trainer, None, None, None, 0)
+        log.on_train_batch_end(trainer, None, None, None, 1)
+    when, gib = last_reading("warning\n" + out.getvalue() + "Traceback (most recent call last):\n")
+    assert when == "after training batch 2" and 0 < gib < 1e4
+    assert last_reading(out.getvalue().split("host in use after")[0])[0] == "after training batch 1"
+    assert last_reading("no readings here\n") is None
