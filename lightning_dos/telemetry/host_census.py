@@ -12,7 +12,7 @@ kernel's out-of-memory killer needs to say what. :func:`take` reads, at one mome
   own keeping.
 
 :class:`HostCensusLog` writes one line of the host in use after every training batch (a run killed by the kernel
-leaves the lines before its end in its log) and a census after the first batches and at the end of training.
+leaves the lines before its end in its log) and a census after the batches it is given and at the end of training.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ class HostCensusLog(Callback):
         at: the training batches (counted from 1) after which a census is taken.
     """
 
-    def __init__(self, at: tuple[int, ...] = (1, 3)) -> None:
+    def __init__(self, at: tuple[int, ...] = (1,)) -> None:
         self.at = at
         self.batches = 0
         self.censuses: dict[str, dict[str, Any]] = {}
