@@ -56,8 +56,11 @@ class CostParams:
     state_bytes_per_param: int = 12
     """Bytes of optimizer state per parameter moved each way by the device lane (fp32 master + m + v)."""
     grad_bytes_per_param: int = 4
-    """Bytes of gradient per parameter prefetched when the grad sits on the host (fp32), and of a buffer slot's
-    gradient row on the device."""
+    """Bytes of gradient per parameter prefetched when the grad sits on the host, in its own dtype (the manager sets
+    it from the optimizer: 2 for 16-bit gradients, 4 in fp32 or when they accumulate)."""
+    slot_grad_bytes_per_param: int = 4
+    """Bytes per parameter of a buffer slot's gradient row on the device (fp32; a 16-bit gradient is prefetched into
+    half of it)."""
     device_grad_bytes_per_param: int = 4
     """Bytes per parameter of a gradient kept on the device through backward, in its own dtype (the manager sets
     it from the optimizer: 2 for 16-bit gradients, 4 when they accumulate in fp32)."""
@@ -86,7 +89,7 @@ class CostParams:
             if not _finite(value) or value < 0:
                 raise ValueError(f"{name}: {value!r} must be a finite number of seconds >= 0")
         for name in ("host_upload_bytes_per_param", "state_bytes_per_param", "grad_bytes_per_param",
-                     "device_grad_bytes_per_param"):
+                     "slot_grad_bytes_per_param", "device_grad_bytes_per_param"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}: {value!r} is not a byte count; set {name} to an integer >= 0")
@@ -376,6 +379,6 @@ def device_memory_bytes(
     if not device:
         return 0
     piece = min(max(sizes[g] for g in device), params.slot_params)
-    slot = piece * (params.state_bytes_per_param + params.grad_bytes_per_param)
+    slot = piece * (params.state_bytes_per_param + params.slot_grad_bytes_per_param)
     kept = sum(sizes[g] for g in device if g in grads_on_device) * params.device_grad_bytes_per_param
     return plan.buffers * slot + kept

@@ -1,11 +1,12 @@
 """Owns where each subgroup's optimizer state lives (its home) and the memory plan that says whether a run fits.
 
-Every subgroup's fp32 master, exp_avg, exp_avg_sq (and the fp32 gradient its update reads) has exactly one home:
+Every subgroup's fp32 master, exp_avg, exp_avg_sq (and the gradient its update reads) has exactly one home:
 
 * :attr:`Home.DEVICE` (*resident*): on the accelerator for the whole run, updated there by fused Adam; it never
   crosses the host-device link, takes no CPU Adam time and no host memory at all;
 * :attr:`Home.HOST`: pinned host memory, updated each step either by CPU Adam (the host lane) or streamed through the
-  device (the device lane), as the plan of that step says; 16 bytes per parameter (state and an fp32 gradient).
+  device (the device lane), as the plan of that step says; 12 bytes per parameter of state and the gradient in the
+  dtype the backward sends (:func:`host_bytes_per_param`: 14 in bf16 or fp16 training, 16 in fp32).
 
 Nothing is allocated for a subgroup before its home is chosen. The choice is made once the first forward and backward
 have shown the training's own peak on the device (activations, 16-bit parameters, ZeRO-3's buffers, and every
@@ -20,7 +21,7 @@ subgroup whose state still fits is resident::
   fragmentation and what the first step did not show;
 * device-lane slots: two pieces of the subgroups left to stream.
 
-The rest lives on the host, which must hold :data:`HOST_BYTES_PER_PARAM` for each of their parameters within its share
+The rest lives on the host, which must hold :func:`host_bytes_per_param` for each of their parameters within its share
 of what the host has available (the ranks of one host share it). :class:`MemoryPlan` says so in one table, and where
 the run cannot fit the box it lists every problem with what to change, before anything is allocated
 (:meth:`MemoryPlan.check`). Before the first step, :func:`start_plan` makes the same check for the best case (every
@@ -48,14 +49,21 @@ HEADROOM_SHARE = 0.08
 HEADROOM_MIN_BYTES = 2 * GIB
 #: Bytes of a resident subgroup's state on the device per parameter: fp32 master, exp_avg, exp_avg_sq.
 RESIDENT_BYTES_PER_PARAM = 12
-#: Bytes per parameter of a subgroup living on the host: its state (12) and the fp32 gradient CPU Adam reads (4).
-HOST_BYTES_PER_PARAM = 16
+#: Bytes per parameter of a subgroup's state living on the host (fp32 master, exp_avg, exp_avg_sq), besides the
+#: gradient CPU Adam reads there (:func:`host_bytes_per_param`).
+HOST_STATE_BYTES_PER_PARAM = 12
 #: Host memory kept free beyond what the plan places there (the training process, the loader, page cache) ...
 HOST_RESERVE_BYTES = 4 * GIB
 #: ... at most this share of the host (a small machine's reserve would otherwise be most of it).
 HOST_RESERVE_SHARE = 0.05
 #: Device-lane slots left room for at most: two slots of a whole piece, as the planner weighs them.
 SLOT_RESERVE_BYTES = device_memory_bytes(Plan(lanes=(Lane.DEVICE,)), [PIECE_PARAMS])
+
+
+def host_bytes_per_param(grad_bytes: int) -> int:
+    """Host bytes per parameter of a subgroup living there: its state and its gradient, ``grad_bytes`` per parameter
+    (2 when the backward's 16-bit gradients are kept as they are, 4 in fp32 training or under accumulation)."""
+    return HOST_STATE_BYTES_PER_PARAM + grad_bytes
 
 
 class Home(str, Enum):
@@ -275,13 +283,19 @@ class MemoryPlan:
     """The plan in force, to split the host-homed subgroups by lane (None: not known yet)."""
     host_extra_bytes: int = 0
     """Host memory this rank takes besides the homes (DeepSpeed's gradient buffer under accumulation)."""
+    host_grad_bytes: int = 4
+    """Bytes per parameter of a host home's gradient (2 in 16 bits, 4 in fp32)."""
     device_needed_bytes: int = 0
     """Device memory the first step takes beyond the reading's peak: the gradients it keeps for the candidates."""
     problems: tuple[str, ...] = field(default=())
 
     @property
     def host_needed(self) -> int:
-        return HOST_BYTES_PER_PARAM * self.placement.params(self.sizes, Home.HOST) + self.host_extra_bytes
+        return self.host_bytes_per_param * self.placement.params(self.sizes, Home.HOST) + self.host_extra_bytes
+
+    @property
+    def host_bytes_per_param(self) -> int:
+        return host_bytes_per_param(self.host_grad_bytes)
 
     @property
     def fits(self) -> bool:
@@ -294,12 +308,12 @@ class MemoryPlan:
             ("GPU, resident", [i for i, h in enumerate(homes) if h == Home.DEVICE], RESIDENT_BYTES_PER_PARAM)]
         host = [i for i, h in enumerate(homes) if h == Home.HOST]
         if self.lanes is None:
-            tiers.append(("host", host, HOST_BYTES_PER_PARAM))
+            tiers.append(("host", host, self.host_bytes_per_param))
         else:
             tiers.append(("host, streamed (device lane)", [i for i in host if self.lanes[i] == Lane.DEVICE],
-                          HOST_BYTES_PER_PARAM))
+                          self.host_bytes_per_param))
             tiers.append(("host, CPU Adam (host lane)", [i for i in host if self.lanes[i] != Lane.DEVICE],
-                          HOST_BYTES_PER_PARAM))
+                          self.host_bytes_per_param))
         return [(name, len(ids), sum(sizes[i] for i in ids), per * sum(sizes[i] for i in ids) / GIB)
                 for name, ids, per in tiers]
 
@@ -336,23 +350,24 @@ class MemoryPlan:
 
 def memory_plan(sizes: Sequence[int], placement: Placement, host: HostMemory | None, device: DeviceMemory | None,
                 when: str, lanes: Sequence[Lane] | None = None, host_extra_bytes: int = 0,
-                device_needed_bytes: int = 0) -> MemoryPlan:
-    """The plan for ``placement``, with every problem it has on this box."""
+                device_needed_bytes: int = 0, host_grad_bytes: int = 4) -> MemoryPlan:
+    """The plan for ``placement``, with every problem it has on this box (a host home's gradient taking
+    ``host_grad_bytes`` per parameter)."""
     sizes = _check_sizes(sizes)
     plan = MemoryPlan(sizes=sizes, placement=placement, host=host, device=device, when=when,
                       lanes=None if lanes is None else tuple(lanes), host_extra_bytes=host_extra_bytes,
-                      device_needed_bytes=device_needed_bytes)
+                      host_grad_bytes=host_grad_bytes, device_needed_bytes=device_needed_bytes)
     problems = []
     if host is not None and plan.host_needed > host.share:
         problems.append(f"the host needs {plan.host_needed / GIB:.2f} GiB for the state living there "
-                        f"({HOST_BYTES_PER_PARAM} bytes per parameter), and this rank may take "
+                        f"({plan.host_bytes_per_param} bytes per parameter), and this rank may take "
                         f"{host.share / GIB:.2f} GiB; set {HOST_ADVICE}")
     return replace(plan, problems=tuple(problems))
 
 
 def start_plan(sizes: Sequence[int], host: HostMemory | None, device: DeviceMemory | None, grad_bytes_per_param: int,
                budget_bytes: int | None = None, resident_bytes: int | None = None,
-               host_extra_bytes: int = 0) -> MemoryPlan:
+               host_extra_bytes: int = 0, host_grad_bytes: int = 4) -> MemoryPlan:
     """Before the first step: the best case the box allows. ``device``'s peak is what the training holds now (the
     16-bit parameters and ZeRO-3's buffers, no activations yet), and a resident subgroup takes its state and the
     gradient its backward keeps on the device (``grad_bytes_per_param``). The subgroups resident in this plan are the
@@ -363,4 +378,5 @@ def start_plan(sizes: Sequence[int], host: HostMemory | None, device: DeviceMemo
     placement = place(sizes, device, budget_bytes, resident_bytes, grad_bytes_per_param=grad_bytes_per_param)
     kept = grad_bytes_per_param * placement.params(sizes, Home.DEVICE)
     return memory_plan(sizes, placement, host, device, "before the first step: the most the GPU could hold resident",
-                       host_extra_bytes=host_extra_bytes, device_needed_bytes=kept if device is not None else 0)
+                       host_extra_bytes=host_extra_bytes, device_needed_bytes=kept if device is not None else 0,
+                       host_grad_bytes=host_grad_bytes)

@@ -77,9 +77,9 @@ class DOSOptions:
     first, if something else later takes more than half the headroom (``lightning_dos.planning.placement``). A
     number: that many GiB, placed when the engine is built; 0: none. Resident subgroups, in id order at 12 bytes per
     parameter (fp32 master and both moments), are updated on the device by fused Adam and never cross the host-device
-    link; the plan balances the others, which take 16 bytes per parameter of host memory. Each choice is printed as a
-    memory plan, and a run the box cannot hold stops before its state is allocated; see
-    ``docs/optimizer-state-manager.md``."""
+    link; the plan balances the others, which take 14 bytes per parameter of host memory in 16-bit training (16 in
+    fp32). Each choice is printed as a memory plan, and a run the box cannot hold stops before its state is
+    allocated; see ``docs/optimizer-state-manager.md``."""
 
     buffers: Optional[int] = None
     """device-lane buffer slots (prefetch depth); ``None`` lets the planner choose."""

@@ -89,7 +89,7 @@ def size_run(module: Any, world_size: int, sub_group_size: int | str, micro_batc
     estimate = getattr(module, "activation_bytes", None)
     activations = int(estimate(micro_batch, seq_len)) if callable(estimate) else None
     at_start = DeviceMemory(total=device_bytes, peak=params16, other=OTHER_BYTES)
-    start = start_plan(sizes, host, at_start, grad_bytes, budget_bytes, resident_bytes)
+    start = start_plan(sizes, host, at_start, grad_bytes, budget_bytes, resident_bytes, host_grad_bytes=grad_bytes)
     candidates = start.placement.resident
     kept = grad_bytes * sum(sizes[i] for i in candidates)
     peak = params16 + (activations or 0) + kept
@@ -100,7 +100,7 @@ def size_run(module: Any, world_size: int, sub_group_size: int | str, micro_batc
         placement = place(sizes, measured, budget_bytes, candidates=candidates)
     when = ("after the first step: the peak estimated as the 16-bit parameters, the activations and the candidates' "
             "gradients")
-    after = memory_plan(sizes, placement, host, measured, when)
+    after = memory_plan(sizes, placement, host, measured, when, host_grad_bytes=grad_bytes)
     return Sizing(params=params, world_size=world_size, sizes=sizes, params16_bytes=params16,
                   activation_bytes=activations, start=start, after_first_step=after)
 

@@ -91,8 +91,10 @@ class DeviceLane:
         self.rows = _slot_rows(self.ids, subgroups)
         self.slots = [torch.empty((self.rows, numel), dtype=torch.float32, device=s.device)
                       for _ in range(self.n_slots)]
-        # without a gradient row, 16-bit gradients are widened chunk by chunk through one scratch buffer
-        self.scratch = scratch_for(numel, s.device) if self.rows == 3 else None
+        # 16-bit gradients (kept on the device with no gradient row, or prefetched from the host into a 16-bit view of
+        # it) are widened chunk by chunk through one scratch buffer
+        sixteen = any(subgroups[i].grad is not None and subgroups[i].grad.dtype != torch.float32 for i in self.ids)
+        self.scratch = scratch_for(numel, s.device) if self.rows == 3 or sixteen else None
         self.ready = s.record(s.current())
         self.origin = s.record(s.current(), timing=True)  # before any of this lane's prefetches (spans are timed)
         self.flushed: list[Any] = [None] * self.n_slots
@@ -204,6 +206,9 @@ class DeviceLane:
         sg = self.subgroups[i]
         slot = self.slots[p % self.n_slots]
         views = tuple(slot[j, :n] if j < self.rows else None for j in range(4))
+        if views[3] is not None and not sg.grad_on_device and sg.grad.dtype != torch.float32:
+            # a host gradient in its 16-bit dtype: prefetched as it is, into the row's first half, widened by Adam
+            views = (*views[:3], slot[3].view(sg.grad.dtype)[:n])
         master, exp_avg, exp_avg_sq, grad = views
         with s.use(s.h2d):
             s.wait(s.h2d, self.flushed[p % self.n_slots])  # slot free only once its last flush is done
@@ -246,6 +251,10 @@ class DeviceLane:
                                  self.scratch, self.inv, self.unit_scale)
                 elif sg.grad_on_device:
                     grad.copy_(_piece(sg.grad, offset, n))  # kept in 16 bits: widened exactly into the gradient row
+                elif grad.dtype != torch.float32:  # prefetched in 16 bits: widened exactly, chunk by chunk
+                    adam_widened(sg, master, grad, exp_avg, exp_avg_sq, self.step_count[k], self.scratch, self.inv,
+                                 self.unit_scale)
+                    grad = None
                 if grad is not None:
                     if not self.unit_scale:
                         grad.mul_(self.inv)  # same unscale/clip factor as the host lane, in fp32
@@ -271,7 +280,7 @@ class DeviceLane:
         t = self.timings
         t.device_params += n
         t.device_subgroups += 1
-        t.h2d_bytes += (12 if sg.grad_on_device else 16) * n
+        t.h2d_bytes += (12 if sg.grad_on_device else 12 + sg.grad.element_size()) * n
         t.d2h_bytes += 12 * n
 
 

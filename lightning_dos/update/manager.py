@@ -36,7 +36,6 @@ from lightning_dos.planning.auto import AUTO_MAX_BUFFERS, AutoPlanner, Calibrate
 from lightning_dos.planning.calibration import Calibrator, StepMeasurement
 from lightning_dos.planning.perf_model import CostParams, device_memory_bytes, predicted_makespan_s
 from lightning_dos.planning.placement import (
-    HOST_BYTES_PER_PARAM,
     DeviceMemory,
     DoesNotFit,
     Home,
@@ -44,6 +43,7 @@ from lightning_dos.planning.placement import (
     MemoryPlan,
     Placement,
     fill,
+    host_bytes_per_param,
     memory_plan,
     place,
     residents_to_release,
@@ -87,6 +87,9 @@ class ZeroOptimizer(Protocol):
 
     def device_grad_bytes_per_param(self) -> int:
         """Bytes per parameter of a gradient kept on the device through backward."""
+
+    def host_grad_bytes_per_param(self) -> int:
+        """Bytes per parameter of a host home's gradient."""
 
     def host_gradient_bytes(self) -> int:
         """Host bytes of DeepSpeed's whole-partition gradient buffer (made only under gradient accumulation)."""
@@ -208,7 +211,8 @@ class OptimizerStateManager:
         self.device_gradients = device_gradients
         # kept gradients are stored in the optimizer's gradient dtype: the memory they take is a fact, not a rate
         base = cost or CostParams(ranks_per_host=max(1, ranks_per_host),
-                                  device_grad_bytes_per_param=optimizer.device_grad_bytes_per_param())
+                                  device_grad_bytes_per_param=optimizer.device_grad_bytes_per_param(),
+                                  grad_bytes_per_param=optimizer.host_grad_bytes_per_param())
         if cost_overrides:
             base = base.with_values(cost_overrides, key="cost_overrides")
         self._start_cost = base
@@ -415,7 +419,8 @@ class OptimizerStateManager:
         are made now. With residents set by hand, or nothing to measure, every home is made now."""
         plan = start_plan(self.subgroup_sizes, self.host_memory(), self.device_memory(),
                           self.optimizer.device_grad_bytes_per_param() if self.device_gradients else 0,
-                          self.memory_budget_bytes, self._resident_bytes, self.optimizer.host_gradient_bytes())
+                          self.memory_budget_bytes, self._resident_bytes, self.optimizer.host_gradient_bytes(),
+                          host_grad_bytes=self.optimizer.host_grad_bytes_per_param())
         self.memory_plans.append(plan)
         self._check_on_every_rank(plan)
         if self._resident_bytes is not None or plan.device is None:
@@ -444,7 +449,8 @@ class OptimizerStateManager:
                 placement, reading = self.memory_plans[0].placement, self.memory_plans[0].device
                 when = "before the first step, with no peak measured"
             plan = memory_plan(self.subgroup_sizes, placement, self.host_memory(), reading, when,
-                               host_extra_bytes=self.optimizer.host_gradient_bytes())
+                               host_extra_bytes=self.optimizer.host_gradient_bytes(),
+                               host_grad_bytes=self.optimizer.host_grad_bytes_per_param())
             self.memory_plans.append(plan)
             if measured:  # every rank places at its first dispatch; a reader may come to this on one rank alone
                 self._check_on_every_rank(plan)
@@ -491,7 +497,8 @@ class OptimizerStateManager:
         if free is None or free >= headroom // 2:
             return False
         released = residents_to_release(self.resident, self.subgroup_sizes, free, headroom)
-        needed = HOST_BYTES_PER_PARAM * sum(self.subgroup_sizes[i] for i in released)
+        needed = (host_bytes_per_param(self.optimizer.host_grad_bytes_per_param())
+                  * sum(self.subgroup_sizes[i] for i in released))
         host = self.host_memory()
         if host is not None and needed > host.room:
             raise DoesNotFit(
@@ -725,8 +732,8 @@ class OptimizerStateManager:
             "dos/resident_gib": resident_bytes(self.subgroup_sizes, self.resident) / GIB,
         }
         if self.placement is not None:
-            out["dos/host_state_gib"] = HOST_BYTES_PER_PARAM * self.placement.params(self.subgroup_sizes,
-                                                                                     Home.HOST) / GIB
+            out["dos/host_state_gib"] = (host_bytes_per_param(self.optimizer.host_grad_bytes_per_param())
+                                         * self.placement.params(self.subgroup_sizes, Home.HOST) / GIB)
         if t.host_compute_s > 0:
             out["dos/cpu_adam_gparam_s"] = t.host_params / t.host_compute_s / 1e9
         if r.free_bytes is not None:

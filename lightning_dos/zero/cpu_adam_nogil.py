@@ -88,19 +88,19 @@ class HostAdam:
                             float(defaults["weight_decay"]), bool(adamw))
         self._limited: set[int] = set()
 
-    def step(self, state: dict[str, Any], master: torch.Tensor, hyper: AdamHyper, bias_correction: bool = True,
-             grad_scale: float = 1.0) -> None:
+    def step(self, state: dict[str, Any], master: torch.Tensor, grad: torch.Tensor, hyper: AdamHyper,
+             bias_correction: bool = True, grad_scale: float = 1.0) -> None:
         """``DeepSpeedCPUAdam.step`` for one tensor, with hyperparameters read when the update was issued.
 
-        ``state`` holds the integer ``step`` and the moments; ``master.grad`` is the gradient as the backward left
-        it, which the kernel multiplies by ``grad_scale`` (an fp32 value: vanilla's ``1 / combined_scale``) as it
-        reads it, leaving ``master.grad`` as it was.
+        ``state`` holds the integer ``step`` and the moments; ``grad`` is the gradient as the backward left it (fp32,
+        or bf16/fp16, widened exactly as it is read), which the kernel multiplies by ``grad_scale`` (an fp32 value:
+        vanilla's ``1 / combined_scale``) as it reads it, leaving ``grad`` as it was.
         """
         self._limit_threads()
         state["step"] += 1
         with torch.profiler.record_function(PROFILE_NAME):  # the op is no torch operator: name it in profiles
             self.op.adam_step(self.opt_id, state["step"], hyper.lr, hyper.beta1, hyper.beta2, hyper.eps,
-                              hyper.weight_decay, bias_correction, master.data, master.grad.data,
+                              hyper.weight_decay, bias_correction, master.data, grad,
                               state["exp_avg"], state["exp_avg_sq"], grad_scale)
 
     def _limit_threads(self) -> None:

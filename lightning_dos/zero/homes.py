@@ -6,9 +6,10 @@ empty placeholder, and its master weights are its 16-bit parameters widened, whi
 ``_create_fp32_partitions`` would have copied to the host at start. :meth:`StateHomes.place` then gives each subgroup
 its home: the placeholder's data becomes a tensor there (its identity stays), filled from the 16-bit parameters, or
 from what a checkpoint load left in it; both moments are made there (zeros, or the loaded ones); a subgroup living on
-the host also gets the fp32 gradient CPU Adam reads. A subgroup already placed elsewhere moves: each tensor is copied
-across and the old one freed, one subgroup at a time, so the host never holds a subgroup twice for longer than its
-copy.
+the host also gets the gradient CPU Adam reads, in the dtype the backward sends (:meth:`StateHomes.host_grad_dtype`:
+16 bits in bf16 or fp16 training, widened exactly as it is read, where vanilla keeps an fp32 copy). A subgroup
+already placed elsewhere moves: each tensor is copied across and the old one freed, one subgroup at a time, so the
+host never holds a subgroup twice for longer than its copy.
 
 Host homes are ordinary host allocations page-locked in place
 (:class:`~lightning_dos.update.host_memory.PinnedRegistry`:
@@ -46,6 +47,7 @@ class StateHomes:
     fp16_partitioned_groups_flat_numel: list[int]
     fp16_partitioned_groups_flat_id: list[Any]
     master_weights_and_grads_dtype: torch.dtype
+    gradient_accumulation_dtype: torch.dtype
     gradient_accumulation_steps: int
     offload_optimizer_pin_memory: bool
     optimizer: Any
@@ -74,17 +76,35 @@ class StateHomes:
         return tuple(self.__dict__.get("_dos_homes", ()))
 
     def home_bytes(self) -> dict[Home, int]:
-        """Bytes of optimizer state and gradients held in each home now (the fp32 gradient of a host home
-        included; a gradient kept on the device through backward is not state)."""
+        """Bytes of optimizer state and gradients held in each home now (the gradient of a host home included; a
+        gradient kept on the device through backward is not state)."""
         out = {Home.DEVICE: 0, Home.HOST: 0}
         for i, home in enumerate(self.homes()):
             if home is None:
                 continue
             master = self.fp32_partitioned_groups_flat[i]
             state = self.optimizer.state.get(master, {})
-            tensors = [master, state.get("exp_avg"), state.get("exp_avg_sq"), master.grad]
+            tensors = [master, state.get("exp_avg"), state.get("exp_avg_sq"), self.update_grad(i)]
             out[home] += sum(t.numel() * t.element_size() for t in tensors if t is not None)
         return out
+
+    def host_grad_dtype(self) -> torch.dtype:
+        """The dtype of a host home's gradient: the one the backward sends (DeepSpeed's gradient accumulation dtype,
+        the model's 16-bit dtype unless configured otherwise); fp32 when gradients accumulate over micro-batches
+        (DeepSpeed's boundary copy then writes the master's fp32 ``.grad``)."""
+        if self.gradient_accumulation_steps > 1:
+            return self.master_weights_and_grads_dtype
+        return self.gradient_accumulation_dtype
+
+    def host_grad_bytes_per_param(self) -> int:
+        """Bytes per parameter of a host home's gradient (:meth:`host_grad_dtype`)."""
+        return self.host_grad_dtype().itemsize
+
+    def update_grad(self, i: int) -> torch.Tensor | None:
+        """The gradient subgroup ``i``'s update reads from its home (None where there is none): the master's ``.grad``,
+        or, when it is 16-bit, the tensor held beside it (torch gives a tensor no ``.grad`` of another dtype)."""
+        held = self.__dict__.get("_dos_host_grads", {}).get(i)
+        return held if held is not None else self.fp32_partitioned_groups_flat[i].grad
 
     def _home_device(self, home: Home) -> torch.device:
         if home == Home.HOST:
@@ -127,7 +147,8 @@ class StateHomes:
             for start in range(0, numel, _WIDEN_CHUNK):
                 n = min(_WIDEN_CHUNK, numel - start)
                 new_master.narrow(0, start, n).copy_(source.narrow(0, start, n))
-        old = [master.data, master.grad]
+        held = self.__dict__.setdefault("_dos_host_grads", {})
+        old = [master.data, master.grad, held.pop(i, None)]
         master.grad = None  # a gradient must be on its tensor's device: dropped before the data moves
         master.data = new_master
         for key in ("exp_avg", "exp_avg_sq"):
@@ -138,22 +159,29 @@ class StateHomes:
                 old.append(loaded)
             state[key] = moment
         state.setdefault("step", 0)
-        master.grad = self._gradient_home(numel, home)
+        grad = self._gradient_home(numel, home)
+        if grad is not None and grad.dtype != master.dtype:
+            held[i] = grad
+        else:
+            master.grad = grad
         self._dos_homes[i] = home
         self._free(old)
 
     def _gradient_home(self, numel: int, home: Home) -> torch.Tensor | None:
-        """The fp32 gradient a subgroup's update reads where its state lives: on the host, CPU Adam's (the backward
-        copies it there); on the device none, the 16-bit one kept there through backward is read instead, unless
-        gradients accumulate (DeepSpeed's own gradient path then writes an fp32 one at the boundary)."""
-        if home == Home.HOST or self.gradient_accumulation_steps > 1:
+        """The gradient a subgroup's update reads where its state lives: on the host, CPU Adam's (the backward copies
+        it there, in :meth:`host_grad_dtype`); on the device none, the 16-bit one kept there through backward is read
+        instead, unless gradients accumulate (DeepSpeed's own gradient path then writes an fp32 one at the
+        boundary)."""
+        if home == Home.HOST:
+            return self._allocate(numel, home, zero=True, dtype=self.host_grad_dtype())
+        if self.gradient_accumulation_steps > 1:
             return self._allocate(numel, home, zero=True)
         return None
 
-    def _allocate(self, numel: int, home: Home, zero: bool) -> torch.Tensor:
+    def _allocate(self, numel: int, home: Home, zero: bool, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         device = self._home_device(home)
-        tensor = torch.zeros(numel, dtype=torch.float32, device=device) if zero else torch.empty(
-            numel, dtype=torch.float32, device=device)
+        tensor = torch.zeros(numel, dtype=dtype, device=device) if zero else torch.empty(
+            numel, dtype=dtype, device=device)
         registry = self._pinned_registry()
         if home == Home.HOST and registry is not None:
             registry.pin(tensor)

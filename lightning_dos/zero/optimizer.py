@@ -216,7 +216,7 @@ class InterleavedZeroOptimizer(StateHomes, _VanillaStage3):
                     exp_avg=state["exp_avg"],
                     exp_avg_sq=state["exp_avg_sq"],
                     state=state,
-                    grad=master.grad if device_grad is None else device_grad,
+                    grad=self.update_grad(i) if device_grad is None else device_grad,
                     grad_on_device=device_grad is not None,
                     param16=self.fp16_partitioned_groups_flat[i],
                     hyper=self._hyper(group),
@@ -314,13 +314,14 @@ class InterleavedZeroOptimizer(StateHomes, _VanillaStage3):
         torch._foreach_copy_(dsts, [grad for *_, grad in kept])
 
     def _send_host_grads(self, kept: list[_GradPartition]) -> None:
-        """Host-lane partitions: fp32 into a device staging tensor in destination order, one async copy per run."""
+        """Host-lane partitions: into a device staging tensor in destination order (in the host gradient's dtype: the
+        backward's own, 16 bits in bf16 or fp16 training), one async copy per run."""
         if not kept:
             return
         self._wait_grads({i for _, i, _, _ in kept})
-        fp32 = self.master_weights_and_grads_dtype
+        dtype = self.host_grad_dtype()
         for batch in _batches(sorted(kept, key=lambda g: (g[1], g[2])), _HOST_STAGING_NUMEL):
-            staging = torch.empty(sum(g[3].numel() for g in batch), dtype=fp32, device=batch[0][3].device)
+            staging = torch.empty(sum(g[3].numel() for g in batch), dtype=dtype, device=batch[0][3].device)
             views, pos = [], 0
             for *_, grad in batch:
                 views.append(staging.narrow(0, pos, grad.numel()))
@@ -328,7 +329,7 @@ class InterleavedZeroOptimizer(StateHomes, _VanillaStage3):
             torch._foreach_copy_(views, [grad for *_, grad in batch])
             pos = 0
             for i, offset, numel in _runs(batch):
-                host = self.fp32_partitioned_groups_flat[i].grad.narrow(0, offset, numel)
+                host = self.update_grad(i).narrow(0, offset, numel)
                 host.copy_(staging.narrow(0, pos, numel), non_blocking=True)  # pinned: the host does not wait
                 pos += numel
 
@@ -368,14 +369,15 @@ class InterleavedZeroOptimizer(StateHomes, _VanillaStage3):
     def _grad_to_host(self, sub_group_id: int, wait: bool = True) -> torch.Tensor | None:
         """A subgroup planned for the device lane was demoted: bring its device gradient to the host buffer.
 
-        The gradient is widened to fp32 on the device first (the same values: widening is exact); a copy across
-        devices and dtypes at once would widen on the host, one slow pass over the whole gradient. With
-        ``wait=False`` and a page-locked host buffer the copy is left in flight on the current stream and the
-        widened tensor returned: keep it until the stream is synchronised."""
+        The gradient is converted to the host gradient's dtype on the device first, if they differ (fp32 under
+        gradient accumulation: widening is exact); a copy across devices and dtypes at once would convert on the
+        host, one slow pass over the whole gradient. With ``wait=False`` and a page-locked host buffer the copy is
+        left in flight on the current stream and the source tensor returned: keep it until the stream is
+        synchronised."""
         device_grad = self._device_grads().pop(sub_group_id, None)
         if device_grad is None:
             return None
-        host = self.fp32_partitioned_groups_flat[sub_group_id].grad
+        host = self.update_grad(sub_group_id)
         if device_grad.device == host.device:
             host.copy_(device_grad)
             return None
@@ -601,8 +603,8 @@ class InterleavedZeroOptimizer(StateHomes, _VanillaStage3):
             if bring_grads:
                 self._grad_to_host(sub_group_id)
             gid = self.sub_group_to_group_id[sub_group_id]
-            adam.step(states[sub_group_id], self.fp32_partitioned_groups_flat[sub_group_id], hypers[gid],
-                      bias_correction[gid], grad_scale=grad_scale)
+            adam.step(states[sub_group_id], self.fp32_partitioned_groups_flat[sub_group_id],
+                      self.update_grad(sub_group_id), hypers[gid], bias_correction[gid], grad_scale=grad_scale)
 
         return host_step
 

@@ -144,7 +144,8 @@ class _KeptGradDtypes(pl.Callback):
 
 def test_bf16_gradients_kept_on_the_device_in_16_bits_give_the_same_update_as_via_the_host() -> None:
     """A bf16 run keeps device-lane gradients in bf16 (2 bytes/param, what the planner budgets) and widens them
-    in the slot: the masters are bit-identical to the same run with every gradient sent to the host in fp32."""
+    in the slot: the masters are bit-identical to the same run with every gradient sent to the host (in bf16 there
+    too, prefetched as it is and widened in the slot)."""
     kept_cb, host_cb = _KeptGradDtypes(), _KeptGradDtypes(to_host=True)
     kept = train("device", steps=3, precision="bf16-mixed", clip=CLIP, every_step=kept_cb)
     via_host = train("device", steps=3, precision="bf16-mixed", clip=CLIP, every_step=host_cb)
@@ -153,7 +154,7 @@ def test_bf16_gradients_kept_on_the_device_in_16_bits_give_the_same_update_as_vi
     assert manager.cost.device_grad_bytes_per_param == 2
     for a, b in zip(manager.records, via_host.strategy.manager.records):
         assert a.timings.h2d_bytes == 12 * a.timings.device_params  # kept: no gradient prefetched
-        assert b.timings.h2d_bytes == 16 * b.timings.device_params
+        assert b.timings.h2d_bytes == 14 * b.timings.device_params  # the state and a bf16 gradient
     assert kept.losses == via_host.losses
     assert torch.equal(kept.masters, via_host.masters)
     assert rel(kept.masters, train_init_masters()) > 1e-3  # the weights did change

@@ -96,8 +96,7 @@ def _host_step_with_cpu_adam(subgroups: list[Subgroup], inv: float):
 
     def host_step(i: int) -> None:
         sg = subgroups[i]
-        sg.master.grad = sg.grad
-        adam.step(sg.state, sg.master, sg.hyper, grad_scale=inv)
+        adam.step(sg.state, sg.master, sg.grad, sg.hyper, grad_scale=inv)
 
     return host_step
 

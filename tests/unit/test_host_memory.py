@@ -107,6 +107,7 @@ def _homes_of(sizes: list[int], registry: PinnedRegistry, accumulation: int = 1)
     opt.fp16_partitioned_groups_flat_id = [[10 * i, 10 * i + 1] for i in range(len(sizes))]
     opt.fp32_partitioned_groups_flat = []
     opt.master_weights_and_grads_dtype = torch.float32
+    opt.gradient_accumulation_dtype = torch.bfloat16  # the backward's gradients, in the partitions' dtype
     opt.gradient_accumulation_steps = accumulation
     opt.optimizer = type("CPUAdam", (), {"state": {}, "param_groups": [{"params": ["x"]}]})()
     opt._create_placeholders()
@@ -115,8 +116,9 @@ def _homes_of(sizes: list[int], registry: PinnedRegistry, accumulation: int = 1)
 
 def test_homes_are_made_once_placed_each_tensor_locked_once_at_its_exact_size(cudart: FakeCudart) -> None:
     """Nothing before placement; then each host subgroup's master (its 16-bit partition widened), zero moments and
-    fp32 gradient, locked once each; a device subgroup (the host stands in here) has no gradient and nothing locked;
-    placing again changes nothing; moving a subgroup carries its values and unlocks what it leaves."""
+    gradient (in the backward's 16-bit dtype: 14 bytes a parameter in all), locked once each; a device subgroup (the
+    host stands in here) has no gradient and nothing locked; placing again changes nothing; moving a subgroup carries
+    its values and unlocks what it leaves."""
     from lightning_dos.planning.placement import Home
 
     registry = PinnedRegistry()
@@ -131,9 +133,12 @@ def test_homes_are_made_once_placed_each_tensor_locked_once_at_its_exact_size(cu
     assert torch.equal(device, opt.fp16_partitioned_groups_flat[0].float()) and device.grad is None
     assert torch.equal(host, opt.fp16_partitioned_groups_flat[1].float())
     state = opt.optimizer.state[host]
-    assert state["step"] == 0 and torch.equal(state["exp_avg"], torch.zeros(60)) and host.grad.shape == (60,)
-    assert sorted(cudart.registered.values()) == [240] * 4 and registry.nbytes == 16 * 60  # master, m, v, grad
-    assert opt.home_bytes() == {Home.DEVICE: 12 * 100, Home.HOST: 16 * 60}
+    grad = opt.update_grad(1)
+    assert state["step"] == 0 and torch.equal(state["exp_avg"], torch.zeros(60)) and host.grad is None
+    assert grad.dtype == torch.bfloat16 and torch.equal(grad, torch.zeros(60, dtype=torch.bfloat16))
+    assert sorted(cudart.registered.values()) == [120] + [240] * 3 and registry.nbytes == 14 * 60  # grad, master, m, v
+    assert opt.home_bytes() == {Home.DEVICE: 12 * 100, Home.HOST: 14 * 60}
+    assert opt.update_grad(0) is None  # a device home reads the gradient the backward keeps there
     opt.place([Home.DEVICE, Home.HOST])
     assert len(cudart.registered) == 4  # nothing re-made
     state["exp_avg"].fill_(0.5)
@@ -142,6 +147,7 @@ def test_homes_are_made_once_placed_each_tensor_locked_once_at_its_exact_size(cu
     opt.place([Home.DEVICE, Home.DEVICE])  # under no pressure now: the host subgroup moves to the device
     assert opt.fp32_partitioned_groups_flat[1] is host and torch.equal(host, values)  # the same key, its values
     assert torch.equal(opt.optimizer.state[host]["exp_avg"], torch.full((60,), 0.5)) and host.grad is None
+    assert opt.update_grad(1) is None  # the 16-bit host gradient went with the host home
     assert not cudart.registered and registry.nbytes == 0  # everything it left on the host unlocked
     registry.release()
 
@@ -161,4 +167,6 @@ def test_a_checkpoint_loaded_before_placement_is_what_placement_copies_in(cudart
     state = opt.optimizer.state[master]
     assert state["step"] == 7 and torch.equal(state["exp_avg"], torch.full((50,), 2.0))
     assert registry.holds(state["exp_avg"]) and registry.holds(state["exp_avg_sq"])
+    # gradients accumulate here: DeepSpeed's boundary copy writes the master's fp32 .grad, which the update reads
+    assert master.grad.dtype == torch.float32 and opt.update_grad(0) is master.grad and registry.holds(master.grad)
     registry.release()

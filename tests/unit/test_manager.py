@@ -47,6 +47,9 @@ class FakeOptimizer:
     def device_grad_bytes_per_param(self) -> int:
         return 2
 
+    def host_grad_bytes_per_param(self) -> int:
+        return 4  # its host gradients are fp32
+
     def interleaved_supported(self) -> bool:
         return True
 
@@ -92,6 +95,7 @@ def test_kept_gradients_are_budgeted_in_the_optimizers_gradient_dtype() -> None:
     fp32 = OptimizerStateManager(FakeOptimizer(), plan=parse_plan("0.5"),
                                  cost_overrides={"device_grad_bytes_per_param": 4})
     assert (manager.cost.device_grad_bytes_per_param, fp32.cost.device_grad_bytes_per_param) == (2, 4)
+    assert manager.cost.grad_bytes_per_param == 4  # the host gradients' dtype, from the optimizer too
     plan = _plan("HDHDHD")
     # the rule the manager applies on a GPU (on the host standing in, no budget applies)
     kept = [planner.grads_for(plan, m.sizes, m.cost, 40_000, m.plan_model.may_keep) for m in (manager, fp32)]

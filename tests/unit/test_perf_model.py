@@ -312,6 +312,10 @@ def test_device_memory_bytes():
     bf16 = CostParams(device_grad_bytes_per_param=2)
     assert device_memory_bytes(plan, sizes, bf16, frozenset({0, 1, 3})) == 990
     assert device_memory_bytes(plan, sizes, bf16) == 960
+    # a 16-bit host gradient moves 2 B a parameter on the link, but the slot's gradient row stays fp32-sized
+    host16 = CostParams(grad_bytes_per_param=2)
+    assert device_memory_bytes(plan, sizes, host16) == 960
+    assert device_memory_bytes(plan, sizes, CostParams(slot_grad_bytes_per_param=2)) == 2 * 30 * 14
 
 
 def test_gradients_kept_in_16_bits_fit_beside_two_slots_where_fp32_ones_do_not():
@@ -328,6 +332,8 @@ def test_gradients_kept_in_16_bits_fit_beside_two_slots_where_fp32_ones_do_not()
     assert grads_for(hdhd2, sizes, bf16, 36, everything) == frozenset({1, 3})
     kept, via_host = predict(hdhd2, sizes, bf16, frozenset({1, 3})), predict(hdhd2, sizes, params)
     assert (kept.bytes_h2d, via_host.bytes_h2d) == (2 * 12 + 2 * 2, 2 * 16 + 2 * 2)
+    # sent to the host in 16 bits, the prefetches move 14 B a parameter
+    assert predict(hdhd2, sizes, replace(params, grad_bytes_per_param=2)).bytes_h2d == 2 * 14 + 2 * 2
     assert (max(e.end_s for e in kept.events if e.lane is D), max(e.end_s for e in via_host.events if e.lane is D)) \
         == (1.875, 2.0)
     best = rank_plans(sizes, bf16, 36, grads_on_device=everything)[0][0]
