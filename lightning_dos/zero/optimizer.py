@@ -27,6 +27,7 @@ Everything below this module (executor, manager, planner) sees only plain object
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 from collections.abc import Callable, Iterator, Sequence
@@ -718,13 +719,24 @@ class InterleavedZeroOptimizer(StateHomes, _VanillaStage3):
         self.settle()
         return super()._get_fp32_opt_state_partition(*args, **kwargs)
 
-    def _get_fp32_grad_state_partition(self, *args: Any, **kwargs: Any) -> Any:
+    def _get_fp32_grad_state_partition(self, param: Any, release_swap_buffers: bool) -> Any:
         self.settle()
-        return super()._get_fp32_grad_state_partition(*args, **kwargs)
+        i, offset, numel = self.grad_position[self.get_param_id(param)]
+        grad = self.update_grad(i)
+        if grad is not None and grad.dtype != self.master_weights_and_grads_dtype:  # a 16-bit host gradient: widened
+            return grad.narrow(0, offset, numel).to(self.master_weights_and_grads_dtype), i
+        return super()._get_fp32_grad_state_partition(param, release_swap_buffers)
 
     def get_fp32_grad_partitions(self) -> Any:
         self.settle()
-        return super().get_fp32_grad_partitions()
+        if not any(self.__dict__.get("_dos_host_grads", {})):
+            return super().get_fp32_grad_partitions()
+        out: dict[int, dict[int, torch.Tensor]] = collections.defaultdict(dict)
+        for group in self.fp16_groups:  # vanilla's dictionary, a 16-bit host gradient widened
+            for param_idx, param in enumerate(group):
+                grad, i = self._get_fp32_grad_state_partition(param, release_swap_buffers=False)
+                out[i][param_idx] = grad
+        return out
 
     def offload_states(self, *args: Any, **kwargs: Any) -> Any:
         self.settle()

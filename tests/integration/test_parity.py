@@ -198,3 +198,25 @@ def test_the_users_lr_scheduler_sees_the_optimizer_step(plan: str) -> None:
         warnings.simplefilter("always")
         train(plan, steps=2)
     assert not [w for w in caught if "before `optimizer.step()`" in str(w.message)]
+
+
+def test_deepspeeds_gradient_readers_widen_the_16_bit_host_gradients() -> None:
+    """DeepSpeed's readers of the fp32 gradient partitions (``safe_get_full_grad``, ``get_fp32_grad_partitions``) read
+    a bf16 host home's gradient widened: fp32, the same values."""
+    from deepspeed.utils import safe_get_full_grad
+
+    run = train("host", steps=2, precision="bf16-mixed", clip=CLIP)
+    opt = run.strategy.model.optimizer
+    assert {opt.update_grad(i).dtype for i in range(len(opt.fp16_groups))} == {torch.bfloat16}
+    partitions = opt.get_fp32_grad_partitions()
+    checked = 0
+    for group in opt.fp16_groups:
+        for param_idx, param in enumerate(group):
+            i, offset, numel = opt.grad_position[opt.get_param_id(param)]
+            host = opt.update_grad(i).narrow(0, offset, numel).float()
+            assert partitions[i][param_idx].dtype == torch.float32 and torch.equal(partitions[i][param_idx], host)
+            full = safe_get_full_grad(param)
+            assert full.dtype == torch.float32 and torch.equal(full.reshape(-1)[:numel], host)
+            checked += 1
+    assert checked == sum(len(g) for g in opt.fp16_groups) > 0
+    assert any(float(opt.update_grad(i).float().abs().sum()) > 0 for i in range(len(opt.fp16_groups)))
