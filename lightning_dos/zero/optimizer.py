@@ -144,7 +144,7 @@ class InterleavedZeroOptimizer(StateHomes, _VanillaStage3):
     # ------------------------------------------------------------------ homes: nothing before placement
     def _setup_for_real_optimizer(self) -> None:
         """Vanilla's set-up without its host state: the fp32 partitions are placeholders until placed
-        (:mod:`lightning_dos.zero.homes`), no per-subgroup fp32 gradient is made before then, and the whole-partition
+        (:mod:`lightning_dos.zero.homes`), no per-subgroup host gradient is made before then, and the whole-partition
         gradient buffer only under gradient accumulation (at a boundary without it, ``partition_grads`` sends each
         gradient partition once, straight to where its update reads it)."""
         if not self.interleaved_supported():
