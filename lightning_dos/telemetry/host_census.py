@@ -28,6 +28,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from lightning_dos.telemetry.callbacks import host_in_use_gib
+
 GIB = 1024**3
 #: /proc/self/status fields read, in kB there.
 STATUS_KEYS = ("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmPin", "VmLck")
@@ -157,9 +159,8 @@ class HostCensusLog(Callback):
         if self.batches in self.at:
             self.record(trainer, f"after training batch {self.batches}")
         elif trainer.is_global_zero:
-            host = read_kb_fields("/proc/meminfo", ("MemTotal", "MemAvailable"))
-            if len(host) == 2:
-                in_use = (host["MemTotal"] - host["MemAvailable"]) / GIB
+            in_use = host_in_use_gib()
+            if in_use is not None:
                 print(f"host in use after training batch {self.batches}: {in_use:.2f} GiB", flush=True)
 
     @override

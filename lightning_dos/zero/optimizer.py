@@ -729,7 +729,7 @@ class InterleavedZeroOptimizer(StateHomes, _VanillaStage3):
 
     def get_fp32_grad_partitions(self) -> Any:
         self.settle()
-        if not any(self.__dict__.get("_dos_host_grads", {})):
+        if not self.__dict__.get("_dos_host_grads"):  # no 16-bit host gradient (a dict of subgroup ids: 0 is one)
             return super().get_fp32_grad_partitions()
         out: dict[int, dict[int, torch.Tensor]] = collections.defaultdict(dict)
         for group in self.fp16_groups:  # vanilla's dictionary, a 16-bit host gradient widened
