@@ -65,3 +65,18 @@ def test_teardown_leaves_the_optimizer_state_where_it_lives(plan: Any, monkeypat
     run = train(plan, steps=2)
     assert moved == [[]]
     assert run.strategy.optimizers  # and the strategy still has them afterwards
+
+
+@pytest.mark.parametrize("plan", [0.5, None], ids=["dos", "vanilla"])
+def test_teardown_leaves_the_module_where_it_lives(plan: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning's teardown would move the module to the CPU: DOS's 16-bit parameters, whole on the device, would be
+    copied to the host while the optimizer state still holds it. The module is not moved; its own ``cpu`` is back."""
+    moved: list[torch.nn.Module] = []
+    move = torch.nn.Module.cpu
+    monkeypatch.setattr(torch.nn.Module, "cpu", lambda self: (moved.append(self), move(self))[1])
+    module = TinyLM()
+    run = train(plan, steps=2, model=module)
+    assert module not in moved and run.strategy.lightning_module is module
+    assert "cpu" not in vars(module)
+    module.cpu()  # a user's own call still moves it
+    assert moved == [module]
