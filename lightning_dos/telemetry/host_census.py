@@ -20,6 +20,7 @@ from __future__ import annotations
 import gc
 import re
 import sys
+import warnings
 from collections import Counter
 from typing import Any
 
@@ -69,8 +70,11 @@ def read_kb_fields(path: str, keys: tuple[str, ...]) -> dict[str, int]:
 def host_storages() -> list[tuple[int, str, bool, tuple[int, ...]]]:
     """Every host tensor storage the Python heap reaches, once each: (bytes, dtype, page-locked, a tensor's shape)."""
     seen: dict[int, tuple[int, str, bool, tuple[int, ...]]] = {}
-    for obj in gc.get_objects():
-        if not isinstance(obj, torch.Tensor) or obj.device.type != "cpu" or obj.is_meta:
+    with warnings.catch_warnings():  # isinstance on a deprecated module attribute (torch.distributed.reduce_op) warns
+        warnings.simplefilter("ignore")
+        tensors = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
+    for obj in tensors:
+        if obj.device.type != "cpu" or obj.is_meta:
             continue
         try:
             storage = obj.untyped_storage()
@@ -97,7 +101,7 @@ def take(largest: int = 5) -> dict[str, Any]:
         reading = stats()
         for key in ("allocated_bytes.current", "reserved_bytes.current"):
             if key in reading:
-                allocator[key.split(".")[0]] = int(reading[key])
+                allocator[key.split("_")[0]] = int(reading[key])  # "allocated", "reserved"
     return {
         "process": read_kb_fields("/proc/self/status", STATUS_KEYS),
         "host": read_kb_fields("/proc/meminfo", MEMINFO_KEYS),

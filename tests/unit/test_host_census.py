@@ -65,3 +65,12 @@ def test_the_last_reading_of_a_log_is_what_the_log_wrote_last() -> None:
     assert when == "after training batch 2" and 0 < gib < 1e4
     assert last_reading(out.getvalue().split("host in use after")[0])[0] == "after training batch 1"
     assert last_reading("no readings here\n") is None
+
+
+def test_the_page_locked_allocator_is_read_where_torch_reports_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "host_memory_stats",
+                        lambda: {"allocated_bytes.current": 3 * GIB, "reserved_bytes.current": 4 * GIB}, raising=False)
+    census = take()
+    assert census["pinned_allocator"] == {"allocated": 3 * GIB, "reserved": 4 * GIB}
+    assert "torch's page-locked allocator: 3.00 GiB allocated, 4.00 reserved" in describe(census, "now")
