@@ -147,7 +147,7 @@ def plan(argv: Sequence[str]) -> int:
 
     from lightning_dos.planning.placement import GIB
     from lightning_dos.strategies.dos import DeepOptimizerStatesStrategy
-    from lightning_dos.strategies.sizing import host_for, size_run, world_of
+    from lightning_dos.strategies.sizing import host_for, precision_bytes, size_run, world_of
     from lightning_dos.update.host_memory import read_meminfo
 
     parser = argparse.ArgumentParser(prog="lightning-dos plan", description=PLAN_HELP, add_help=False)
@@ -180,9 +180,12 @@ def plan(argv: Sequence[str]) -> int:
     data = cli.datamodule
     budget = strategy.memory_budget_gib
     resident = strategy.resident_gib
+    param_bytes, grad_bytes, host_grad_bytes = precision_bytes(trainer.get("precision") or "32-true",
+                                                               int(trainer.get("accumulate_grad_batches") or 1))
     sizing = size_run(cli.model, world, "auto" if strategy.options.auto_sub_group_size else
                       strategy.config["zero_optimization"]["sub_group_size"],
                       int(getattr(data, "batch_size", 1)), int(getattr(data, "seq_len", 1)), device_bytes, host,
+                      param_bytes=param_bytes, grad_bytes=grad_bytes, host_grad_bytes=host_grad_bytes,
                       budget_bytes=None if budget is None else int(budget * GIB),
                       resident_bytes=None if resident == "auto" else int(float(resident) * GIB))
     print(sizing.describe())

@@ -56,7 +56,8 @@ class Sizing:
         acts = ("not estimated (the module has no activation_bytes): the plans are the best case"
                 if self.activation_bytes is None else f"{self.activation_bytes / GIB:.2f} GiB (the module's estimate)")
         head = (f"{self.params:,} parameters over {self.world_size} rank(s): {len(self.sizes)} subgroups per rank, "
-                f"largest {max(self.sizes):,}; 16-bit parameters on each device {self.params16_bytes / GIB:.2f} GiB, "
+                f"largest {max(self.sizes):,}; the training's parameters on each device "
+                f"{self.params16_bytes / GIB:.2f} GiB, "
                 f"activations {acts}")
         verdict = "fits this box" if self.fits else "does NOT fit this box"
         return "\n".join([head, self.start.describe(), self.after_first_step.describe(), f"the run {verdict}"])
@@ -72,10 +73,14 @@ def param_groups_numel(module: torch.nn.Module) -> list[list[int]]:
 
 def size_run(module: Any, world_size: int, sub_group_size: int | str, micro_batch: int, seq_len: int,
              device_bytes: int, host: HostMemory, param_bytes: int = 2, grad_bytes: int = 2,
-             budget_bytes: int | None = None, resident_bytes: int | None = None) -> Sizing:
+             budget_bytes: int | None = None, resident_bytes: int | None = None,
+             host_grad_bytes: int | None = None) -> Sizing:
     """The memory plans of ``module`` (a LightningModule whose ``configure_model`` builds it, or a built one) trained
     on ``world_size`` ranks with micro-batches of ``micro_batch`` x ``seq_len`` tokens, on devices of ``device_bytes``
-    and the host ``host``. The module is built on the meta device: nothing is allocated."""
+    and the host ``host``: ``param_bytes`` and ``grad_bytes`` per parameter of the training's parameters and
+    gradients, ``host_grad_bytes`` of a host home's gradient (default ``grad_bytes``; fp32 under gradient
+    accumulation, see :func:`precision_bytes`). The module is built on the meta device: nothing is allocated."""
+    host_grad = grad_bytes if host_grad_bytes is None else host_grad_bytes
     with torch.device("meta"):
         configure = getattr(module, "configure_model", None)
         if callable(configure):
@@ -89,7 +94,7 @@ def size_run(module: Any, world_size: int, sub_group_size: int | str, micro_batc
     estimate = getattr(module, "activation_bytes", None)
     activations = int(estimate(micro_batch, seq_len)) if callable(estimate) else None
     at_start = DeviceMemory(total=device_bytes, peak=params16, other=OTHER_BYTES)
-    start = start_plan(sizes, host, at_start, grad_bytes, budget_bytes, resident_bytes, host_grad_bytes=grad_bytes)
+    start = start_plan(sizes, host, at_start, grad_bytes, budget_bytes, resident_bytes, host_grad_bytes=host_grad)
     candidates = start.placement.resident
     kept = grad_bytes * sum(sizes[i] for i in candidates)
     peak = params16 + (activations or 0) + kept
@@ -100,9 +105,18 @@ def size_run(module: Any, world_size: int, sub_group_size: int | str, micro_batc
         placement = place(sizes, measured, budget_bytes, candidates=candidates)
     when = ("after the first step: the peak estimated as the 16-bit parameters, the activations and the candidates' "
             "gradients")
-    after = memory_plan(sizes, placement, host, measured, when, host_grad_bytes=grad_bytes)
+    after = memory_plan(sizes, placement, host, measured, when, host_grad_bytes=host_grad)
     return Sizing(params=params, world_size=world_size, sizes=sizes, params16_bytes=params16,
                   activation_bytes=activations, start=start, after_first_step=after)
+
+
+def precision_bytes(precision: Any, accumulate_grad_batches: int = 1) -> tuple[int, int, int]:
+    """Bytes per parameter of a run's parameters, gradients and host homes' gradients under Lightning's ``precision``
+    (16 bits in ``16-*``/``bf16-*`` training, else 32), as the engine keeps them: a host home's gradient is the
+    backward's own, fp32 under gradient accumulation (``accumulate_grad_batches`` > 1)."""
+    bits16 = str(precision).startswith(("16", "bf16"))
+    width = 2 if bits16 else 4
+    return width, width, 4 if accumulate_grad_batches > 1 else width
 
 
 def host_for(total_bytes: int, ranks: int, available_bytes: int | None = None) -> HostMemory:

@@ -38,3 +38,19 @@ def test_a_tiny_model_fits_a_big_box_and_not_a_host_without_room() -> None:
 
 def test_the_ranks_of_a_trainer() -> None:
     assert world_of(4) == 4 and world_of([0, 1]) == 2 and world_of("auto") == 1 and world_of("2", num_nodes=3) == 6
+
+
+def test_the_bytes_per_parameter_follow_the_precision_as_the_engine_keeps_them() -> None:
+    from lightning_dos.strategies.sizing import precision_bytes
+
+    assert precision_bytes("bf16-mixed") == precision_bytes("16-mixed") == precision_bytes("bf16-true") == (2, 2, 2)
+    assert precision_bytes("bf16-mixed", accumulate_grad_batches=2) == (2, 2, 4)  # fp32 accumulation on the host
+    assert precision_bytes("32-true") == precision_bytes(32) == precision_bytes("64-true") == (4, 4, 4)
+
+
+def test_a_host_homes_gradient_width_is_what_the_host_plan_counts() -> None:
+    box = {"device_bytes": 1 * GIB, "host": host_for(128 * GIB, 1)}  # no GPU room: every subgroup on the host
+    narrow = size_run(TinyLM(), 1, 2000, 4, 16, **box).after_first_step
+    wide = size_run(TinyLM(), 1, 2000, 4, 16, host_grad_bytes=4, **box).after_first_step
+    assert narrow.placement.homes == wide.placement.homes == (Home.HOST,) * len(narrow.placement.homes)
+    assert (narrow.host_bytes_per_param, wide.host_bytes_per_param) == (14, 16)

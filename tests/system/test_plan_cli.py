@@ -28,3 +28,12 @@ def test_a_10b_gpt_on_a_small_host_does_not_fit_and_says_what_to_change() -> Non
                  "--host-gib", "64")
     assert proc.returncode == 1
     assert "does not fit: the host needs" in proc.stdout and "more GPUs" in proc.stdout
+    assert "(14 bytes per parameter)" in proc.stdout  # the recipe's bf16-mixed: 16-bit host gradients
+
+
+def test_the_plan_follows_the_recipes_precision() -> None:
+    proc = _plan("--model.n_layer", "48", "--model.n_embd", "4096", "--model.n_head", "32", "--gpu-gib", "80",
+                 "--host-gib", "64", "--trainer.precision", "32-true")
+    assert proc.returncode == 1
+    assert "(16 bytes per parameter)" in proc.stdout  # fp32 gradients on the host
+    assert "on each device 37.58 GiB" in proc.stdout  # fp32 parameters: 4 x 10.09B
