@@ -399,10 +399,15 @@ def persistence_threshold(setting: Union[str, bool, int], world_size: int, model
     return int(setting)
 
 
+def precision_param_bytes(precision: Any) -> int:
+    """Bytes per parameter of the training's parameters under Lightning's ``precision``: 2 for 16-bit, else 4."""
+    return 2 if "16" in str(precision) else 4
+
+
 def _model_bytes(model: torch.nn.Module, precision: str) -> int:
-    """Bytes of a whole copy of the model's parameters in the training precision (2 for 16-bit, else 4)."""
+    """Bytes of a whole copy of the model's parameters in the training precision (:func:`precision_param_bytes`)."""
     numel = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
-    return numel * (2 if ("16" in str(precision)) else 4)
+    return numel * precision_param_bytes(precision)
 
 
 def _free_device_bytes(device: torch.device) -> Optional[int]:

@@ -27,7 +27,7 @@ from lightning_dos.planning.placement import (
     start_plan,
     zero3_subgroups,
 )
-from lightning_dos.strategies.dos import auto_sub_group_size
+from lightning_dos.strategies.dos import auto_sub_group_size, precision_param_bytes
 
 #: Device memory held outside the training's allocator and by ZeRO-3's own buffers (CUDA context, communication
 #: buffers, reduce and prefetch buckets), as this estimate counts it.
@@ -112,10 +112,9 @@ def size_run(module: Any, world_size: int, sub_group_size: int | str, micro_batc
 
 def precision_bytes(precision: Any, accumulate_grad_batches: int = 1) -> tuple[int, int, int]:
     """Bytes per parameter of a run's parameters, gradients and host homes' gradients under Lightning's ``precision``
-    (16 bits in ``16-*``/``bf16-*`` training, else 32), as the engine keeps them: a host home's gradient is the
-    backward's own, fp32 under gradient accumulation (``accumulate_grad_batches`` > 1)."""
-    bits16 = str(precision).startswith(("16", "bf16"))
-    width = 2 if bits16 else 4
+    (:func:`~lightning_dos.strategies.dos.precision_param_bytes`), as the engine keeps them: a host home's gradient
+    is the backward's own, fp32 under gradient accumulation (``accumulate_grad_batches`` > 1)."""
+    width = precision_param_bytes(precision)
     return width, width, 4 if accumulate_grad_batches > 1 else width
 
 
