@@ -43,7 +43,7 @@ class Sizing:
     params: int
     world_size: int
     sizes: list[int]
-    params16_bytes: int
+    device_params_bytes: int
     activation_bytes: int | None
     start: MemoryPlan
     after_first_step: MemoryPlan
@@ -57,7 +57,7 @@ class Sizing:
                 if self.activation_bytes is None else f"{self.activation_bytes / GIB:.2f} GiB (the module's estimate)")
         head = (f"{self.params:,} parameters over {self.world_size} rank(s): {len(self.sizes)} subgroups per rank, "
                 f"largest {max(self.sizes):,}; the training's parameters on each device "
-                f"{self.params16_bytes / GIB:.2f} GiB, "
+                f"{self.device_params_bytes / GIB:.2f} GiB, "
                 f"activations {acts}")
         verdict = "fits this box" if self.fits else "does NOT fit this box"
         return "\n".join([head, self.start.describe(), self.after_first_step.describe(), f"the run {verdict}"])
@@ -90,23 +90,23 @@ def size_run(module: Any, world_size: int, sub_group_size: int | str, micro_batc
     if sub_group_size == "auto":
         sub_group_size = auto_sub_group_size(math.ceil(params / world_size))
     sizes = zero3_subgroups(groups, world_size, int(sub_group_size))
-    params16 = param_bytes * (params if world_size == 1 else math.ceil(params / world_size))
+    device_params = param_bytes * (params if world_size == 1 else math.ceil(params / world_size))
     estimate = getattr(module, "activation_bytes", None)
     activations = int(estimate(micro_batch, seq_len)) if callable(estimate) else None
-    at_start = DeviceMemory(total=device_bytes, peak=params16, other=OTHER_BYTES)
+    at_start = DeviceMemory(total=device_bytes, peak=device_params, other=OTHER_BYTES)
     start = start_plan(sizes, host, at_start, grad_bytes, budget_bytes, resident_bytes, host_grad_bytes=host_grad)
     candidates = start.placement.resident
     kept = grad_bytes * sum(sizes[i] for i in candidates)
-    peak = params16 + (activations or 0) + kept
+    peak = device_params + (activations or 0) + kept
     measured = DeviceMemory(total=device_bytes, peak=min(peak, device_bytes), other=OTHER_BYTES)
     if resident_bytes is not None:
         placement = start.placement
     else:
         placement = place(sizes, measured, budget_bytes, candidates=candidates)
-    when = ("after the first step: the peak estimated as the 16-bit parameters, the activations and the candidates' "
-            "gradients")
+    when = ("after the first step: the peak estimated as the training's parameters, the activations and the "
+            "candidates' gradients")
     after = memory_plan(sizes, placement, host, measured, when, host_grad_bytes=host_grad)
-    return Sizing(params=params, world_size=world_size, sizes=sizes, params16_bytes=params16,
+    return Sizing(params=params, world_size=world_size, sizes=sizes, device_params_bytes=device_params,
                   activation_bytes=activations, start=start, after_first_step=after)
 
 
