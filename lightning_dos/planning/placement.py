@@ -23,7 +23,7 @@ subgroup whose state still fits is resident::
 
 The rest lives on the host, which must hold :func:`host_bytes_per_param` for each of their parameters within its share
 of what the host has available (the ranks of one host share it). :class:`MemoryPlan` says so in one table, and where
-the run cannot fit the box it lists every problem with what to change, before anything is allocated
+the run cannot fit the box it lists every problem with what to change, before anything more is allocated
 (:meth:`MemoryPlan.check`). Before the first step, :func:`start_plan` makes the same check for the best case (every
 subgroup the device could hold resident), so a run that cannot fit stops before its engine trains.
 
@@ -265,7 +265,8 @@ HOST_ADVICE = ("more of the state on the GPU (a smaller micro-batch, activation 
 
 
 class DoesNotFit(RuntimeError):
-    """The run cannot fit the box: raised before anything is allocated for it, with the numbers and what to change."""
+    """The run cannot fit the box: raised before its first update, with the numbers and what to change; nothing is
+    allocated for it beyond the host homes made at start, which it would need in any placement."""
 
 
 @dataclass(frozen=True)
@@ -344,8 +345,12 @@ class MemoryPlan:
         in their place (every rank's, where the ranks check together)."""
         problems = self.problems if problems is None else tuple(problems)
         if problems:
-            raise DoesNotFit("deep_optimizer_states: this run cannot fit the box, so nothing was allocated for its "
-                             "optimizer state.\n" + replace(self, problems=problems).describe())
+            held = self.host.held if self.host is not None else 0
+            made = ("nothing was allocated for its optimizer state" if not held else
+                    f"nothing was allocated for its optimizer state beyond the {held / GIB:.2f} GiB of host homes made "
+                    "at start for the subgroups that could never be resident")
+            raise DoesNotFit(f"deep_optimizer_states: this run cannot fit the box, so it stops before its first "
+                             f"update: {made}.\n" + replace(self, problems=problems).describe())
 
 
 def memory_plan(sizes: Sequence[int], placement: Placement, host: HostMemory | None, device: DeviceMemory | None,

@@ -130,6 +130,19 @@ def test_a_plan_the_host_cannot_hold_raises_with_the_numbers_and_what_to_change(
     assert host.share == 20 * GIB - int(0.05 * 32 * GIB)  # 5% of this host kept free, under the 4 GiB cap
     assert "activation checkpointing" in message and "more GPUs" in message  # what to change
     assert "GPU, resident" in message  # the whole table comes with it
+    assert "nothing was allocated for its optimizer state." in message
+
+
+def test_a_refusal_after_the_first_step_names_the_host_homes_it_made_at_start() -> None:
+    sizes = [GIB // 4] * 8
+    held = HostMemory(total=32 * GIB, available=4 * GIB, held=12 * GIB)  # 3 subgroups' homes made at start
+    plan = memory_plan(sizes, place(sizes, None), held, None, "after the first forward and backward")
+    with pytest.raises(DoesNotFit) as caught:
+        plan.check()
+    message = str(caught.value)
+    assert "stops before its first update" in message
+    assert "nothing was allocated for its optimizer state beyond the 12.00 GiB of host homes made at start" in message
+    assert "12.00 held by this rank's state already" in message
 
 
 def test_the_plan_at_start_is_the_best_case_each_candidate_with_its_gradient() -> None:
