@@ -104,6 +104,7 @@ def test_fsdp_offload_on_one_gpu_trains_like_torch_adamw(tmp_path: Path, plain_f
     _assert_tracks(ranks, weights, plain_fp32, FP32_TOL)
 
 
+@pytest.mark.gpus2
 def test_fsdp_offload_on_two_gpus_trains_like_torch_adamw(tmp_path: Path, plain_fp32: tuple) -> None:
     count = torch.cuda.device_count()
     assert count >= 2, f"fsdp_offload at two ranks needs 2 CUDA GPUs, this host has {count}: run on a multi-GPU host"
@@ -115,6 +116,7 @@ def test_fsdp_offload_on_two_gpus_trains_like_torch_adamw(tmp_path: Path, plain_
     _assert_tracks(ranks, weights, plain_fp32, FP32_TOL)
 
 
+@pytest.mark.gpus2
 def test_fsdp_offload_bf16_mixed_on_two_gpus(tmp_path: Path) -> None:
     count = torch.cuda.device_count()
     assert count >= 2, f"fsdp_offload at two ranks needs 2 CUDA GPUs, this host has {count}: run on a multi-GPU host"

@@ -21,6 +21,7 @@ from tests.support.ranks import run_two_ranks_together  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.gpus2,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU tier: run with -m gpu on a GPU host"),
 ]
 
