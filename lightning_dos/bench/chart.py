@@ -41,8 +41,7 @@ def render(doc: dict[str, Any], path: str | Path) -> Path:
     top = max([b for b in bottoms] + [y for _, y in marked] + [y for _, y in e2e] + [1.0])
     _mark_unmeasured(times, results, top * 0.02)
     times.set_ylim(0, top * 1.5)  # headroom: the legend above the tallest bar or marker
-    times.set_ylabel("median time per iteration (ms)")
-    times.set_title("fwd / bwd / step (synchronised iterations)")
+    times.set(ylabel="median time per iteration (ms)", title="fwd / bwd / step (synchronised iterations)")
     times.set_xticks(positions, labels, rotation=30, ha="right")
     times.legend(loc="upper center", ncols=2, fontsize="small", framealpha=0.8)
     times.grid(axis="y", alpha=0.3)

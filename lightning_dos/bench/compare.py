@@ -5,6 +5,7 @@ configuration at each device count, each repeat in its own worker, round-robin; 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from lightning_dos.bench import chart
@@ -42,8 +43,6 @@ def runs_of(runner: Runner) -> list[Run]:
 
 def run_compare(runner: Runner) -> dict[str, Any]:
     """Run every configuration ``--repeats`` times, round-robin; write results.json, report.md and chart.png."""
-    import dataclasses
-
     specs = runs_of(runner)
     schedule = [dataclasses.replace(spec, repeat=r) for r in range(runner.settings.repeats) for spec in specs]
     raw: dict[str, list[dict[str, Any]]] = {spec.label: [] for spec in specs}
@@ -58,12 +57,11 @@ def run_compare(runner: Runner) -> dict[str, Any]:
                     host_GiB=num(row["peak_host_gib"], 2), loss=num(row["final_loss"], 4))
     results = [aggregate(spec, raw[spec.label], runner.tokens, runner.model) for spec in specs]
     compare_to_baseline(results)
-    doc = runner.document(None, bench_measurement(runner.settings), baseline=BASELINE, results=results,
-                          reused=sorted({r["label"] for runs in raw.values() for r in runs if r.get("reused")}))
-    if (section := scaling(results)) is not None:  # more than one device count ran
-        doc["scaling"] = section
-    runner.write(doc, ("results.json", "chart.png", "report.md"), chart.render, tables(doc))
-    return doc
+    section = scaling(results)  # None unless more than one device count ran
+    return runner.write(None, bench_measurement(runner.settings), ("results.json", "chart.png", "report.md"),
+                        chart.render, tables, baseline=BASELINE, results=results,
+                        reused=sorted({r["label"] for runs in raw.values() for r in runs if r.get("reused")}),
+                        **({} if section is None else {"scaling": section}))
 
 
 def tables(doc: dict[str, Any]) -> list[Table]:

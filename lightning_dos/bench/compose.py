@@ -17,8 +17,6 @@ from typing import Any
 from lightning_dos.bench.rows import fragment_path, load_yaml
 from lightning_dos.bench.settings import ROOT, STRATEGY_ARG, Run, recipe_path
 
-GIB = 1024**3
-
 
 def _value(value: Any) -> str:
     """A command-line value: strings as they are, anything else as JSON (``true``, ``[1, 2]``, ``null``)."""

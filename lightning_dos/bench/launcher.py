@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_dos.bench import ranks
+from lightning_dos.bench.results import read_json
 from lightning_dos.bench.settings import ROOT
 from lightning_dos.telemetry.callbacks import host_in_use_gib
 from lightning_dos.telemetry.host_census import last_reading
@@ -43,25 +44,21 @@ def worker_env() -> dict[str, str]:
     return env
 
 
+def _read_log(log_path: Path) -> str:
+    """The worker's log; empty where it cannot be read."""
+    try:
+        return log_path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
 def log_reason(log_path: Path, max_chars: int = 300) -> str | None:
     """The last line of the log that looks like an error, cut to ``max_chars``."""
-    try:
-        lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-400:]
-    except OSError:
-        return None
-    for line in reversed(lines):
+    for line in reversed(_read_log(log_path).splitlines()[-400:]):
         text = line.strip()
         if text and _ERROR_LINE.search(text):
             return text if len(text) <= max_chars else text[: max_chars - 3] + "..."
     return None
-
-
-def _last_reading(log_path: Path) -> tuple[str, float] | None:
-    """The last host-memory reading the worker wrote into its log (:func:`host_census.last_reading`)."""
-    try:
-        return last_reading(log_path.read_text(encoding="utf-8", errors="replace"))
-    except OSError:
-        return None
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -101,7 +98,7 @@ def classify_exit(returncode: int | None, timed_out: bool, timeout_s: float, log
     if timed_out:
         return {"status": "timeout", "reason": f"no result within {timeout_s:g} s (raise --timeout)"}
     if returncode == -signal.SIGKILL:
-        reading = _last_reading(log_path)
+        reading = last_reading(_read_log(log_path))  # the last host-memory reading the worker logged
         last = f" (its last reading: {reading[0]}, {reading[1]:.1f} GiB of host memory in use)" if reading else ""
         reason = f"killed by SIGKILL{last}, most likely the kernel's out-of-memory killer (host memory exhausted)"
         return {"status": "oom", "reason": reason}
@@ -155,12 +152,7 @@ def launch(payload: dict[str, Any], run_dir: Path, timeout_s: float) -> dict[str
             raise
         _signal_group(proc, signal.SIGKILL)  # ranks left hanging in a collective once rank 0 has exited
     elapsed = time.perf_counter() - started
-    result: dict[str, Any] | None = None
-    if result_path.is_file() and not timed_out:
-        try:
-            result = json.loads(result_path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            result = None
+    result: dict[str, Any] | None = None if timed_out else read_json(result_path)
     if result is None:
         failed_rank = rank_failure(ranks.read_failures(run_dir))  # a failed rank explains a hang of the others too
         result = {**payload["run"], **(failed_rank or classify_exit(proc.returncode, timed_out, timeout_s, log_path))}

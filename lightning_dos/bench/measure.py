@@ -155,8 +155,7 @@ RANK_KEYS = ("iterations", "peak_host_gib", "peak_host_rss_sampled_gib", "ru_max
 
 
 def rank_entry(result: dict[str, Any], trainer: Any) -> dict[str, Any]:
-    """One rank's own measurements for ``per_rank``: its iterations (phase samples, end times, losses), peak host and
-    GPU memory, DOS update records and iteration timeline, and the cores it was bound to, if any."""
+    """One rank's own measurements for ``per_rank`` (:data:`RANK_KEYS`) and the cores it was bound to, if any."""
     cores = getattr(trainer.strategy, "bound_cores", None)
     return {"rank": trainer.global_rank, "local_rank": trainer.local_rank,
             **{key: result.get(key) for key in RANK_KEYS}, "cores": None if cores is None else list(cores)}
@@ -166,11 +165,8 @@ def run(payload: dict[str, Any], spec: Run, workdir: Path) -> dict[str, Any]:
     """Train the configuration of ``payload`` and return the raw measurements (every rank's under ``per_rank``,
     gathered to each rank: only rank 0's is written)."""
     trainer, result = fit_and_measure(payload, spec, timeline=True, phase_memory=True)
-    result = {
-        **result,
-        "dos": dos_records(trainer.strategy),
-        "timeline": save_timeline(trainer.strategy, workdir) if trainer.global_rank == 0 else None,
-    }
+    result["dos"] = dos_records(trainer.strategy)
+    result["timeline"] = save_timeline(trainer.strategy, workdir) if trainer.global_rank == 0 else None
     result["per_rank"] = ranks.gather_to_rank0(rank_entry(result, trainer))
     return result
 

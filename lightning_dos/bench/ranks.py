@@ -8,14 +8,13 @@ writes its first error line beside it (:func:`write_failure`) for the launcher. 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-from lightning_dos.bench.results import write_json
+from lightning_dos.bench.results import read_json, write_json
 
 #: Seconds rank 0 waits for its child ranks to exit after a successful run (they only have to leave).
 CHILD_EXIT_S = 60.0
@@ -43,13 +42,8 @@ def write_failure(result_path: Path, rank: int, failure: dict[str, Any]) -> None
 
 def read_failures(run_dir: Path) -> list[dict[str, Any]]:
     """The failures non-zero ranks recorded in ``run_dir``, by rank (unreadable files are left out)."""
-    failures = []
-    for path in sorted(Path(run_dir).glob(FAILURE_PATTERN)):
-        try:
-            failures.append(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, json.JSONDecodeError):
-            continue
-    return sorted(failures, key=lambda f: f.get("rank", 0))
+    failures = [read_json(path) for path in sorted(Path(run_dir).glob(FAILURE_PATTERN))]
+    return sorted((f for f in failures if f is not None), key=lambda f: f.get("rank", 0))
 
 
 def clear_failures(run_dir: Path) -> None:

@@ -32,12 +32,11 @@ E2E_NOTE = ("no synchronisation at all in these iterations (no phase marks, loss
 STATUSES = ("ok", "skipped", "timeout", "oom", "failed")
 #: DOS update-record fields summarised by their median over measured update phases.
 DOS_FIELDS = ("update_ms", "host_busy_ms", "device_busy_ms", "device_fraction", "h2d_gb", "d2h_gb")
-PEAK_FIELDS = ("peak_gpu_gib", "peak_gpu_reserved_gib", "peak_host_gib", "peak_host_rss_sampled_gib",
-               "ru_maxrss_gib")
 #: Peaks of the host, summed over a run's ranks (one host holds them all).
 HOST_PEAKS = ("peak_host_gib", "peak_host_rss_sampled_gib", "ru_maxrss_gib")
 #: Peaks of a GPU, the largest over a run's ranks (one GPU each).
 GPU_PEAKS = ("peak_gpu_gib", "peak_gpu_reserved_gib")
+PEAK_FIELDS = (*GPU_PEAKS, *HOST_PEAKS)
 
 
 def devices_of(result: dict[str, Any]) -> int:
@@ -73,6 +72,24 @@ def e2e_samples(iterations: dict[str, Any], config: Windows) -> list[float]:
     return samples
 
 
+def series(entries: Sequence[dict[str, Any]], key: str, indices: Sequence[int]) -> list[float]:
+    """The finite values of the iteration series ``key`` at ``indices``, pooled over ``entries`` (raw results or
+    rank entries)."""
+    return finite(v for e in entries for v in pick((e.get("iterations") or {}).get(key), indices))
+
+
+def phase_figures(entries: Sequence[dict[str, Any]], config: Windows) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Each phase's median over the synchronised iterations of ``entries``, and its spread (None without samples)."""
+    spreads = {phase: spread(series(entries, phase, config.phase_iterations)) for phase in PHASES}
+    return ({phase: None if s is None else s.median for phase, s in spreads.items()},
+            {phase: None if s is None else s.to_dict() for phase, s in spreads.items()})
+
+
+def _losses(iterations: dict[str, Any]) -> dict[str, Any]:
+    losses = iterations.get("loss") or []
+    return {"final_loss": losses[-1] if losses else None, "losses": losses}
+
+
 def _dos_steps(runs: Sequence[dict[str, Any]], indices: Sequence[int]) -> list[dict[str, Any]]:
     """The DOS update records of iterations ``indices``, pooled (all after the first index's where they are not one
     per iteration)."""
@@ -85,8 +102,10 @@ def _dos_steps(runs: Sequence[dict[str, Any]], indices: Sequence[int]) -> list[d
     return steps
 
 
-def summarize_dos(runs: Sequence[dict[str, Any]], indices: Sequence[int]) -> dict[str, Any] | None:
-    """Medians of the DOS update records of iterations ``indices``, pooled over ``runs``; None without records."""
+def summarize_dos(runs: Sequence[dict[str, Any]], indices: Sequence[int],
+                  per_step: bool = False) -> dict[str, Any] | None:
+    """Medians of the DOS update records of iterations ``indices``, pooled over ``runs`` (``per_step``: with every
+    record's ``update_ms``); None without records."""
     with_dos = [r for r in runs if r.get("dos")]
     if not with_dos:
         return None
@@ -103,30 +122,28 @@ def summarize_dos(runs: Sequence[dict[str, Any]], indices: Sequence[int]) -> dic
         "lanes": [step["lanes"] for step in first["steps"]],
         "update_phases": len(steps),
         "demoted_subgroups_max": max((step["demoted_subgroups"] for step in steps), default=0),
+        **{name: median([step[name] for step in steps]) for name in DOS_FIELDS},
     }
-    for name in DOS_FIELDS:
-        summary[name] = median([step[name] for step in steps])
     # device memory the executor held for the phase (slots, scratch, upload ring); absent from earlier reports
     buffers = [step.get("device_buffer_gib") for step in steps]
     summary["device_buffer_gib"] = median(buffers) if buffers and None not in buffers else None
     update = spread([step["update_ms"] for step in steps])
     summary["update_ms_spread"] = None if update is None else update.to_dict()
+    if per_step:
+        summary["update_ms_per_step"] = [step["update_ms"] for step in steps]
     return summary
 
 
 def summarize_host_threads(ok: Sequence[dict[str, Any]], indices: Sequence[int]) -> dict[str, float | None]:
     """Medians over iterations ``indices`` of the other threads' CPU ms and the training thread's involuntary
     switches, per phase."""
-    return {key: median([v for r in ok for v in pick(r["iterations"].get(key), indices)]) for key in HOST_KEYS}
+    return {key: median(series(ok, key, indices)) for key in HOST_KEYS}
 
 
 def summarize_phase_peaks(ok: Sequence[dict[str, Any]], indices: Sequence[int]) -> dict[str, float | None] | None:
     """The largest peak GPU GiB of each phase over the synchronised iterations of every rank; None off a GPU."""
-    out: dict[str, float | None] = {}
-    for key in PHASE_PEAKS:
-        values = [v for r in ok for e in rank_entries(r) for v in pick((e.get("iterations") or {}).get(key), indices)
-                  if v is not None and math.isfinite(v)]
-        out[key.removesuffix("_peak_gpu_gib")] = max(values) if values else None
+    entries = [e for r in ok for e in rank_entries(r)]
+    out = {key.removesuffix("_peak_gpu_gib"): max(series(entries, key, indices), default=None) for key in PHASE_PEAKS}
     return out if any(v is not None for v in out.values()) else None
 
 
@@ -159,29 +176,21 @@ def summarize_ranks(ok: Sequence[dict[str, Any]], config: Windows) -> list[dict[
     for run in ok:
         for entry in rank_entries(run):
             by_rank.setdefault(int(entry.get("rank", 0)), []).append(entry)
-    indices = config.phase_iterations
     out = []
     for rank, entries in sorted(by_rank.items()):
-        iterations = [e.get("iterations") or {} for e in entries]
-        synchronised = [v for it in iterations for v in pick(it.get("iteration_ms"), indices)
-                        if v is not None and math.isfinite(v)]
-        e2e = [v for it in iterations for v in e2e_samples(it, config)]
-        with_dos = [e for e in entries if e.get("dos")]
-        dos = summarize_dos(with_dos, indices)
-        if dos is not None:
-            dos["update_ms_per_step"] = [step["update_ms"] for step in _dos_steps(with_dos, indices)]
-        losses = iterations[0].get("loss") or []
+        synchronised = series(entries, "iteration_ms", config.phase_iterations)
+        e2e = [v for e in entries for v in e2e_samples(e.get("iterations") or {}, config)]
+        first = entries[0].get("iterations") or {}
         out.append({
             "rank": rank,
             "iteration_ms": median(synchronised),
             "iteration_ms_samples": synchronised,
             "e2e_iteration_ms": median(e2e),
             "e2e_samples": e2e,
-            "end_s": iterations[0].get("end_s"),
-            "final_loss": losses[-1] if losses else None,
-            "losses": losses,
+            "end_s": first.get("end_s"),
+            **_losses(first),
             **{name: max(finite(e.get(name) for e in entries), default=None) for name in (*HOST_PEAKS, *GPU_PEAKS)},
-            "dos": dos,
+            "dos": summarize_dos(entries, config.phase_iterations, per_step=True),
             "iteration_timeline": next((e["iteration_timeline"] for e in entries if e.get("iteration_timeline")),
                                        None),
             "cores": entries[0].get("cores"),
@@ -193,7 +202,6 @@ def aggregate(spec: Run, runs: Sequence[dict[str, Any]], tokens: int | None,
               model: dict[str, Any]) -> dict[str, Any]:
     """The result of one configuration from its repeats' raw results (any status); ``tokens`` per iteration and
     device."""
-    config = spec
     ok = [r for r in runs if r.get("status") == "ok"]
     status = _worst([r.get("status", "failed") for r in runs]) if runs else "failed"
     reasons = [f"repeat {r.get('repeat', 0) + 1}/{len(runs)}: {r.get('reason')}" if len(runs) > 1 else r.get("reason")
@@ -213,34 +221,27 @@ def aggregate(spec: Run, runs: Sequence[dict[str, Any]], tokens: int | None,
     tokens = tokens * spec.devices if tokens else None  # every rank's: the figures below are totals
     result["tokens_per_iteration"] = tokens
     # the headline: end to end, unsynchronised
-    e2e = spread([v for r in ok for v in e2e_samples(r["iterations"], config)])
+    e2e = spread([v for r in ok for v in e2e_samples(r["iterations"], spec)])
     result["e2e_iteration_ms"] = None if e2e is None else e2e.median
-    result["e2e_tokens_per_s"] = tokens / (e2e.median / 1e3) if tokens and e2e is not None and e2e.median > 0 \
-        else None
+    result["e2e_tokens_per_s"] = tokens / (e2e.median / 1e3) if tokens and e2e and e2e.median > 0 else None
     result["e2e_measured_iterations"] = 0 if e2e is None else e2e.n
     # phase by phase: the synchronised iterations only
-    phase_indices = config.phase_iterations
-    spreads = {phase: spread([v for r in ok for v in pick(r["iterations"][phase], phase_indices)])
-               for phase in PHASES}
-    for phase in PHASES:
-        result[phase] = None if spreads[phase] is None else spreads[phase].median
-    result["spread"] = {phase: None if s is None else s.to_dict() for phase, s in spreads.items()}
-    result["spread"]["e2e_iteration_ms"] = None if e2e is None else e2e.to_dict()
-    result["measured_iterations"] = 0 if spreads["iteration_ms"] is None else spreads["iteration_ms"].n
+    phase_indices = spec.phase_iterations
+    medians, spreads = phase_figures(ok, spec)
+    result.update(medians)
+    result["spread"] = {**spreads, "e2e_iteration_ms": None if e2e is None else e2e.to_dict()}
+    result["measured_iterations"] = 0 if spreads["iteration_ms"] is None else spreads["iteration_ms"]["n"]
     iteration_ms = result["iteration_ms"]
     result["tokens_per_s"] = tokens / (iteration_ms / 1e3) if tokens and iteration_ms else None
     flops = model.get("flops_per_token")
     result["tflops_per_s"] = result["tokens_per_s"] * flops / 1e12 if result["tokens_per_s"] and flops else None
     peaks = [run_peaks(r) for r in ok]
-    for name in PEAK_FIELDS:
-        result[name] = max(finite([p[name] for p in peaks]), default=None)
+    result.update({name: max(finite(p[name] for p in peaks), default=None) for name in PEAK_FIELDS})
     result["host_in_use_gib"] = max(finite(r.get("host_in_use_gib") for r in ok), default=None)
     result["peak_gpu_gib_by_phase"] = summarize_phase_peaks(ok, phase_indices)
-    per_rank = summarize_ranks(ok, config)
+    per_rank = summarize_ranks(ok, spec)
     result["peak_host_gib_per_rank"] = [r["peak_host_gib"] for r in per_rank]
-    losses = ok[0]["iterations"]["loss"] if ok else []
-    result["final_loss"] = losses[-1] if losses else None
-    result["losses"] = losses
+    result.update(_losses(ok[0]["iterations"] if ok else {}))
     result["dos"] = summarize_dos(ok, phase_indices)
     result["host_threads"] = summarize_host_threads(ok, phase_indices)
     result["iteration_timeline"] = next((r["iteration_timeline"] for r in ok if r.get("iteration_timeline")), None)
@@ -254,9 +255,8 @@ def aggregate(spec: Run, runs: Sequence[dict[str, Any]], tokens: int | None,
             "returncode": r.get("returncode"),
             "elapsed_s": r.get("elapsed_s"),
             "log": r.get("log"),
-            "e2e_iteration_ms": median(e2e_samples(r["iterations"], config)) if r.get("iterations") else None,
-            "iteration_ms": median(pick(r["iterations"]["iteration_ms"], phase_indices))
-            if r.get("iterations") else None,
+            "e2e_iteration_ms": median(e2e_samples(r["iterations"], spec)) if r.get("iterations") else None,
+            "iteration_ms": median(series([r], "iteration_ms", phase_indices)),
             "final_loss": r["iterations"]["loss"][-1] if r.get("iterations") else None,
         }
         for r in runs
@@ -297,8 +297,7 @@ def compare_to_baseline(results: list[dict[str, Any]]) -> dict[str, Any] | None:
             "peak_gpu": ratio(r.get("peak_gpu_gib"), base.get("peak_gpu_gib")),  # memory: this row's over vanilla's
         }
         pairs = [(a, b) for a, b in zip(r["losses"], base["losses"]) if a is not None and b is not None]
-        final = r["final_loss"]
-        base_final = base["final_loss"]
+        final, base_final = r["final_loss"], base["final_loss"]
         diff = abs(final - base_final) if final is not None and base_final is not None else None
         r["loss_vs_zero3_offload"] = {
             "final_abs_diff": diff,
@@ -353,6 +352,14 @@ def bench_measurement(config: Windows) -> dict[str, Any]:
     """results.json's ``measurement``: the iteration windows, the statistic and the end-to-end timing."""
     return {**iteration_windows(config), "statistic": "median over the measured iterations of all successful repeats; "
             "spread = min, p25, p75, max", "e2e": E2E_NOTE}
+
+
+def read_json(path: Path) -> Any:
+    """The JSON in ``path``; None where it is missing, unreadable or not JSON."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -1,15 +1,9 @@
 """Owns what every study's invocation shares: the workload and host resolved once, worker processes one at a time
 under a progress bar, ``--resume``, ``--dry-run``, the head of the JSON document and the outputs beside it.
-
-A study gives :meth:`Runner.run` its runs one by one; each is reused (``--resume``: an earlier one in the same
-``--out`` that ran exactly the same ``lightning-dos fit``, :func:`reusable`), not run (its reason; every run of a dry
-run, whose command is printed instead; every run after Ctrl-C or SIGTERM) or launched in a fresh worker process
-(:func:`~lightning_dos.bench.launcher.launch`). Its document is written as JSON, a chart and report.md (its tables).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,7 +14,7 @@ from tqdm.auto import tqdm
 from lightning_dos.bench import report
 from lightning_dos.bench.compose import describe, payload
 from lightning_dos.bench.launcher import launch
-from lightning_dos.bench.results import skipped, write_json
+from lightning_dos.bench.results import read_json, skipped, write_json
 from lightning_dos.bench.settings import Run, Settings, parse_set
 from lightning_dos.telemetry.environment import hardware_info, merge_worker_device, versions
 
@@ -46,12 +40,9 @@ def _comparable(entry: dict[str, Any]) -> dict[str, Any]:
 def reusable(wanted: dict[str, Any], run_dir: Path, statuses: Sequence[str] = ("ok",)) -> dict[str, Any] | None:
     """The result an earlier run left in ``run_dir`` if it ended with one of ``statuses`` running exactly the
     payload ``wanted`` (the same ``lightning-dos fit`` and windows); else None."""
-    try:
-        earlier = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
-        result = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-    if result.get("status") not in statuses or _comparable(earlier) != _comparable(wanted):
+    earlier, result = read_json(run_dir / "config.json"), read_json(run_dir / "result.json")
+    finished = earlier and result and result.get("status") in statuses
+    if not finished or _comparable(earlier) != _comparable(wanted):
         return None
     return {**result, "reused": True, "log": str(run_dir / "worker.log")}
 
@@ -104,8 +95,9 @@ class Runner:
 
     def run(self, spec: Run, run_dir: Path, reuse: Sequence[str] = ("ok",),
             complete: Callable[[dict[str, Any]], dict[str, Any]] = lambda result: result) -> dict[str, Any]:
-        """The raw result of ``spec``: reused (``--resume``, an earlier result with a status in ``reuse``), not run
-        (its ``skip``, a dry run, after an interruption) or launched (``complete`` then fills it in)."""
+        """The raw result of ``spec``: reused (``--resume``: :func:`reusable`, a status in ``reuse``), not run (its
+        ``skip``; a dry run, whose command is printed instead; after Ctrl-C or SIGTERM) or launched in a fresh worker
+        process (:func:`~lightning_dos.bench.launcher.launch`; ``complete`` then fills it in)."""
         self.bar.set_postfix_str(spec.label)
         if spec.skip is not None:
             return skipped(spec, spec.skip)
@@ -148,17 +140,27 @@ class Runner:
         if not self.dry_run:
             self.bar.write(text + (f" ({result['elapsed_s']:.0f} s)" if result.get("elapsed_s") else ""))
 
-    def document(self, kind: str | None, measurement: dict[str, Any], **rest: Any) -> dict[str, Any]:
-        """A study's JSON document: schema, kind (None: a comparison's, which predates kinds), date, host, versions,
-        the settings with the workload resolved, the model, how it measured (ending with how the phases were timed),
-        whether it was interrupted, then the study's own entries."""
+    def write(self, kind: str | None, measurement: dict[str, Any], names: tuple[str, str, str],
+              draw: Callable[[dict[str, Any], Path], Any], tables: Callable[[dict[str, Any]], Sequence[report.Table]],
+              **rest: Any) -> dict[str, Any]:
+        """A study's JSON document, written under ``--out`` (not in a dry run) with ``names`` = (the JSON, the chart
+        ``draw`` draws, the report of its ``tables``). The document: schema, kind (None: a comparison's, which predates
+        kinds), date, host, versions, the settings with the workload resolved, the model, how it measured (ending with
+        how the phases were timed), whether it was interrupted, then the study's own entries (``rest``)."""
         merge_worker_device(self.hardware, self.devices[0] if self.devices else None)
         on_gpu = any(d.get("type") == "cuda" for d in self.devices) or (not self.devices and self.uses_gpu)
-        return {"schema_version": SCHEMA_VERSION, **({"kind": kind} if kind else {}), "date": self.date,
-                "hardware": self.hardware, "versions": self.versions,
-                "config": {**self.settings.to_dict(), **self.workload}, "model": self.model,
-                "measurement": {**measurement, "timing": GPU_TIMING if on_gpu else CPU_TIMING},
-                "interrupted": self.interrupted, **rest}
+        doc = {"schema_version": SCHEMA_VERSION, **({"kind": kind} if kind else {}), "date": self.date,
+               "hardware": self.hardware, "versions": self.versions,
+               "config": {**self.settings.to_dict(), **self.workload}, "model": self.model,
+               "measurement": {**measurement, "timing": GPU_TIMING if on_gpu else CPU_TIMING},
+               "interrupted": self.interrupted, **rest}
+        if not self.dry_run:
+            json_name, chart_name, report_name = names
+            write_json(self.out_dir / json_name, doc)
+            draw(doc, self.out_dir / chart_name)
+            (self.out_dir / report_name).write_text(report.render(doc, tables(doc), chart_name, json_name),
+                                                    encoding="utf-8")
+        return doc
 
     @property
     def uses_gpu(self) -> bool:
@@ -166,21 +168,9 @@ class Runner:
         accelerator = self.workload.get("accelerator")
         return accelerator in ("gpu", "cuda") or (accelerator == "auto" and bool(self.hardware.get("gpu_count")))
 
-    def write(self, doc: dict[str, Any], names: tuple[str, str, str], draw: Callable[[dict[str, Any], Path], Any],
-              tables: Sequence[report.Table]) -> None:
-        """The study's outputs under ``--out``: ``names`` = (its JSON, its chart, its report of ``tables``)."""
-        if self.dry_run:
-            return
-        json_name, chart_name, report_name = names
-        write_json(self.out_dir / json_name, doc)
-        draw(doc, self.out_dir / chart_name)
-        (self.out_dir / report_name).write_text(report.render(doc, tables, chart_name, json_name), encoding="utf-8")
 
-
-def relative_path(path: str | None, root: Path) -> str | None:
+def relative_path(path: str, root: Path) -> str:
     """``path`` relative to ``root`` where it lies under it."""
-    if path is None:
-        return None
     try:
         return str(Path(path).resolve().relative_to(root.resolve()))
     except ValueError:

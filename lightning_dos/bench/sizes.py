@@ -139,12 +139,12 @@ def run_sizes(runner: Runner, settings: SizeSettings) -> dict[str, Any]:
             runner.done(f"{size.shape} ({count(e['params'])}) {row.label}", result,
                         tokens_per_s=num(e["tokens_per_s"], 0), model_TFLOP_per_s=num(e["model_tflops_per_s"]),
                         GPU_GiB=num(e["peak_gpu_gib"]), host_in_use_GiB=num(e["host_in_use_gib"]))
-        doc = runner.document("size_sweep", {"figures": MEASURED, **settings.to_dict()}, sizes=measured,
-                              sizes_planned=[size.shape for size in sizes],
-                              rows=[{"label": row.label, "strategy": row.strategy, "fragment": row.fragment,
-                                     "cannot_run": row.cannot_run} for row in rows],
-                              runs=entries, largest=largest(entries, [row.label for row in rows]))
-        runner.write(doc, ("sizes.json", "sizes.png", "sizes.md"), render, tables(doc))
+        doc = runner.write("size_sweep", {"figures": MEASURED, **settings.to_dict()},
+                           ("sizes.json", "sizes.png", "sizes.md"), render, tables, sizes=measured,
+                           sizes_planned=[size.shape for size in sizes],
+                           rows=[{"label": row.label, "strategy": row.strategy, "fragment": row.fragment,
+                                  "cannot_run": row.cannot_run} for row in rows],
+                           runs=entries, largest=largest(entries, [row.label for row in rows]))
     return doc
 
 

@@ -76,6 +76,8 @@ class PhaseTimer(pl.Callback):
         return [float(loss) for loss in self._losses]
 
     def _mark(self, name: str) -> None:
+        if self._e2e:  # end to end: no marks, no synchronisation
+            return
         if self._synchronize is not None:
             self._synchronize()
         self._marks[name] = time.perf_counter()
@@ -111,24 +113,19 @@ class PhaseTimer(pl.Callback):
         self._e2e = len(self.ends) in self.e2e_iterations
         self._marks.clear()
         self._peaks.clear()
-        if self._e2e:
-            return
         self._mark("start")
-        if self._origin is None:
+        if self._origin is None and not self._e2e:
             self._origin = self._marks["start"]
 
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
-        if not self._e2e:
-            self._mark("backward_start")
+        self._mark("backward_start")
 
     def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not self._e2e:
-            self._mark("backward_end")
+        self._mark("backward_end")
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                  optimizer: torch.optim.Optimizer) -> None:
-        if not self._e2e:
-            self._mark("step_start")
+        self._mark("step_start")
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:

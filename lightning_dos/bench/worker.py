@@ -50,11 +50,10 @@ def serve(argv: list[str]) -> int:
         result = failure(spec, err)
     ok = result["status"] == "ok"
     rank = ranks.process_rank()
-    if rank != 0:
-        if not ok:
-            ranks.write_failure(result_path, rank, {"status": result["status"], "reason": result.get("reason")})
-        return 0 if ok else 1
-    write_json(result_path, result)
+    if rank == 0:
+        write_json(result_path, result)
+    elif not ok:
+        ranks.write_failure(result_path, rank, {"status": result["status"], "reason": result.get("reason")})
     return 0 if ok else 1
 
 

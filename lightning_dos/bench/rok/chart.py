@@ -71,10 +71,9 @@ def _curve(ax: Any, doc: dict[str, Any]) -> None:
         if p not in points:
             ax.plot([], [], " ", label=f"{p['placement']}: {p['status']}")
     measures = "/".join(sorted({p["measure"] for p in points if p.get("measure")})) or "none"
-    ax.set_xlabel(f"peak activation memory ({unit}; measure: {measures})")
     headline = points[0]["headline"] if points else "end to end"
-    ax.set_ylabel(f"iteration (ms, median, {headline})")
-    ax.set_title("ROK curve: time against activation memory")
+    ax.set(xlabel=f"peak activation memory ({unit}; measure: {measures})",
+           ylabel=f"iteration (ms, median, {headline})", title="ROK curve: time against activation memory")
     ax.set_xlim(left=0, right=max([p["peak_activation_bytes"] / size for p in points] + [1.0]) * 1.25)
     ax.set_ylim(bottom=0, top=max([p["headline_ms"] for p in points] + [1.0]) * 1.25)
     ax.grid(alpha=0.3)

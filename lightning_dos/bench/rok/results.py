@@ -10,12 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_dos.bench.results import e2e_samples, iteration_windows, pick
+from lightning_dos.bench.results import e2e_samples, iteration_windows, phase_figures, pick, series
 from lightning_dos.bench.rok.search import Probe
-from lightning_dos.bench.settings import Windows
-from lightning_dos.bench.stats import PHASES, finite, median, spread
-
-GIB = 1024**3
+from lightning_dos.bench.settings import GIB, Windows
+from lightning_dos.bench.stats import finite, median
 
 
 @dataclass(frozen=True)
@@ -63,11 +61,10 @@ def activation_peak(result: dict[str, Any], config: Windows) -> tuple[int | None
 
 def headline(result: dict[str, Any], config: Windows) -> tuple[float | None, str]:
     """``(ms, how)``: the median end-to-end iteration, or the synchronised one when none was timed end to end."""
-    iterations = result.get("iterations") or {}
-    e2e = median(e2e_samples(iterations, config))
+    e2e = median(e2e_samples(result.get("iterations") or {}, config))
     if e2e is not None:
         return e2e, "end to end"
-    return median(pick(iterations.get("iteration_ms"), config.phase_iterations)), "synchronised"
+    return median(series([result], "iteration_ms", config.phase_iterations)), "synchronised"
 
 
 def counters(result: dict[str, Any], config: Windows) -> dict[str, float | None] | None:
@@ -92,7 +89,7 @@ def placement_summary(name: str, result: dict[str, Any], config: Windows, micro_
     ok = result.get("status") == "ok"
     ms, how = headline(result, config) if ok else (None, "end to end" if config.e2e_count else "synchronised")
     peak, measure, per_iteration = activation_peak(result, config) if ok else (None, None, [])
-    phases = {phase: spread(pick(iterations.get(phase), config.phase_iterations)) for phase in PHASES}
+    medians, spreads = phase_figures([result], config)
     losses = iterations.get("loss") or []
     return {
         "placement": name,
@@ -107,8 +104,8 @@ def placement_summary(name: str, result: dict[str, Any], config: Windows, micro_
         "headline": how,
         "tokens_per_s": tokens / (ms / 1e3) if ms else None,
         "e2e_iteration_ms": median(e2e_samples(iterations, config)) if ok else None,
-        **{phase: None if s is None else s.median for phase, s in phases.items()},
-        "spread": {phase: None if s is None else s.to_dict() for phase, s in phases.items()},
+        **medians,
+        "spread": spreads,
         "peak_activation_bytes": peak,
         "peak_activation_gib": None if peak is None else peak / GIB,
         "measure": measure,

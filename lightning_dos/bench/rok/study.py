@@ -17,7 +17,6 @@ from lightning_dos.bench.rok import chart
 from lightning_dos.bench.rok.chart import format_bytes
 from lightning_dos.bench.rok.disk import measure_disk
 from lightning_dos.bench.rok.results import (
-    GIB,
     PLACEMENTS,
     compare_to_keep,
     placement_summary,
@@ -27,7 +26,7 @@ from lightning_dos.bench.rok.results import (
 from lightning_dos.bench.rok.search import Probe, search_micro_batch
 from lightning_dos.bench.rows import load_rows, make_run, table_path
 from lightning_dos.bench.runner import Runner
-from lightning_dos.bench.settings import Run, is_count
+from lightning_dos.bench.settings import GIB, Run, is_count
 
 #: Measured iterations of a search probe, after the warm-up.
 PROBE_MEASURED_STEPS = 2
@@ -116,11 +115,9 @@ def run_rok(runner: Runner, rok: RokSettings,
             "method": "from the placement's own micro-batch: double while it fits (up to --max-micro-batch), then "
                       "bisect; each probe a worker run of the warm-up and 2 measured iterations; an out-of-memory "
                       "error does not fit", "searches": searches}
-        doc = runner.document("rok_curve", rok_measurement(runner.settings, summaries),
-                              rok={**vars(rok), "strategy": first.strategy, "plan": first.plan}, disk=disk,
-                              placements=summaries, budget=budget, placements_planned=list(rok.placements))
-        runner.write(doc, ("rok.json", "rok.png", "rok.md"), chart.render, tables(doc))
-        return doc
+        return runner.write("rok_curve", rok_measurement(runner.settings, summaries), ("rok.json", "rok.png", "rok.md"),
+                            chart.render, tables, rok={**vars(rok), "strategy": first.strategy, "plan": first.plan},
+                            disk=disk, placements=summaries, budget=budget, placements_planned=list(rok.placements))
 
     raw: dict[str, dict[str, Any]] = {}
     runner.stage("rok", "placement", len(rok.placements))

@@ -3,8 +3,7 @@ order a budget's process runs them in (:func:`sweep_schedule`) and that process 
 
 A budget's process runs every fixed plan for ``steps_per_plan`` iterations and ``auto`` (started cold, with its own
 calibration) for ``auto_steps``, interleaved: the host's speed drifts by over 10% in tens of seconds, and plans held in
-turn each met another spell of it. A budget is ``unlimited``, ``quarter`` (0.25 x 12 bytes x the parameters: a quarter
-of the optimizer state; of a rank's share of it on several devices) or a number of GiB.
+turn each met another spell of it. A budget is ``unlimited``, ``quarter`` (:func:`resolve_budget`) or a number of GiB.
 """
 
 from __future__ import annotations
@@ -15,9 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_dos.bench.rows import Row, make_run
-from lightning_dos.bench.settings import STRATEGY_ARG, Run, is_count
+from lightning_dos.bench.settings import GIB, STRATEGY_ARG, Run, is_count
 
-GIB = 1024**3
 #: Fixed plans swept by default: fractions 0.0-1.0 by 0.1, then stride:2..6.
 DEFAULT_SWEEP_PLANS = tuple(f"{k / 10:.1f}" for k in range(11)) + tuple(f"stride:{k}" for k in range(2, 7))
 DEFAULT_BUDGETS = ("unlimited", "quarter")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_dos.bench.results import pick, ratio
+from lightning_dos.bench.results import ratio, series
 from lightning_dos.bench.stats import median, spread
 from lightning_dos.bench.sweep.config import (
     AUTO,
@@ -45,8 +45,8 @@ def _spread_dict(values: Sequence[float]) -> dict[str, Any] | None:
     return None if s is None else s.to_dict()
 
 
-def _phase(result: dict[str, Any], phase: str, indices: Sequence[int]) -> float | None:
-    return median(pick((result.get("iterations") or {}).get(phase), indices))
+def _phases(result: dict[str, Any], indices: Sequence[int]) -> dict[str, float | None]:
+    return {phase: median(series([result], phase, indices)) for phase in ("iteration_ms", "step_ms")}
 
 
 def _update_summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -109,8 +109,7 @@ def summarize_plans(result: dict[str, Any], sweep: SweepSettings) -> list[dict[s
             "lanes_run": sorted({record["lanes"] for record in steps}),
             **_update_summary(steps),
             "demoted_max": max((record["demoted_subgroups"] for record in every), default=None),
-            "iteration_ms": _phase(result, "iteration_ms", indices),
-            "step_ms": _phase(result, "step_ms", indices),
+            **_phases(result, indices),
         })
     return out
 
@@ -154,8 +153,7 @@ def summarize_auto(result: dict[str, Any], sweep: SweepSettings) -> dict[str, An
         "final_lanes": None if final is None else final.get("lanes"),
         "lanes_run": sorted({step["lanes"] for step in measured}),
         "demoted_max": max((step["demoted_subgroups"] for step in measured), default=None),
-        "iteration_ms": _phase(result, "iteration_ms", indices),
-        "step_ms": _phase(result, "step_ms", indices),
+        **_phases(result, indices),
     }
 
 

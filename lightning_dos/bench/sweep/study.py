@@ -1,17 +1,16 @@
-"""Owns ``lightning-dos bench sweep``: a process per budget (every fixed DOS plan and ``auto``, interleaved),
-sweep.json, sweep.md and sweep.png written after every budget; a process stopped from outside still contributes the
-plans it finished (its ``progress.json``).
+"""Owns ``lightning-dos bench sweep``'s runs, one process per budget (:mod:`~lightning_dos.bench.sweep.config`), and
+sweep.json, sweep.md and sweep.png, written after every budget.
 """
 
 from __future__ import annotations
 
-import json
 import textwrap
 from pathlib import Path
 from typing import Any
 
 from lightning_dos.bench.chart import plt, save, workload_title
 from lightning_dos.bench.report import MISSING, Table, num, pct, ratio
+from lightning_dos.bench.results import read_json
 from lightning_dos.bench.runner import Runner
 from lightning_dos.bench.sweep.config import PROGRESS_FILE, SweepSettings, resolve_budget
 from lightning_dos.bench.sweep.results import summarize_budget, sweep_measurement
@@ -22,12 +21,8 @@ FRACTION_KINDS = ("fraction", "host", "device")
 
 def with_progress(result: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     """A process result that lacks the sweep's records, completed from the worker's ``progress.json``."""
-    if result.get("sweep") or result.get("status") == "ok":
-        return result
-    try:
-        return {**result, "sweep": json.loads((run_dir / PROGRESS_FILE).read_text(encoding="utf-8"))}
-    except (OSError, json.JSONDecodeError):
-        return result
+    progress = None if result.get("sweep") or result.get("status") == "ok" else read_json(run_dir / PROGRESS_FILE)
+    return result if progress is None else {**result, "sweep": progress}
 
 
 def run_sweep(runner: Runner, sweep: SweepSettings) -> dict[str, Any]:
@@ -49,9 +44,9 @@ def run_sweep(runner: Runner, sweep: SweepSettings) -> dict[str, Any]:
                     best=best and f"{best['plan']} {best['update_ms']:.1f} ms",
                     auto_ms=num(summary["auto"]["update_ms"]))
         summaries.append(summary)
-        doc = runner.document("plan_sweep", sweep_measurement(sweep), sweep=sweep.to_dict(), budgets=summaries,
-                              budgets_planned=[b.to_dict() for b in budgets])
-        runner.write(doc, ("sweep.json", "sweep.png", "sweep.md"), render, tables(doc))
+        doc = runner.write("plan_sweep", sweep_measurement(sweep), ("sweep.json", "sweep.png", "sweep.md"), render,
+                           tables, sweep=sweep.to_dict(), budgets=summaries,
+                           budgets_planned=[b.to_dict() for b in budgets])
     return doc
 
 

@@ -1,7 +1,4 @@
 """Owns a plan sweep's worker process: the callback that switches the DOS plan every iteration and records what ran.
-
-Its result adds every iteration's plan and DOS update records; the records so far also go to ``progress.json`` after
-every iteration, and a failure still reports what was measured before it and the plan in force.
 """
 
 from __future__ import annotations
