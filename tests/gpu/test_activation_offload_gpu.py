@@ -1,5 +1,6 @@
 """Activation offload on CUDA: bit-identical training with activations on the host or on disk, and device memory
-freed (the CPU tier: tests/integration/test_activation_offload.py, whose Lightning helpers these reuse)."""
+freed (the CPU tier: tests/integration/test_activation_offload.py; the Lightning helpers both use:
+tests/support/offload_fit.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 
 from lightning_dos.activations import ActivationOffload
 from lightning_dos.models.gpt import GPT, GPTConfig
-from tests.integration.test_activation_offload import dos_strategy, fit, offload_callback
+from tests.support.offload_fit import dos_strategy, fit, offload_callback
 
 pytestmark = [
     pytest.mark.gpu,

@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from lightning_dos.update.manager import SAFETY_MARGIN_BYTES  # noqa: E402
-from tests.integration.test_overflow_skip import INF_AT, _InfGradAt, _StateAround  # noqa: E402
+from tests.support.overflow import INF_AT, InfGradAt, StateAround  # noqa: E402
 from tests.support.parity import make_strategy, train  # noqa: E402
 
 pytestmark = [
@@ -43,12 +43,12 @@ class _LossScale(pl.Callback):
 
 def _fp16(plan: Any, every_step: Any) -> Any:
     # hysteresis 1: the first overflow lowers the scale (Lightning's default, 2, lowers it at the second in a row)
-    return train(plan, steps=6, precision="16-mixed", clip=1.0, model=_InfGradAt(), accelerator="cuda",
+    return train(plan, steps=6, precision="16-mixed", clip=1.0, model=InfGradAt(), accelerator="cuda",
                  strategy=make_strategy(plan, hysteresis=1), every_step=every_step)
 
 
 def test_fp16_overflow_skips_both_lanes_and_lowers_the_scale() -> None:
-    around, scale, ref_scale = _StateAround(), _LossScale(), _LossScale()
+    around, scale, ref_scale = StateAround(), _LossScale(), _LossScale()
     run = _fp16(0.5, [around, scale])
     ref = _fp16(None, ref_scale)
     assert scale.skipped[INF_AT] and scale.skipped == ref_scale.skipped

@@ -15,8 +15,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from lightning_dos.planning.perf_model import PREFETCH_WINDOW  # noqa: E402
-from tests.integration.test_step_preamble import NormProbe, ReleaseProbe  # noqa: E402
 from tests.support.parity import RandomPlanEveryStep, make_strategy, rel, train  # noqa: E402
+from tests.support.preamble_probes import NormProbe, ReleaseProbe  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

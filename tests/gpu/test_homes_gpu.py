@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from lightning_dos.planning.placement import Home  # noqa: E402
-from tests.integration.test_homes import RESIDENT, _ReadAndWrite, _SaveAfter  # noqa: E402
+from tests.support.homes import RESIDENT, ReadAndWrite, SaveAfter  # noqa: E402
 from tests.support.parity import make_strategy, rel, train  # noqa: E402
 
 pytestmark = [
@@ -79,14 +79,14 @@ def test_checkpoint_and_deepspeed_readers_with_the_state_on_the_device(tmp_path:
                  strategy=make_strategy(0.5, resident_gib=gib))
     path = str(tmp_path / "mid.ckpt")
     train(0.5, steps=6, epoch_batches=3, clip=CLIP, accelerator="cuda", strategy=make_strategy(0.5, resident_gib=gib),
-          every_step=_SaveAfter(path, 3))
+          every_step=SaveAfter(path, 3))
     resumed = train(0.5, steps=6, epoch_batches=3, clip=CLIP, accelerator="cuda",
                     strategy=make_strategy(0.5, resident_gib=gib), ckpt_path=path)
     assert resumed.losses == full.losses[3:]
     assert torch.equal(resumed.masters, full.masters)
     runs = []
     for kwargs in ({"resident_gib": gib}, {}):
-        cb = _ReadAndWrite()
+        cb = ReadAndWrite()
         runs.append((train("device", steps=5, clip=CLIP, accelerator="cuda",
                            strategy=make_strategy("device", **kwargs), every_step=cb), cb))
     (run, cb), (ref, ref_cb) = runs

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.integration.test_leaf_blocks import BLOCKS, BlockLM, _block_layers_hooked  # noqa: E402
+from tests.support.blocks_model import BLOCKS, BlockLM, block_layers_hooked  # noqa: E402
 from tests.support.parity import make_strategy, rel, train  # noqa: E402
 
 pytestmark = [
@@ -35,8 +35,8 @@ def vanilla() -> object:
 def test_cuda_leaf_blocks_track_vanilla(overlap: bool, vanilla: object) -> None:
     run = train(0.5, steps=STEPS, clip=CLIP, accelerator="cuda", model=BlockLM(),
                 strategy=make_strategy(0.5, overlap=overlap))
-    assert _block_layers_hooked(vanilla.strategy.lightning_module) == [True] * BLOCKS
-    assert _block_layers_hooked(run.strategy.lightning_module) == [False] * BLOCKS
+    assert block_layers_hooked(vanilla.strategy.lightning_module) == [True] * BLOCKS
+    assert block_layers_hooked(run.strategy.lightning_module) == [False] * BLOCKS
     for step, (a, b) in enumerate(zip(run.losses, vanilla.losses)):
         assert abs(a - b) <= 1e-5 * abs(b), f"step {step}: loss {a} vs vanilla {b}"
     assert rel(run.masters, vanilla.masters) <= 1e-5

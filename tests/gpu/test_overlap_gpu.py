@@ -18,7 +18,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.integration.test_overlap import _HoldOneSubgroup  # noqa: E402
+from tests.support.hold_subgroup import HoldOneSubgroup  # noqa: E402
 from tests.support.parity import (  # noqa: E402
     RandomPlanEveryStep,  # noqa: E402
     make_strategy,
@@ -72,8 +72,8 @@ def test_a_delayed_host_lane_on_real_streams(monkeypatch: pytest.MonkeyPatch) ->
     """The head's subgroup held on the worker until the next forward reaches it: that forward's other modules run
     first, the head's kernels wait for its upload on the device, and the run is the run without overlap."""
     reference = train("host", steps=20, clip=CLIP, accelerator="cuda",
-                      every_step=_HoldOneSubgroup(monkeypatch, hold=False))
-    held = _HoldOneSubgroup(monkeypatch)
+                      every_step=HoldOneSubgroup(monkeypatch, hold=False))
+    held = HoldOneSubgroup(monkeypatch)
     run = train("host", steps=20, clip=CLIP, accelerator="cuda", strategy=_overlap("host"), every_step=held)
     assert not held.timed_out and all(held.pending_after_step)
     assert all(written for _, holds, written in held.forwards if holds)

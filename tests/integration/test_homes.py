@@ -22,11 +22,11 @@ from lightning_dos import DeepOptimizerStatesStrategy
 from lightning_dos.planning.placement import GIB, DeviceMemory, DoesNotFit, Home, HostMemory, slot_bytes
 from lightning_dos.update import manager as manager_module
 from lightning_dos.update.manager import OptimizerStateManager
+from tests.support.homes import RESIDENT, ReadAndWrite, SaveAfter
 from tests.support.parity import RandomPlanEveryStep, assert_tracks, make_strategy, shared_run, train
 
 CLIP = 0.05
 TOL = 1e-5
-RESIDENT = 3  # subgroups kept resident in these runs (the tiny model has more than that)
 #: A device far larger than the tiny model: only a budget decides how many subgroups fit.
 HUGE = DeviceMemory(total=1024 * GIB, peak=0, other=0)
 
@@ -177,30 +177,12 @@ def test_overlap_with_resident_subgroups_is_bit_identical_to_without_overlap(gib
     assert_tracks(run, vanilla[1], TOL)
 
 
-class _ReadAndWrite(pl.Callback):
-    """At step 2: read every parameter's fp32 master and exp_avg through DeepSpeed's ``safe_get_*``, then scale
-    the first parameter's master through ``safe_set_full_fp32_param``."""
-
-    def __init__(self) -> None:
-        self.read: list[torch.Tensor] = []
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:
-        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state, safe_set_full_fp32_param
-
-        if trainer.global_step != 2:
-            return
-        params = [p for p in pl_module.parameters() if p.requires_grad]
-        self.read = [safe_get_full_fp32_param(p).clone() for p in params]
-        self.read += [safe_get_full_optimizer_state(p, "exp_avg").clone() for p in params]
-        safe_set_full_fp32_param(params[0], safe_get_full_fp32_param(params[0]) * 0.5)
-
-
 def test_deepspeeds_readers_and_writers_reach_the_state_where_it_lives(gib: float) -> None:
     """Against the same run without residents (all on the device lane, the same arithmetic): the same values read
     mid-run, and the same run after a write."""
     runs = {}
     for name, kwargs in (("resident", {"resident_gib": gib}), ("device", {})):
-        cb = _ReadAndWrite()
+        cb = ReadAndWrite()
         runs[name] = (train("device", steps=5, clip=CLIP, strategy=make_strategy("device", **kwargs), every_step=cb),
                       cb)
     (run, cb), (ref, ref_cb) = runs["resident"], runs["device"]
@@ -388,22 +370,13 @@ def test_a_run_that_fits_at_start_but_not_beside_the_measured_peak_stops_before_
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
-class _SaveAfter(pl.Callback):
-    def __init__(self, path: str, step: int) -> None:
-        self.path, self.step = path, step
-
-    def on_train_batch_end(self, trainer: pl.Trainer, *_: Any) -> None:
-        if trainer.global_step == self.step:
-            trainer.save_checkpoint(self.path)
-
-
 @pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
 def test_a_checkpoint_with_residents_resumes_to_the_uninterrupted_run(tmp_path: Any, gib: float,
                                                                        overlap: bool) -> None:
     strategy = lambda: make_strategy(0.5, resident_gib=gib, overlap=overlap)  # noqa: E731
     full = train(0.5, steps=6, epoch_batches=3, clip=CLIP, strategy=strategy())
     path = str(tmp_path / "mid.ckpt")
-    train(0.5, steps=6, epoch_batches=3, clip=CLIP, strategy=strategy(), every_step=_SaveAfter(path, 3))
+    train(0.5, steps=6, epoch_batches=3, clip=CLIP, strategy=strategy(), every_step=SaveAfter(path, 3))
     resumed = train(0.5, steps=6, epoch_batches=3, clip=CLIP, strategy=strategy(), ckpt_path=path)
     assert resumed.losses == full.losses[3:]
     assert torch.equal(resumed.masters, full.masters)
@@ -419,9 +392,9 @@ def test_a_checkpoint_resumes_under_another_placement(tmp_path: Any, sizes: list
     assert full.strategy.manager.resident == tuple(range(RESIDENT))
     with_residents, without = str(tmp_path / "with.ckpt"), str(tmp_path / "without.ckpt")
     train("device", steps=6, epoch_batches=3, clip=CLIP, strategy=_auto("device"),
-          every_step=_SaveAfter(with_residents, 3))
+          every_step=SaveAfter(with_residents, 3))
     train("device", steps=6, epoch_batches=3, clip=CLIP, strategy=make_strategy("device"),
-          every_step=_SaveAfter(without, 3))
+          every_step=SaveAfter(without, 3))
     every = 12 * sum(sizes) / GIB
     for path, resident, expected in ((with_residents, "auto", RESIDENT), (with_residents, 0, 0),
                                      (with_residents, every, len(sizes)), (without, "auto", RESIDENT)):
@@ -451,7 +424,7 @@ def test_a_checkpoint_loaded_before_placement_waits_in_its_loaded_tensors(tmp_pa
     monkeypatch.setattr(OptimizerStateManager, "device_memory", _read_as(_reading_for(sizes, RESIDENT)))
     path = str(tmp_path / "mid.ckpt")
     full = train(0.5, steps=4, epoch_batches=2, clip=CLIP, strategy=_auto(0.5, overlap=False))
-    train(0.5, steps=4, epoch_batches=2, clip=CLIP, strategy=_auto(0.5, overlap=False), every_step=_SaveAfter(path, 2))
+    train(0.5, steps=4, epoch_batches=2, clip=CLIP, strategy=_auto(0.5, overlap=False), every_step=SaveAfter(path, 2))
     seen = _AtTheFirstBatch()
     resumed = train(0.5, steps=4, epoch_batches=2, clip=CLIP, ckpt_path=path, every_step=seen,
                     strategy=_auto(0.5, overlap=False))

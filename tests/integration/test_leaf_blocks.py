@@ -9,71 +9,18 @@ from __future__ import annotations
 
 import gc
 import weakref
-from typing import Any
 
 import pytest
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from lightning_dos import DeepOptimizerStatesStrategy
 from lightning_dos.models.gpt import GPT, GPTConfig
-from lightning_dos.optim import adamw, weight_decay_groups
 from lightning_dos.zero.leaf_blocks import repeated_blocks
-from tests.support.parity import VOCAB, TinyLM, assert_tracks, make_strategy, rel, train
+from tests.support.blocks_model import BLOCKS, BlockLM, block_layers_hooked
+from tests.support.parity import assert_tracks, make_strategy, rel, train
 
 CLIP = 0.05
 FP32_TOL = 1e-5
-BLOCKS = 3
-
-
-class ResidualBlock(torch.nn.Module):
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(hidden)
-        self.up = torch.nn.Linear(hidden, 2 * hidden)
-        self.down = torch.nn.Linear(2 * hidden, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
-
-
-class BlockLM(TinyLM):
-    """Embedding -> a ``ModuleList`` of residual blocks, each under activation checkpointing (non-reentrant, or the
-    reentrant kind many model libraries default to) -> head."""
-
-    def __init__(self, freeze_embedding: bool = False, reentrant: bool = False, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.freeze_embedding, self.reentrant = freeze_embedding, reentrant
-
-    def configure_model(self) -> None:
-        if self.net is not None:
-            return
-        torch.manual_seed(0)
-        h = self.hidden
-        self.net = torch.nn.ModuleDict({
-            "embed": torch.nn.Embedding(VOCAB, h),
-            "blocks": torch.nn.ModuleList(ResidualBlock(h) for _ in range(BLOCKS)),
-            "head": torch.nn.Linear(h, VOCAB),
-        })
-        self.net["embed"].weight.requires_grad_(not self.freeze_embedding)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        h = self.net["embed"](x)
-        for block in self.net["blocks"]:
-            h = checkpoint(block, h, use_reentrant=self.reentrant)
-        logits = self.net["head"](h)
-        return torch.nn.functional.cross_entropy(logits.float().view(-1, VOCAB), y.view(-1))
-
-    def configure_optimizers(self) -> Any:
-        params = [p for p in self.net.parameters() if p.requires_grad]
-        return adamw(self.trainer, weight_decay_groups(params, 0.1), lr=self.lr, betas=(0.9, 0.95), eps=1e-8,
-                     weight_decay=0.1)
-
-
-def _block_layers_hooked(module: BlockLM) -> list[bool]:
-    """Whether ZeRO-3 registered its hooks on each block's inner layers (it gives every module it hooks a ds_id)."""
-    return [hasattr(block.up, "ds_id") for block in module.net["blocks"]]
 
 
 def test_the_blocks_are_the_modules_of_a_module_list() -> None:
@@ -105,8 +52,8 @@ def test_leaf_blocks_train_like_vanilla_zero3_hooking_every_layer(accumulate: in
     dos = train(0.5, steps=5, accumulate=accumulate, clip=CLIP, model=BlockLM(reentrant=reentrant),
                 strategy=make_strategy(0.5, overlap=overlap))
     assert dos.strategy.overlapped is overlap and dos.strategy.manager.overlap is overlap
-    assert _block_layers_hooked(vanilla.strategy.lightning_module) == [True] * BLOCKS
-    assert _block_layers_hooked(dos.strategy.lightning_module) == [False] * BLOCKS
+    assert block_layers_hooked(vanilla.strategy.lightning_module) == [True] * BLOCKS
+    assert block_layers_hooked(dos.strategy.lightning_module) == [False] * BLOCKS
     assert dos.strategy.leaf_block_names == [f"net.blocks.{i}" for i in range(BLOCKS)]
     assert len(dos.losses) == len(vanilla.losses) == 5 * accumulate
     assert_tracks(dos, vanilla, FP32_TOL)
@@ -118,7 +65,7 @@ def test_leaf_blocks_train_like_vanilla_zero3_hooking_every_layer(accumulate: in
 def test_leaf_blocks_false_keeps_zero3_hooks_on_every_layer() -> None:
     run = train(0.5, steps=1, model=BlockLM(), strategy=make_strategy(0.5, leaf_blocks=False))
     assert run.strategy.leaf_block_names == []
-    assert _block_layers_hooked(run.strategy.lightning_module) == [True] * BLOCKS
+    assert block_layers_hooked(run.strategy.lightning_module) == [True] * BLOCKS
 
 
 def test_a_leaf_module_entry_in_the_deepspeed_config_wins() -> None:
@@ -126,7 +73,7 @@ def test_a_leaf_module_entry_in_the_deepspeed_config_wins() -> None:
                                     "leaf_module": {"names": []}}}
     run = train(0.5, steps=1, model=BlockLM(), strategy=make_strategy(0.5, config=config))
     assert run.strategy.leaf_block_names == []
-    assert _block_layers_hooked(run.strategy.lightning_module) == [True] * BLOCKS
+    assert block_layers_hooked(run.strategy.lightning_module) == [True] * BLOCKS
 
 
 def test_a_block_whose_inputs_need_no_gradient_is_refused() -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 import threading
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from lightning_dos.update.executor import UpdateExecutor
 from lightning_dos.update.in_flight import InFlightUpdate
 from lightning_dos.zero.cpu_adam_nogil import HostAdam
 from lightning_dos.zero.optimizer import InterleavedZeroOptimizer
+from tests.support.hold_subgroup import HANG_GUARD_S, HoldOneSubgroup
 from tests.support.parity import RandomPlanEveryStep, TinyLM, assert_tracks, make_strategy, rel, shared_run, train
 
 CLIP = 0.05
@@ -172,114 +172,10 @@ def test_zero3_gather_variants(variant: str) -> None:
 
 
 # ---------------------------------------------------------------------- the gates, with a delayed host lane
-#: A held subgroup that nothing releases fails the test after this long instead of hanging it (no ordering depends on
-#: it).
-HANG_GUARD_S = 120.0
-
-
-class _BlockingEvent(threading.Event):
-    """One of the gates of an update in flight (``InFlightUpdate.issued``/``grad_free``) that calls ``on_block`` when a
-    thread is about to wait on it while it is not set, i.e. when that thread can go on no further without the
-    subgroup."""
-
-    def __init__(self, on_block: Any) -> None:
-        super().__init__()
-        self.on_block = on_block
-
-    def wait(self, timeout: float | None = None) -> bool:
-        if not self.is_set():
-            self.on_block()
-        return super().wait(timeout)
-
-
-class _HoldOneSubgroup(pl.Callback):
-    """Runs the host lane with the head's weight subgroup ``k`` last, and holds ``k``'s CPU Adam on the worker until
-    the training loop can go on no further without it: a thread waits at one of ``k``'s gates, the loop joins the
-    phase, or (a gate missing) the head's forward has begun. Whatever ran before that ran before ``k``'s update,
-    whatever the machine's speed.
-
-    Per module forward (a pre-hook registered after DeepSpeed's, so it runs after the gate) it records whether the
-    module holds ``k`` and whether ``k``'s write had been issued when the module's compute began.
-    """
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, hold: bool = True) -> None:
-        self.released = threading.Event()  # the loop needs k now: the worker may run k's CPU Adam
-        self.k_done = threading.Event()  # k's CPU Adam of the phase in flight has run
-        self.forwards: list[tuple[str, bool, bool]] = []  # (module, holds k, k written), while a phase is in flight
-        self.pending_after_step: list[bool] = []
-        self.timed_out = False
-        self.k = -1
-        self.target: Any = None
-        if hold:
-            self._patch(monkeypatch)
-
-    def _patch(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        host_step, init, join, issue = HostAdam.step, InFlightUpdate.__init__, InFlightUpdate.join, UpdateExecutor.issue
-
-        def held_step(adam: HostAdam, state: dict, master: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-            if master is self.target:
-                self.timed_out |= not self._until_released()
-            host_step(adam, state, master, *args, **kwargs)
-            if master is self.target:
-                self.k_done.set()
-
-        def watched_init(phase: InFlightUpdate, *args: Any, **kwargs: Any) -> None:
-            init(phase, *args, **kwargs)
-            if self.k >= 0:  # before the worker starts: nothing has set them yet
-                phase.issued[self.k] = _BlockingEvent(self.released.set)
-                phase.grad_free[self.k] = _BlockingEvent(self._grad_wait)
-
-        def releasing_join(phase: InFlightUpdate) -> Any:
-            self.released.set()
-            return join(phase)
-
-        def fresh_issue(executor: UpdateExecutor, *args: Any, **kwargs: Any) -> InFlightUpdate:
-            self.released.clear()  # what set it belonged to the phase before
-            self.k_done.clear()
-            return issue(executor, *args, **kwargs)
-
-        monkeypatch.setattr(HostAdam, "step", held_step)
-        monkeypatch.setattr(InFlightUpdate, "__init__", watched_init)
-        monkeypatch.setattr(InFlightUpdate, "join", releasing_join)
-        monkeypatch.setattr(UpdateExecutor, "issue", fresh_issue)
-
-    def _until_released(self) -> bool:
-        """On the worker, before k's CPU Adam: wait until the loop needs k (False: nothing released it)."""
-        return self.released.wait(HANG_GUARD_S)
-
-    def _grad_wait(self) -> None:
-        """A thread is about to wait for k's host gradient to be free: it needs k's CPU Adam."""
-        self.released.set()
-
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        opt = trainer.strategy.model.optimizer
-        owner = {p.ds_id: i for i, group in enumerate(opt.fp16_groups) for p in group}
-        self.k = owner[pl_module.net[-1].weight.ds_id]
-        self.target = opt.fp32_partitioned_groups_flat[self.k]
-        manager = trainer.strategy.manager
-        others = [i for i in range(len(manager.sizes)) if i != self.k]
-        manager.set_plan(Plan(lanes=(Lane.HOST,) * len(manager.sizes), buffers=2, source="test",
-                              host_order=(*others, self.k)))
-        for name, module in pl_module.net.named_children():
-            holds = any(owner.get(p.ds_id) == self.k for p in module.parameters(recurse=False))
-            module.register_forward_pre_hook(partial(self._forward, trainer, name, holds))
-
-    def _forward(self, trainer: pl.Trainer, name: str, holds: bool, module: Any, args: Any) -> None:
-        phase = trainer.strategy.model.optimizer.in_flight
-        if phase is not None:
-            self.forwards.append((name, holds, phase.issued[self.k].is_set()))
-            if holds:
-                self.released.set()  # past the gate (written, or no gate at all): k's update may run now
-
-    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        phase = trainer.strategy.model.optimizer.in_flight
-        self.pending_after_step.append(phase is not None and not phase.issued[self.k].is_set())
-
-
 def test_a_delayed_host_lane_is_waited_for_by_exactly_the_modules_that_read_it(monkeypatch: pytest.MonkeyPatch
                                                                                ) -> None:
-    reference = train("host", steps=5, clip=CLIP, every_step=_HoldOneSubgroup(monkeypatch, hold=False))
-    held = _HoldOneSubgroup(monkeypatch)
+    reference = train("host", steps=5, clip=CLIP, every_step=HoldOneSubgroup(monkeypatch, hold=False))
+    held = HoldOneSubgroup(monkeypatch)
     run = train("host", steps=5, clip=CLIP, strategy=_overlap("host"), every_step=held)
     assert not held.timed_out
     assert held.pending_after_step == [True] * 5  # optimizer.step returned before k's CPU Adam had run
@@ -292,15 +188,15 @@ def test_a_delayed_host_lane_is_waited_for_by_exactly_the_modules_that_read_it(m
 def test_without_the_gate_the_same_run_reads_stale_params(monkeypatch: pytest.MonkeyPatch) -> None:
     """Negative control: the gate a no-op, the head's forward runs before k's update lands and the losses differ
     (so the test above has teeth)."""
-    reference = train("host", steps=5, clip=CLIP, every_step=_HoldOneSubgroup(monkeypatch, hold=False))
+    reference = train("host", steps=5, clip=CLIP, every_step=HoldOneSubgroup(monkeypatch, hold=False))
     monkeypatch.setattr(InFlightUpdate, "wait_params", lambda phase, ids, streams=(): None)
-    held = _HoldOneSubgroup(monkeypatch)
+    held = HoldOneSubgroup(monkeypatch)
     run = train("host", steps=5, clip=CLIP, strategy=_overlap("host"), every_step=held)
     assert any(holds and not written for _, holds, written in held.forwards)
     assert run.losses[0] == reference.losses[0] and run.losses[1:] != reference.losses[1:]
 
 
-class _WriteHostGradDuringUpdate(_HoldOneSubgroup):
+class _WriteHostGradDuringUpdate(HoldOneSubgroup):
     """After the second step, with its update in flight and ``k`` held, a thread writes ``k``'s host gradient
     through the backward's own path (``_send_host_grads``, the values already there: the run is unchanged) and
     records whether ``k``'s CPU Adam had run when the write went through. ``k`` stays held until the writer has
@@ -357,15 +253,15 @@ def test_a_persistent_gather_that_copies_waits_for_the_update(monkeypatch: pytes
     """With the sequential gather the step waits for the persistent parameters' subgroups before ``_post_step``;
     without that wait (negative control) the gather copies the head's weight before its update lands."""
     reference = train("host", steps=4, clip=CLIP, strategy=_sequential_gather("host", False),
-                      every_step=_HoldOneSubgroup(monkeypatch, hold=False))
-    held = _HoldOneSubgroup(monkeypatch)
+                      every_step=HoldOneSubgroup(monkeypatch, hold=False))
+    held = HoldOneSubgroup(monkeypatch)
     _assert_identical(train("host", steps=4, clip=CLIP, strategy=_sequential_gather("host", True),
                             every_step=held), reference)
     assert not held.timed_out
     monkeypatch.undo()
     monkeypatch.setattr(InterleavedZeroOptimizer, "_persistent_gather_reads", lambda self: False)
     stale = train("host", steps=4, clip=CLIP, strategy=_sequential_gather("host", True),
-                  every_step=_HoldOneSubgroup(monkeypatch))
+                  every_step=HoldOneSubgroup(monkeypatch))
     assert stale.losses[0] == reference.losses[0] and stale.losses[1:] != reference.losses[1:]
 
 

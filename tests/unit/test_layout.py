@@ -10,6 +10,10 @@ function is a dependency all the same; it only runs later). ``import lightning_d
 ``from lightning_dos.a import b`` (a module ``b``) depend on ``lightning_dos.a.b`` alone, not on the parent packages
 Python initialises on the way (every module would otherwise depend on the root package, which imports the
 strategies); ``from lightning_dos.a import name`` (not a module) depends on ``lightning_dos.a``.
+
+The tests keep a layout too: the GPU tier (``tests/gpu``, which runs only on GPU hosts, never in CI) imports nothing
+from the other tiers, whose private helpers could then change unseen; what the tiers share lives in ``tests/support``,
+which holds no tests.
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "lightning_dos"
+TESTS = PACKAGE.parent / "tests"
+#: The tiers the GPU tier may not import from (CI runs them, never the GPU tier): shared helpers go to tests/support.
+CPU_TIERS = ("tests.integration", "tests.system", "tests.unit")
 ENGINE = ("strategies", "update", "planning", "zero", "activations")
 LAB = ("telemetry", "models", "data", "bench")
 MAX_ROOT_MODULES = 6
@@ -175,3 +182,52 @@ def test_the_update_phase_writes_no_attribute_of_deepspeeds_optimizer() -> None:
     assert not {k: v for k, v in writes.items() if v}, writes
     assert optimizer_attribute_writes("self.optimizer.in_flight = None\noptimizer.x += 1\nself.y = 2") == [
         "self.optimizer.in_flight", "optimizer.x"]
+
+
+def import_statements(path: Path, root: Path) -> list[tuple[ast.stmt, set[str]]]:
+    """Every ``import`` statement of ``path`` (a module below ``root``'s parent), with the dotted names it names:
+    ``import a.b`` names ``a.b``, ``from a import b`` names ``a`` and ``a.b`` (``b`` may be a module); relative imports
+    are resolved."""
+    package = list(path.relative_to(root.parent).parent.parts)
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.append((node, {alias.name for alias in node.names}))
+        elif isinstance(node, ast.ImportFrom):
+            parts = package[:len(package) - node.level + 1] if node.level else []
+            base = ".".join([*parts, node.module] if node.module else parts)
+            found.append((node, {base} | {f"{base}.{alias.name}" for alias in node.names}))
+    return found
+
+
+def reaches(name: str, targets: tuple[str, ...]) -> bool:
+    return any(name == target or name.startswith(f"{target}.") for target in targets)
+
+
+def test_the_gpu_tier_imports_nothing_from_the_cpu_tiers() -> None:
+    """A helper the GPU tier took from an integration test module would break it unseen when renamed there: CI never
+    runs the GPU tier. What both tiers use lives in ``tests/support``."""
+    crossing = [f"{p.relative_to(TESTS.parent)}:{node.lineno}: {ast.unparse(node)}"
+                for p in sorted((TESTS / "gpu").rglob("*.py")) for node, names in import_statements(p, TESTS)
+                if any(reaches(name, CPU_TIERS) for name in names)]
+    assert not crossing, f"the GPU tier imports from the CPU tiers (move what it uses to tests/support): {crossing}"
+
+
+def test_tests_support_holds_no_tests() -> None:
+    found = [f"{p.relative_to(TESTS.parent)}: {node.name}" for p in sorted((TESTS / "support").rglob("*.py"))
+             for node in ast.walk(ast.parse(p.read_text(), str(p)))
+             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_")]
+    assert not found, f"tests in tests/support (a tier's folder is where tests go): {found}"
+
+
+def test_the_test_layout_checks_see_what_they_check(tmp_path: Path) -> None:
+    """Each way to import a CPU tier's module is seen (absolute, ``from tests import``, relative, inside a function),
+    and what is not one of them is not."""
+    gpu = tmp_path / "tests" / "gpu"
+    gpu.mkdir(parents=True)
+    (gpu / "test_x.py").write_text(
+        "import tests.unit.test_a\nfrom tests import integration\nfrom ..system.test_b import helper\n"
+        "def f():\n    from .. import unit\nfrom tests.support.parity import train\nimport tests_other\n")
+    statements = import_statements(gpu / "test_x.py", tmp_path / "tests")
+    crossing = [node.lineno for node, names in statements if any(reaches(name, CPU_TIERS) for name in names)]
+    assert len(statements) == 6 and sorted(crossing) == [1, 2, 3, 5]
