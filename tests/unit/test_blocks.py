@@ -84,7 +84,7 @@ def test_a_hugging_face_style_model_with_experts_inside_its_blocks() -> None:
 
 
 def test_a_hugging_face_transformers_model() -> None:
-    transformers = pytest.importorskip("transformers")  # the test extra installs it (pyproject.toml)
+    import transformers  # the test extra installs it (pyproject.toml): a missing one fails here, not skips
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=3,
                                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16)
     model = transformers.LlamaForCausalLM(config)
