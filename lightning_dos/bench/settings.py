@@ -17,7 +17,6 @@ FRAGMENTS = ROOT / "configs" / "strategy"
 ROW_TABLES = ROOT / "configs" / "bench"
 #: Where the strategy arguments of a fragment are, as LightningCLI keys.
 STRATEGY_ARG = "trainer.strategy.init_args."
-GIB = 1024**3
 
 
 @dataclass

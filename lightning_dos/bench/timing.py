@@ -20,8 +20,9 @@ import lightning.pytorch as pl
 import torch
 
 from lightning_dos.bench.stats import HOST_KEYS, PHASE_PEAKS, PHASES
+from lightning_dos.planning.placement import GIB
 from lightning_dos.telemetry.callbacks import host_in_use_gib
-from lightning_dos.telemetry.peak_memory import GIB, GpuPeakMeter
+from lightning_dos.telemetry.peak_memory import GpuPeakMeter
 
 
 def device_synchronizer(device: torch.device) -> Callable[[], None]:

@@ -21,13 +21,13 @@ from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from lightning_dos.planning.placement import GIB
 from lightning_dos.telemetry.peak_memory import ru_maxrss_bytes
 from lightning_dos.update.host_memory import read_meminfo
 
 __all__ = ["DOSMetricsLogger", "NonFiniteLossGuard", "PerfMetrics", "ValLossReport", "batch_tokens",
            "default_callbacks", "host_in_use_gib", "peak_host_gib"]
 
-GIB = 1024**3
 
 
 class ValLossReport(Callback):

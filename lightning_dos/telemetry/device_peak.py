@@ -26,7 +26,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-GIB = 1024**3
+from lightning_dos.planning.placement import GIB
+
 #: Where a frame's file sits, from the package down: the first of these in its path starts the label.
 PACKAGES = ("lightning_dos/", "deepspeed/", "lightning/", "transformers/")
 #: The label of the memory allocated before the recording began.

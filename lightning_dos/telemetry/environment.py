@@ -20,7 +20,8 @@ from typing import Any
 
 import psutil
 
-GIB = 1024**3
+from lightning_dos.planning.placement import GIB
+
 NVIDIA_VENDOR = "0x10de"
 #: PCIe transfer rate per lane (GT/s) -> generation.
 PCIE_GEN_BY_RATE = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}

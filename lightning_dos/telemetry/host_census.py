@@ -29,9 +29,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from lightning_dos.planning.placement import GIB
 from lightning_dos.telemetry.callbacks import host_in_use_gib
 
-GIB = 1024**3
 #: /proc/self/status fields read, in kB there.
 STATUS_KEYS = ("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmPin", "VmLck")
 #: /proc/meminfo fields read, in kB there.

@@ -25,7 +25,7 @@ from types import TracebackType
 import psutil
 import torch
 
-GIB = 1024**3
+from lightning_dos.planning.placement import GIB
 
 
 def ru_maxrss_bytes() -> int:

@@ -45,7 +45,6 @@ __all__ = [
     "version_facts",
 ]
 
-GIB = 1024**3
 #: The recipe name used when no logger names one.
 DEFAULT_RECIPE = "run"
 

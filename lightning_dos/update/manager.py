@@ -36,6 +36,7 @@ from lightning_dos.planning.auto import AUTO_MAX_BUFFERS, AutoPlanner, Calibrate
 from lightning_dos.planning.calibration import Calibrator, StepMeasurement
 from lightning_dos.planning.perf_model import CostParams, device_memory_bytes, predicted_makespan_s
 from lightning_dos.planning.placement import (
+    GIB,
     DeviceMemory,
     DoesNotFit,
     Home,
@@ -61,7 +62,6 @@ from lightning_dos.update.timings import LaneTimings
 
 log = logging.getLogger(__name__)
 
-GIB = 1024**3
 #: Device memory kept free for the allocator's fragmentation and the next forward's first kernels.
 SAFETY_MARGIN_BYTES = 1 * GIB
 DEFAULT_BUFFERS = 2

@@ -12,8 +12,9 @@ from typing import Any
 
 from lightning_dos.bench.results import e2e_samples, iteration_windows, phase_figures, pick, series
 from lightning_dos.bench.rok.search import Probe
-from lightning_dos.bench.settings import GIB, Windows
+from lightning_dos.bench.settings import Windows
 from lightning_dos.bench.stats import finite, median
+from lightning_dos.planning.placement import GIB
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,8 @@ from lightning_dos.bench.rok.results import (
 from lightning_dos.bench.rok.search import Probe, search_micro_batch
 from lightning_dos.bench.rows import load_rows, make_run, table_path
 from lightning_dos.bench.runner import Runner
-from lightning_dos.bench.settings import GIB, Run, is_count
+from lightning_dos.bench.settings import Run, is_count
+from lightning_dos.planning.placement import GIB
 
 #: Measured iterations of a search probe, after the warm-up.
 PROBE_MEASURED_STEPS = 2

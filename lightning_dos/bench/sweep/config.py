@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_dos.bench.rows import Row, make_run
-from lightning_dos.bench.settings import GIB, STRATEGY_ARG, Run, is_count
+from lightning_dos.bench.settings import STRATEGY_ARG, Run, is_count
+from lightning_dos.planning.placement import GIB
 
 #: Fixed plans swept by default: fractions 0.0-1.0 by 0.1, then stride:2..6.
 DEFAULT_SWEEP_PLANS = tuple(f"{k / 10:.1f}" for k in range(11)) + tuple(f"stride:{k}" for k in range(2, 7))
