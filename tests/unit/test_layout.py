@@ -46,31 +46,37 @@ def module_name(path: Path) -> str:
 MODULES: dict[str, Path] = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
+def import_targets(name: str, path: Path) -> list[tuple[ast.stmt, str, str | None]]:
+    """Each (statement, module, name) that module ``name`` (at ``path``) imports: ``import a.b`` gives ``("a.b",
+    None)``, ``from a import b`` gives ``("a", "b")`` (``b`` may be a module); relative imports are resolved from the
+    module's package, one level up per extra dot."""
+    found: list[tuple[ast.stmt, str, str | None]] = []
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node, alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = name.split(".") if is_package else name.split(".")[:-1]
+                package = package[:len(package) - node.level + 1]
+                base = ".".join([*package, base] if base else package)
+            found += [(node, base, alias.name) for alias in node.names]
+    return found
+
+
 def imports(name: str, path: Path) -> tuple[set[str], set[str]]:
     """What module ``name`` (at ``path``) imports: the package's modules it depends on, and the top-level names of
     everything else."""
     inside: set[str] = set()
     outside: set[str] = set()
-    is_package = path.name == "__init__.py"
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            targets = [(alias.name, None) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative: from the module's package, one level up per extra dot
-                package = name.split(".") if is_package else name.split(".")[:-1]
-                package = package[:len(package) - node.level + 1]
-                base = ".".join([*package, base] if base else package)
-            targets = [(base, alias.name) for alias in node.names]
+    for _, module, attribute in import_targets(name, path):
+        if module.split(".")[0] != "lightning_dos":
+            outside.add(module.split(".")[0])
+        elif attribute is not None and f"{module}.{attribute}" in MODULES:
+            inside.add(f"{module}.{attribute}")
         else:
-            continue
-        for module, attribute in targets:
-            if module.split(".")[0] != "lightning_dos":
-                outside.add(module.split(".")[0])
-            elif attribute is not None and f"{module}.{attribute}" in MODULES:
-                inside.add(f"{module}.{attribute}")
-            else:
-                inside.add(module)
+            inside.add(module)
     inside.discard(name)
     return inside, outside
 
@@ -185,19 +191,14 @@ def test_the_update_phase_writes_no_attribute_of_deepspeeds_optimizer() -> None:
 
 
 def import_statements(path: Path, root: Path) -> list[tuple[ast.stmt, set[str]]]:
-    """Every ``import`` statement of ``path`` (a module below ``root``'s parent), with the dotted names it names:
-    ``import a.b`` names ``a.b``, ``from a import b`` names ``a`` and ``a.b`` (``b`` may be a module); relative imports
-    are resolved."""
-    package = list(path.relative_to(root.parent).parent.parts)
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found.append((node, {alias.name for alias in node.names}))
-        elif isinstance(node, ast.ImportFrom):
-            parts = package[:len(package) - node.level + 1] if node.level else []
-            base = ".".join([*parts, node.module] if node.module else parts)
-            found.append((node, {base} | {f"{base}.{alias.name}" for alias in node.names}))
-    return found
+    """Every ``import`` statement of ``path`` (a module below ``root``'s parent), with the dotted names it names
+    (:func:`import_targets`; ``from a import b`` names ``a`` and ``a.b``)."""
+    name = ".".join(path.relative_to(root.parent).with_suffix("").parts)
+    statements: dict[int, tuple[ast.stmt, set[str]]] = {}
+    for node, module, attribute in import_targets(name, path):
+        named = statements.setdefault(id(node), (node, set()))[1]
+        named.update({module} if attribute is None else {module, f"{module}.{attribute}"})
+    return list(statements.values())
 
 
 def reaches(name: str, targets: tuple[str, ...]) -> bool:
