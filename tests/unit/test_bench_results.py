@@ -169,7 +169,9 @@ def test_the_phase_timer_times_synchronised_iterations_and_leaves_e2e_ones_alone
     assert [math.isnan(v) for v in timer.samples["fwd_ms"]] == [False, True, False]
     assert timer.host["fwd_other_cpu_ms"][0] >= 100 and timer.host["bwd_other_cpu_ms"][0] < 50
     assert isinstance(timer._losses[1], torch.Tensor) and timer.losses == [0.0, 1.0, 2.0]
-    assert timer.memory_samples["fwd_peak_gpu_gib"][0] == 5.0 and timer.memory_samples["step_peak_gpu_gib"][2] == 7.0
+    # the first batch leaves the allocator's peak alone (DOS places its residents from it there): no phase peaks
+    assert all(math.isnan(timer.memory_samples[key][0]) for key in timer.memory_samples)
+    assert timer.memory_samples["fwd_peak_gpu_gib"][2] == 5.0 and timer.memory_samples["step_peak_gpu_gib"][2] == 7.0
     assert timer.ends == sorted(timer.ends) and timer.last_iteration()["iteration"] == 3
 
 

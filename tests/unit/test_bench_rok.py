@@ -72,7 +72,7 @@ def test_search_uses_a_known_answer_and_stops_when_a_probe_cannot_tell() -> None
         search_micro_batch(0, _fake_probe(5, []), 64)
 
 
-def test_the_meter_resets_the_gpu_peak_each_forward_and_keeps_the_process_peak(
+def test_the_meter_resets_the_gpu_peak_each_forward_but_the_first_and_keeps_the_process_peak(
         monkeypatch: pytest.MonkeyPatch) -> None:
     state = {"allocated": 1000, "peak": 5000, "reserved": 6000}
 
@@ -86,13 +86,14 @@ def test_the_meter_resets_the_gpu_peak_each_forward_and_keeps_the_process_peak(
     trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda", 0)))
     meter = ActivationMemoryMeter()
     meter.on_fit_start(trainer, None)
-    for activations in (300, 700):
+    for activations in (300, 700, 500):
         meter.on_train_batch_start(trainer, None, None, 0)
-        state["peak"] = state["allocated"] + activations  # forward and backward
+        state["peak"] = max(state["peak"], state["allocated"] + activations)  # forward and backward
         meter.on_after_backward(trainer, None)
         meter.on_train_batch_end(trainer, None, None, None, 0)
-    assert meter.device_bytes == [300, 700]
-    assert meter.accounting_bytes == [None, None] and meter.counters == [None, None]  # no hooks
+    # the first batch (warm-up) is not measured: DOS places its residents there from the peak since the process began
+    assert meter.device_bytes == [None, 700, 500]
+    assert meter.accounting_bytes == [None] * 3 and meter.counters == [None] * 3  # no hooks
     # the peak before the first reset (model set-up) is not lost
     assert meter.peaks.process_peaks() == {"peak_gpu_gib": 5000 / 1024**3, "peak_gpu_reserved_gib": 6000 / 1024**3}
 

@@ -2,8 +2,8 @@
 Lightning callback placed after the :class:`~lightning_dos.activations.ActivationOffloadCallback`.
 
 Two measures: **device** (on a GPU), the allocator's peak over forward and backward less what was allocated when the
-forward started (the peak is reset at every batch's start; a :class:`~lightning_dos.telemetry.peak_memory.GpuPeakMeter`
-keeps the process's own across the resets); **accounting**
+forward started (the peak is reset at every batch's start but the first; a
+:class:`~lightning_dos.telemetry.peak_memory.GpuPeakMeter` keeps the process's own across the resets); **accounting**
 (wherever the offload's hooks run, the only one off a GPU), the offload's ``act/device_peak_bytes``: the saved tensors
 held on the device at once, which under checkpointing sees each block's input, not what a block recomputes.
 """
@@ -49,7 +49,9 @@ class ActivationMemoryMeter(pl.Callback):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         self._peak = None
-        if self._device is None:
+        # the first batch leaves the allocator's peak alone: DOS places its residents at that batch's dispatch from
+        # the peak since the process began (that batch is warm-up, not measured)
+        if self._device is None or not self.device_bytes:
             return
         self._start = torch.cuda.memory_allocated(self._device)
         self.peaks.take()  # the process's peaks kept, then reset
