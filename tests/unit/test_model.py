@@ -294,14 +294,19 @@ def test_rmsnorm_and_rope_match_their_formulas(dtype: torch.dtype, tol: float) -
 
 
 def test_the_activation_estimate_follows_its_terms() -> None:
-    """``activation_bytes``: per block 34 B*T*d 16-bit bytes kept, or only the block's input (2 B*T*d) and one block's
-    recompute with its gradients under checkpointing, plus 16 B*T*V for the logits; linear in the micro-batch."""
+    """``activation_bytes``: per block 34 B*T*d 16-bit bytes kept, or only the block's input (2 B*T*d) under
+    checkpointing; plus the larger of the loss's float32 log-probabilities and gradient (8 B*T*V) and, under
+    checkpointing, one block's recompute with its gradients; linear in the micro-batch."""
     from lightning_dos.models.gpt import GPTConfig, activation_bytes
 
     plain = GPTConfig(n_layer=4, n_head=4, n_embd=64, vocab_size=100, block_size=32)
     ckpt = GPTConfig(n_layer=4, n_head=4, n_embd=64, vocab_size=100, block_size=32, activation_checkpointing=True)
+    wide = GPTConfig(n_layer=4, n_head=4, n_embd=64, vocab_size=1000, block_size=32, activation_checkpointing=True)
     tokens = 2 * 32
-    assert activation_bytes(plain, 2, 32) == 4 * 34 * tokens * 64 + 16 * tokens * 100
-    assert activation_bytes(ckpt, 2, 32) == 4 * 2 * tokens * 64 + 2 * 34 * tokens * 64 + 16 * tokens * 100
+    assert activation_bytes(plain, 2, 32) == 4 * 34 * tokens * 64 + 8 * tokens * 100
+    # the recompute (2 * 34 * 64 per token) outweighs the loss at a vocabulary of 100, the loss at 1000
+    assert activation_bytes(ckpt, 2, 32) == 4 * 2 * tokens * 64 + 2 * 34 * tokens * 64
+    assert activation_bytes(wide, 2, 32) == 4 * 2 * tokens * 64 + 8 * tokens * 1000
     assert activation_bytes(ckpt, 4, 32) == 2 * activation_bytes(ckpt, 2, 32)
-    assert activation_bytes(plain, 2, 32, dtype_bytes=4) == 2 * activation_bytes(plain, 2, 32)
+    # the blocks' activations scale with their width, the float32 loss does not
+    assert activation_bytes(plain, 2, 32, dtype_bytes=4) == 2 * 4 * 34 * tokens * 64 + 8 * tokens * 100
