@@ -67,6 +67,8 @@ def render(doc: dict[str, Any], tables: Sequence[Table], chart: str | None, data
     lines = [f"# lightning-dos bench {cfg.get('study', 'compare')}: {workload} on {device}", "",
              f"- Date: {doc['date']}; host: {host_text(doc['hardware'])}",
              "- Versions: " + ", ".join(f"{k} {v}" for k, v in doc["versions"].items()),
+             *(["- Environment: " + ", ".join(f"`{k}={v}`" for k, v in doc["environment"].items())]
+               if doc.get("environment") else []),
              f"- Command: `{cfg.get('command') or 'lightning-dos bench'}`",
              f"- Each run: `lightning-dos fit --config {cfg['recipe']} --config configs/strategy/<fragment>.yaml` "
              "with the row's and the study's settings (the command is the first line of its `worker.log`); "

@@ -16,7 +16,7 @@ from lightning_dos.bench.compose import describe, payload
 from lightning_dos.bench.launcher import launch
 from lightning_dos.bench.results import read_json, skipped, write_json
 from lightning_dos.bench.settings import Run, Settings, parse_set
-from lightning_dos.telemetry.environment import hardware_info, merge_worker_device, versions
+from lightning_dos.telemetry.environment import hardware_info, measured_env, merge_worker_device, versions
 
 SCHEMA_VERSION = 1
 GPU_TIMING = ("GPU: torch.cuda.synchronize() is called at every phase boundary (bench mode), so each phase's "
@@ -57,7 +57,7 @@ class Runner:
                                                                                   launcher)
         self.overrides = [parse_set(text) for text in settings.set]  # values as YAML reads them
         self.workload, self.model, self.batches = self.describe({})
-        self.hardware, self.versions = hardware_info(), versions()
+        self.hardware, self.versions, self.environment = hardware_info(), versions(), measured_env()
         now = now or datetime.now(timezone.utc)
         self.date = now.isoformat(timespec="seconds")
         self.out_dir = Path(settings.out or Path("runs") / settings.study / f"{Path(settings.recipe).stem}_"
@@ -151,6 +151,7 @@ class Runner:
         on_gpu = any(d.get("type") == "cuda" for d in self.devices) or (not self.devices and self.uses_gpu)
         doc = {"schema_version": SCHEMA_VERSION, **({"kind": kind} if kind else {}), "date": self.date,
                "hardware": self.hardware, "versions": self.versions,
+               **({"environment": self.environment} if self.environment else {}),
                "config": {**self.settings.to_dict(), **self.workload}, "model": self.model,
                "measurement": {**measurement, "timing": GPU_TIMING if on_gpu else CPU_TIMING},
                "interrupted": self.interrupted, **rest}

@@ -177,6 +177,15 @@ def _package_version(name: str) -> str | None:
         return None
 
 
+#: Environment variables that change what a run measures (the CUDA caching allocator's settings, DeepSpeed's pinning).
+MEASURED_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "DS_PIN_MEMORY_BACKEND")
+
+
+def measured_env() -> dict[str, str]:
+    """Those of :data:`MEASURED_ENV` that are set, with their values."""
+    return {name: os.environ[name] for name in MEASURED_ENV if os.environ.get(name)}
+
+
 def versions() -> dict[str, str | None]:
     """Versions of python, torch, CUDA (torch's build), lightning, deepspeed and lightning-dos."""
     import torch

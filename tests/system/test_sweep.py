@@ -22,8 +22,11 @@ AUTO_VS_BEST, AUTO_VS_STRIDES, NO_OOM, PREDICTION = (TARGETS.AUTO_VS_BEST, TARGE
                                                      TARGETS.PREDICTION)
 
 
-def test_sweep_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_sweep_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "sweep"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # changes what a run measures
+    monkeypatch.delenv("DS_PIN_MEMORY_BACKEND", raising=False)
     code = main(["sweep", "--set", *TINY, *WINDOWS, "--plans", "host", "0.5", "stride:2", "--steps-per-plan", "2",
                  "--budgets", "unlimited", "--out", str(out)])
     assert code == 0
@@ -34,6 +37,8 @@ def test_sweep_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
     doc = json.loads((out / "sweep.json").read_text())
     assert {"hardware", "versions", "config", "sweep", "model", "budgets", "date"} <= set(doc)
     assert "targets" not in doc  # the report states ratios; the project's targets are not in it
+    assert doc["environment"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert "- Environment: `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`" in (out / "sweep.md").read_text()
     assert doc["hardware"]["bench_device"]["type"] == "cpu"
     assert doc["sweep"]["plans"] == ["host", "0.5", "stride:2"] and doc["sweep"]["steps_per_plan"] == 2
     assert doc["config"]["plans"] == ["host", "0.5", "stride:2"] and doc["config"]["out"] == str(out)
