@@ -47,6 +47,7 @@ from lightning_dos.planning.placement import (
     host_bytes_per_param,
     memory_plan,
     place,
+    resident_room,
     residents_to_release,
     start_plan,
 )
@@ -206,6 +207,8 @@ class OptimizerStateManager:
         self.optimizer = optimizer
         self.device = torch.device(device)
         self.memory_budget_bytes = None if memory_budget_gib is None else int(memory_budget_gib * GIB)
+        self.measured_room_bytes: int | None = None
+        """Placed from a measured peak: the room the residents and the device lane share (None: not so placed)."""
         self.buffers = buffers
         # device-lane gradients stay on the device unless gradients accumulate (then vanilla's host path runs)
         self.device_gradients = device_gradients
@@ -264,11 +267,14 @@ class OptimizerStateManager:
 
     @property
     def lane_budget_bytes(self) -> int | None:
-        """What ``memory_budget_gib`` leaves the device lane: the budget less the resident subgroups' state (None: no
-        budget)."""
-        if self.memory_budget_bytes is None:
-            return None
-        return max(0, self.memory_budget_bytes - resident_bytes(self.subgroup_sizes, self.resident))
+        """What the device lane may take (None: no limit): with ``memory_budget_gib``, the budget less the resident
+        subgroups' state; placed from a measured peak, no more than the room that peak left less the residents' state.
+        The memory free at a dispatch is no limit by itself: the next forward and backward take their activations
+        back (at 12.1B on one H100 the lane took it and the third backward ran out of memory)."""
+        held = resident_bytes(self.subgroup_sizes, self.resident)
+        limits = [max(0, bound - held) for bound in (self.memory_budget_bytes, self.measured_room_bytes)
+                  if bound is not None]
+        return min(limits) if limits else None
 
     @property
     def plan_model(self) -> CalibratedModel:
@@ -445,6 +451,8 @@ class OptimizerStateManager:
                 # does not show; without, the peak holds the candidates' kept gradients already
                 placement = place(self.subgroup_sizes, reading, self.memory_budget_bytes, candidates=self.candidates,
                                   grad_bytes_per_param=0 if self.device_gradients else 4)
+                if reading is not None:
+                    self.measured_room_bytes = resident_room(reading, slot_bytes=0)
                 when = "after the first forward and backward"
             else:
                 placement, reading = self.memory_plans[0].placement, self.memory_plans[0].device

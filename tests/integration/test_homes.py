@@ -19,7 +19,15 @@ import pytest
 import torch
 
 from lightning_dos import DeepOptimizerStatesStrategy
-from lightning_dos.planning.placement import GIB, DeviceMemory, DoesNotFit, Home, HostMemory, slot_bytes
+from lightning_dos.planning.placement import (
+    GIB,
+    DeviceMemory,
+    DoesNotFit,
+    Home,
+    HostMemory,
+    resident_room,
+    slot_bytes,
+)
 from lightning_dos.update import manager as manager_module
 from lightning_dos.update.manager import OptimizerStateManager
 from tests.support.homes import RESIDENT, ReadAndWrite, SaveAfter
@@ -211,10 +219,15 @@ def test_auto_is_the_default_and_keeps_nothing_where_the_host_stands_in(vanilla:
 def test_auto_keeps_what_fits_and_runs_exactly_as_residents_set_by_hand(plan: Any, sizes: list[int],
                                                                         vanilla: dict[int, Any],
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(OptimizerStateManager, "device_memory", _read_as(_reading_for(sizes, RESIDENT)))
+    reading = _reading_for(sizes, RESIDENT)
+    monkeypatch.setattr(OptimizerStateManager, "device_memory", _read_as(reading))
     run = train(plan, steps=6, clip=CLIP, strategy=_auto(plan))
     manager = run.strategy.manager
     assert manager.resident == tuple(range(RESIDENT)) and manager.placement.resident == manager.resident
+    # the device lane gets what the measured peak left beside the residents (here its two slots), not the memory
+    # free at a dispatch, which the next forward and backward take back
+    assert manager.lane_budget_bytes == resident_room(reading, slot_bytes=0) - 12 * sum(sizes[:RESIDENT])
+    assert manager.lane_budget_bytes == slot_bytes(sizes)
     assert_tracks(run, vanilla[1], TOL)
     kept = sum(sizes[:RESIDENT])
     assert all(r.timings.resident_params == kept for r in manager.records)  # from the first update phase on
