@@ -50,6 +50,7 @@ def dos_records(strategy: Any) -> dict[str, Any] | None:
         "resident_subgroups": list(manager.resident),
         "resident_params": sum(manager.subgroup_sizes[i] for i in manager.resident),
         "plan": str(manager.plans.in_force),
+        "memory_plans": [plan.to_json() for plan in manager.memory_plans],  # at start, then after the first step
         "steps": [record_dict(record) for record in manager.records],
         "cost": manager.cost.to_json(),  # the cost parameters calibration ended with
     }

@@ -98,6 +98,7 @@ def entry(size: Size, model: dict[str, Any], result: dict[str, Any], figures: di
             "host_in_use_training_gib": training_host_in_use(result),
             "host_in_use_before_gib": result.get("host_in_use_before_gib"), "process_rss_gib": figures["peak_host_gib"],
             "final_loss": figures["final_loss"], "elapsed_s": result.get("elapsed_s"), "log": result.get("log"),
+            "memory_plan": ((result.get("dos") or {}).get("memory_plans") or [None])[-1],  # DOS: the one in force
             "reused": bool(result.get("reused"))}
 
 

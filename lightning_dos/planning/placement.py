@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import Any
 
 from .perf_model import PIECE_PARAMS, device_memory_bytes
 from .plan import Lane, Plan, _check_sizes
@@ -301,6 +302,23 @@ class MemoryPlan:
     @property
     def fits(self) -> bool:
         return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan as a report keeps it: each tier's subgroups, parameters and GiB, the readings, what the host
+        needs and whether it fits (GiB as floats)."""
+        device, host = self.device, self.host
+        return {
+            "when": self.when,
+            "tiers": [{"home": home, "subgroups": n, "params": params, "gib": gib}
+                      for home, n, params, gib in self.rows()],
+            "device": None if device is None else {"total_gib": device.total / GIB, "peak_gib": device.peak / GIB,
+                                                   "other_gib": device.other / GIB,
+                                                   "headroom_gib": device.headroom / GIB},
+            "host": None if host is None else {"total_gib": host.total / GIB, "available_gib": host.available / GIB,
+                                               "held_gib": host.held / GIB, "may_take_gib": host.share / GIB},
+            "host_needed_gib": self.host_needed / GIB,
+            "fits": self.fits,
+        }
 
     def rows(self) -> list[tuple[str, int, int, float]]:
         """(home, subgroups, parameters, GiB) for each tier."""

@@ -51,6 +51,9 @@ def test_sweep_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
     dos = raw["dos"]
     sizes_n = dos["subgroups"]
     assert sizes_n >= 3
+    # the memory plans the run printed, kept: no device to measure here, so every subgroup's home is the host
+    (at_start, *_) = dos["memory_plans"]
+    assert [(t["home"], t["subgroups"]) for t in at_start["tiers"]][-1] == ("host", sizes_n) and at_start["fits"]
     lanes = {entry["plan"]: entry["lanes"] for entry in raw["sweep"]["resolved"]}
     assert lanes["host"] == "H" * sizes_n and "D" in lanes["0.5"] and "H" in lanes["0.5"]
     assert lanes["stride:2"] == "".join("D" if (i + 1) % 2 == 0 else "H" for i in range(sizes_n))

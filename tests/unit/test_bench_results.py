@@ -199,11 +199,12 @@ def test_a_worker_that_wrote_no_result_is_classified(tmp_path: Path) -> None:
         == {"status": "oom", "reason": "rank 2: OutOfMemoryError: x (also failed: rank 3)"}
 
 
-def _entry(shape: str, label: str, status: str, tokens: float | None = None) -> dict[str, Any]:
+def _entry(shape: str, label: str, status: str, tokens: float | None = None,
+           dos: dict[str, Any] | None = None) -> dict[str, Any]:
     size = sizes.parse_size(shape)
     params = size.n_layer * size.n_embd**2 * 12
     result = {"label": f"{shape}/{label}", "status": status, "reason": None if status == "ok" else f"{status}: x",
-              "host_in_use_gib": 1.0 + size.n_embd / 1000}
+              "host_in_use_gib": 1.0 + size.n_embd / 1000, "dos": dos}
     figures = {"strategy": label, "strategy_config": None, "strategy_args": {}, "e2e_iteration_ms": None,
                "iteration_ms": None, "e2e_tokens_per_s": tokens, "tokens_per_s": None, "final_loss": None,
                "peak_gpu_gib": None if tokens is None else 10.0, "peak_host_gib": None}
@@ -216,10 +217,13 @@ def test_the_size_study_ladder_entries_and_largest(tmp_path: Path) -> None:
     assert sizes.Size(40, 3200).sets(128) == {"model.n_layer": 40, "model.n_embd": 3200, "model.n_head": 25}
     with pytest.raises(ValueError, match="give n_layer x n_embd"):
         sizes.parse_size("40-3200")
-    runs = [_entry("32x2560", "dos", "ok", 2000.0), _entry("32x2560", "vanilla", "ok", 500.0),
+    plans = [{"when": "before the first step"}, {"when": "after the first forward and backward"}]
+    runs = [_entry("32x2560", "dos", "ok", 2000.0, {"memory_plans": plans}), _entry("32x2560", "vanilla", "ok", 500.0),
             _entry("40x3200", "dos", "ok", 1500.0), _entry("40x3200", "vanilla", "oom"),
             _entry("32x4096", "dos", "failed"), _entry("32x4096", "vanilla", "stopped")]
     assert runs[0]["model_tflops_per_s"] == pytest.approx(6 * runs[0]["params"] * 2000.0 / 1e12)
+    # a DOS run keeps the memory plan in force (the last), another strategy's has none
+    assert runs[0]["memory_plan"] == plans[-1] and runs[1]["memory_plan"] is None
     largest = sizes.largest(runs, ["dos", "vanilla"])
     assert largest["dos"]["shape"] == "40x3200" and largest["dos"]["stopped"] == "failed at 32x4096: failed: x"
     assert largest["dos"]["tokens_per_s"] == 1500.0 and largest["dos"]["host_in_use_gib"] == runs[2]["host_in_use_gib"]

@@ -116,6 +116,15 @@ def test_the_memory_plan_counts_16_bytes_a_parameter_on_the_host_and_splits_it_b
     assert "memory plan (after the first step)" in table and "32.00 available" in table
     plan.check()  # fits: no error
     assert [name for name, *_ in memory_plan(sizes, placement, host, None, "x").rows()] == ["GPU, resident", "host"]
+    # as a report keeps it: the same tiers, the readings, what the host needs
+    device = DeviceMemory(total=80 * GIB, peak=30 * GIB, other=GIB)
+    kept = memory_plan(sizes, placement, host, device, "after the first step").to_json()
+    assert [(t["home"], t["subgroups"], t["params"]) for t in kept["tiers"]] == [("GPU, resident", 1, 1000),
+                                                                                 ("host", 2, 5000)]
+    assert kept["device"] == {"total_gib": 80.0, "peak_gib": 30.0, "other_gib": 1.0,
+                              "headroom_gib": device.headroom / GIB}
+    assert kept["host"]["available_gib"] == 32.0 and kept["host"]["may_take_gib"] == host.share / GIB
+    assert kept["host_needed_gib"] == 16 * 5000 / GIB and kept["fits"] and kept["when"] == "after the first step"
 
 
 def test_a_plan_the_host_cannot_hold_raises_with_the_numbers_and_what_to_change() -> None:
