@@ -169,15 +169,22 @@ def largest(entries: list[dict[str, Any]], labels: list[str]) -> dict[str, Any]:
     return out
 
 
+def resident(entry: dict[str, Any]) -> str:
+    """A DOS run's optimizer state on the GPU under its memory plan in force ("" for other strategies)."""
+    tiers = (entry.get("memory_plan") or {}).get("tiers") or []
+    tier = next((t for t in tiers if t["home"] == "GPU, resident"), None)
+    return "" if tier is None else f"{count(tier['params'])}, {tier['gib']:.1f} GiB"
+
+
 def tables(doc: dict[str, Any]) -> list[Table]:
     return [Table("Largest size each strategy trains", ("strategy", "largest size", "parameters", "stopped by"),
                   [(label, e["shape"] or "none", count(e["params"]),
                     e["stopped"] or "(not stopped)") for label, e in doc["largest"].items()]),
             Table("Every run", ("size", "parameters", "strategy", "status", "tokens/s", "model TFLOP/s",
-                                "peak GPU GiB", "host in use, training GiB", "host in use, peak GiB",
-                                "process RSS GiB", "reason"),
+                                "peak GPU GiB", "state resident on the GPU", "host in use, training GiB",
+                                "host in use, peak GiB", "process RSS GiB", "reason"),
                   [(e["shape"], count(e["params"]), e["label"], e["status"],
-                    num(e["tokens_per_s"], 0), num(e["model_tflops_per_s"]), num(e["peak_gpu_gib"]),
+                    num(e["tokens_per_s"], 0), num(e["model_tflops_per_s"]), num(e["peak_gpu_gib"]), resident(e),
                     num(e.get("host_in_use_training_gib")), num(e["host_in_use_gib"]), num(e["process_rss_gib"]),
                     e["reason"] or "")
                    for e in doc["runs"]], doc["measurement"]["figures"] + ".")]

@@ -18,7 +18,7 @@ import torch
 from lightning_dos.bench import chart, sizes
 from lightning_dos.bench.compare import tables
 from lightning_dos.bench.launcher import classify_exit, rank_failure
-from lightning_dos.bench.report import Table, render
+from lightning_dos.bench.report import Table, count, render
 from lightning_dos.bench.results import aggregate, compare_to_baseline, e2e_samples, scaling
 from lightning_dos.bench.settings import Run, Windows
 from lightning_dos.bench.stats import spread
@@ -217,7 +217,9 @@ def test_the_size_study_ladder_entries_and_largest(tmp_path: Path) -> None:
     assert sizes.Size(40, 3200).sets(128) == {"model.n_layer": 40, "model.n_embd": 3200, "model.n_head": 25}
     with pytest.raises(ValueError, match="give n_layer x n_embd"):
         sizes.parse_size("40-3200")
-    plans = [{"when": "before the first step"}, {"when": "after the first forward and backward"}]
+    plans = [{"when": "before the first step"}, {"when": "after the first forward and backward", "tiers": [
+        {"home": "GPU, resident", "subgroups": 3, "params": 2_890_000_000, "gib": 32.24},
+        {"home": "host", "subgroups": 9, "params": 8_810_000_000, "gib": 114.91}]}]
     runs = [_entry("32x2560", "dos", "ok", 2000.0, {"memory_plans": plans}), _entry("32x2560", "vanilla", "ok", 500.0),
             _entry("40x3200", "dos", "ok", 1500.0), _entry("40x3200", "vanilla", "oom"),
             _entry("32x4096", "dos", "failed"), _entry("32x4096", "vanilla", "stopped")]
@@ -233,6 +235,8 @@ def test_the_size_study_ladder_entries_and_largest(tmp_path: Path) -> None:
     assert sizes.render(doc, tmp_path / "sizes.png").read_bytes()[:8] == PNG_SIGNATURE
     every = sizes.tables(doc)[1]
     assert [row[3] for row in every.rows] == ["ok", "ok", "ok", "oom", "failed", "stopped"]
+    assert every.header[7] == "state resident on the GPU"
+    assert [row[7] for row in every.rows[:2]] == [f"{count(2_890_000_000)}, 32.2 GiB", ""]  # DOS's, vanilla's
 
 
 def test_the_committed_comparisons_still_draw(tmp_path: Path) -> None:
