@@ -21,6 +21,7 @@ from lightning_dos.bench.rows import load_rows, make_run, table_path
 from lightning_dos.bench.runner import FINISHED, Runner
 from lightning_dos.bench.settings import slug
 from lightning_dos.bench.stats import finite
+from lightning_dos.planning.placement import RESIDENT_TIER
 
 #: Sizes tried from ``--from`` upward (2.8B to 65B parameters at the GPT-2 shape of ``recipes/gpt-2.7b.yaml``).
 LADDER = ("32x2560", "40x3200", "32x4096", "40x4096", "48x4096", "40x5120", "48x5120", "56x5120", "48x6144",
@@ -172,7 +173,7 @@ def largest(entries: list[dict[str, Any]], labels: list[str]) -> dict[str, Any]:
 def resident(entry: dict[str, Any]) -> str:
     """A DOS run's optimizer state on the GPU under its memory plan in force ("" for other strategies)."""
     tiers = (entry.get("memory_plan") or {}).get("tiers") or []
-    tier = next((t for t in tiers if t["home"] == "GPU, resident"), None)
+    tier = next((t for t in tiers if t["home"] == RESIDENT_TIER), None)
     return "" if tier is None else f"{count(tier['params'])}, {tier['gib']:.1f} GiB"
 
 

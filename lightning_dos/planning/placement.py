@@ -44,6 +44,8 @@ from .perf_model import PIECE_PARAMS, device_memory_bytes
 from .plan import Lane, Plan, _check_sizes
 
 GIB = 1024**3
+#: The name of the memory plan's tier of subgroups resident on the device (its table's and its JSON's).
+RESIDENT_TIER = "GPU, resident"
 #: Share of the device's memory left free beyond the measured peak ...
 HEADROOM_SHARE = 0.08
 #: ... and at least this much.
@@ -324,7 +326,7 @@ class MemoryPlan:
         """(home, subgroups, parameters, GiB) for each tier."""
         sizes, homes = self.sizes, self.placement.homes
         tiers: list[tuple[str, list[int], int]] = [
-            ("GPU, resident", [i for i, h in enumerate(homes) if h == Home.DEVICE], RESIDENT_BYTES_PER_PARAM)]
+            (RESIDENT_TIER, [i for i, h in enumerate(homes) if h == Home.DEVICE], RESIDENT_BYTES_PER_PARAM)]
         host = [i for i, h in enumerate(homes) if h == Home.HOST]
         if self.lanes is None:
             tiers.append(("host", host, self.host_bytes_per_param))
