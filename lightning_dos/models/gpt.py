@@ -35,10 +35,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gpt-2.7b": dict(n_layer=32, n_embd=2560, n_head=32, vocab_size=50304, block_size=2048, style="gpt2"),
     # ~3.94B parameters
     "gpt-4b": dict(n_layer=32, n_embd=3072, n_head=24, style="gpt2"),
-    # 6.86B and 10.09B parameters (32 and 48 layers x 4096 hidden): the sizes one 80 GB GPU and a 128 GB host hold
-    # with the optimizer state split between them (recipes/gpt-10b.yaml)
+    # 6.86B, 10.09B and 12.10B parameters (32, 48 and 58 layers x 4096 hidden): sizes one 80 GB GPU and a 128 GB host
+    # hold only with the optimizer state split between them; gpt-12b is the largest measured (recipes/gpt-12b.yaml)
     "gpt-6.9b": dict(n_layer=32, n_embd=4096, n_head=32, style="gpt2"),
     "gpt-10b": dict(n_layer=48, n_embd=4096, n_head=32, style="gpt2"),
+    "gpt-12b": dict(n_layer=58, n_embd=4096, n_head=32, style="gpt2"),
     # The pretraining recipes' models. GPT-2 small and medium (Radford et al. 2019), tied embeddings:
     # 124,475,904 and 354,871,296 parameters at a 50304-token vocabulary
     "gpt2-124m": dict(n_layer=12, n_embd=768, n_head=12, style="gpt2", block_size=1024, tie_embeddings=True),

@@ -52,6 +52,7 @@ EXPECTED_RECIPES: dict[str, tuple[str, type, str]] = {
     "llama-1b": ("llama-1b", TextDataModule, "auto"),
     "llama-3b": ("llama-3b", TextDataModule, "auto"),
     "gpt-2.7b": ("gpt-2.7b", SyntheticDataModule, "auto"),
+    "gpt-12b": ("gpt-12b", SyntheticDataModule, "auto"),
     "hf-debug": ("hf:llama", TextDataModule, "fraction"),
     "hf-llama-1b": ("hf:llama", TextDataModule, "auto"),
 }
