@@ -85,7 +85,7 @@ class DeviceMemory:
     total: int
     """The device's memory."""
     peak: int
-    """The most the training's allocator held at once so far (or holds reserved, if more)."""
+    """The most the training's allocator held allocated at once so far (its cached, unallocated blocks are room)."""
     other: int
     """Memory held outside the allocator (CUDA context, communication buffers)."""
 
