@@ -72,7 +72,7 @@ def adamw(
     weight_decay: float = 0.1,
 ) -> torch.optim.Optimizer:
     """AdamW with decoupled weight decay: the strategy's own when it provides one (:class:`ProvidesAdamW`),
-    ``DeepSpeedCPUAdam`` when DeepSpeed offloads the optimizer, torch's otherwise."""
+    ``DeepSpeedCPUAdam`` when DeepSpeed offloads the optimizer, torch's otherwise (:func:`fuses` says which)."""
     strategy = getattr(trainer, "strategy", None)
     if isinstance(strategy, ProvidesAdamW):
         return strategy.configure_adamw(param_groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
@@ -80,5 +80,18 @@ def adamw(
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
         return DeepSpeedCPUAdam(param_groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, adamw_mode=True)
-    fused = torch.cuda.is_available()
-    return torch.optim.AdamW(param_groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
+    return torch.optim.AdamW(param_groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                             fused=fuses(trainer))
+
+
+def fuses(trainer: Any) -> bool:
+    """Whether torch's AdamW is the fused one: on a GPU, unless the Trainer clips gradients under Lightning's mixed
+    precision, which refuses to clip for an optimizer that unscales its own gradients (fused does); torch's default
+    (``foreach``) then."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    if not torch.cuda.is_available():
+        return False
+    clips = bool(getattr(trainer, "gradient_clip_val", None))
+    return not (clips and isinstance(getattr(getattr(trainer, "strategy", None), "precision_plugin", None),
+                                     MixedPrecision))

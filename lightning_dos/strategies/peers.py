@@ -106,7 +106,8 @@ class PlainStrategy(_OneDeviceStrategy):
     """No ZeRO, no offload: everything on one device, the floor one GPU can reach when the model fits.
 
     Lightning's single-device strategy on the device the Trainer's accelerator picks. The model keeps fp32 weights;
-    :func:`lightning_dos.optim.adamw` gives it torch's AdamW (fused on a GPU), whose state lives on the same device;
+    :func:`lightning_dos.optim.adamw` gives it torch's AdamW (fused on a GPU unless mixed precision clips:
+    :func:`~lightning_dos.optim.fuses`), whose state lives on the same device;
     with ``precision: bf16-mixed`` Lightning autocasts the matmuls. Gradient clipping is Lightning's own. Memory:
     4 bytes per parameter each for the weights, the gradients and both Adam moments (16 B/param), plus activations:
     pick it when that fits on one GPU, as the speed every offloading strategy is measured against.

@@ -26,7 +26,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from lightning_dos.models.gpt import GPTConfig, num_params  # noqa: E402
 from lightning_dos.models.hf import hf_num_params  # noqa: E402
-from tests.support.recipe_run import ROOT, finite, fit, metrics, recipe_copy, series, summary  # noqa: E402
+from tests.support.recipe_run import ON_A_GPU, ROOT, finite, fit, metrics, recipe_copy, series, summary  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -34,8 +34,6 @@ pytestmark = [
 ]
 
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
-#: Extra arguments a recipe's own header says to add on a GPU.
-ON_A_GPU = {"quickstart": ("--trainer.precision", "bf16-mixed")}
 #: Bytes a sharded DOS checkpoint takes per parameter (fp32 master, Adam m and v, bf16 weights).
 CHECKPOINT_BYTES_PER_PARAM = 14
 STEPS = 3

@@ -106,6 +106,22 @@ def test_plain_is_torch_adamw_on_one_device() -> None:
         assert torch.equal(trained, expected)
 
 
+@pytest.mark.parametrize("clip", [None, 1.0])
+def test_plain_adamw_is_fused_on_a_gpu_unless_mixed_precision_clips(clip: float | None,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU torch's AdamW is the fused one, except where Lightning's mixed precision would then refuse the
+    recipes' ``gradient_clip_val`` (the fused step unscales its own gradients); the host stands in for the GPU."""
+    trainer = _trainer("plain", clip=clip, precision="bf16-mixed")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    optimizer = adamw(trainer, torch.nn.Linear(2, 2).parameters(), lr=1e-3)
+    monkeypatch.undo()
+    assert optimizer.defaults["fused"] is (clip is None)
+    plugin = trainer.strategy.precision_plugin
+    plugin.clip_gradients(optimizer, clip_val=1.0 if clip else 0.0)  # what Lightning runs before each step
+    with pytest.raises(RuntimeError, match="does not allow for gradient clipping"):  # why it may not be fused
+        plugin.clip_gradients(torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), fused=True), clip_val=1.0)
+
+
 @pytest.mark.parametrize(("settings", "match"), [
     ({"devices": 2}, r"^devices: plain trains on one device, got 2 .* set devices: 1"),
     ({"precision": "bf16-true"}, r"^precision: plain keeps fp32 weights, but bf16-true .* set precision: bf16-mixed"),

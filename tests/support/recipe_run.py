@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -20,6 +21,18 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The command a strategy fragment's header gives to try it: ``lightning-dos fit --config RECIPE --config FRAGMENT``.
+FRAGMENT_COMMAND = re.compile(
+    r"^#\s+lightning-dos fit --config (recipes/\S+\.yaml) --config (configs/strategy/\S+\.yaml)$", re.MULTILINE)
+
+#: Extra arguments a recipe's own header says to add on a GPU.
+ON_A_GPU = {"quickstart": ("--trainer.precision", "bf16-mixed")}
+
+
+def fragment_recipe(fragment: Path) -> Path | None:
+    """The recipe ``fragment``'s header tries it on, or None where its header names no command for itself."""
+    match = FRAGMENT_COMMAND.search(fragment.read_text())
+    return ROOT / match.group(1) if match and match.group(2) == f"configs/strategy/{fragment.name}" else None
 
 
 def recipe_copy(recipe: Path, out: Path, *, max_steps: int, every_n_train_steps: int | None = None,

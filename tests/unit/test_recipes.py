@@ -33,6 +33,7 @@ from lightning_dos.models.gpt import num_params
 from lightning_dos.models.hf import hf_num_params
 from lightning_dos.telemetry.callbacks import DOSMetricsLogger, ValLossReport
 from lightning_dos.telemetry.loggers import DOSWandbLogger
+from tests.support.recipe_run import fragment_recipe, recipe_copy
 
 # the tests pass args while pytest's own arguments sit in sys.argv
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
@@ -125,6 +126,12 @@ def test_every_recipe_is_listed() -> None:
     assert {p.stem for p in RECIPES} == set(EXPECTED_RECIPES)
     assert {p.stem for p in STRATEGY_FRAGMENTS} == set(EXPECTED_STRATEGIES)
     assert {p.stem for p in LOGGER_FRAGMENTS} == set(EXPECTED_LOGGERS)
+
+
+def test_every_strategy_fragment_names_its_command() -> None:
+    """Each fragment's header says how to try it (the GPU tier runs that command): on a recipe that exists."""
+    recipes = {fragment.stem: fragment_recipe(fragment) for fragment in STRATEGY_FRAGMENTS}
+    assert all(recipe is not None and recipe.is_file() for recipe in recipes.values()), recipes
 
 
 @pytest.mark.parametrize("config", RECIPES + STRATEGY_FRAGMENTS + LOGGER_FRAGMENTS, ids=lambda p: p.stem)
@@ -332,8 +339,6 @@ def test_the_family_table_of_docs_recipes_gives_each_recipes_steps() -> None:
 def test_a_copy_for_the_gpu_tier_saves_checkpoints_only_when_asked(checkpoints: bool, tmp_path: Path) -> None:
     """The GPU tier's copies of a recipe: with ``checkpoints=False`` no ModelCheckpoint is left (a recipe's
     ``save_last`` writes one when training ends, whatever the interval: gigabytes on a GPU host's disk)."""
-    from tests.support.recipe_run import recipe_copy
-
     recipe = ROOT / "recipes" / "llama-3b.yaml"
     cli = _cli(recipe_copy(recipe, tmp_path / "copy", max_steps=3, every_n_train_steps=2, checkpoints=checkpoints))
     saving = cli.trainer.checkpoint_callbacks
