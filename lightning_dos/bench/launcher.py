@@ -4,7 +4,9 @@ The parent writes ``config.json`` and starts ``python -m lightning_dos.bench.wor
 new process group from the invocation's directory (a recipe's relative paths mean what they mean to ``lightning-dos
 fit``), its output in ``worker.log``; while it waits it samples the memory in use on the whole host, so a worker the
 kernel kills still has its peak. A worker that wrote no result is ``oom`` (SIGKILL, most often the kernel's
-out-of-memory killer), ``timeout`` or ``failed``, with a reason from its log or from a failed rank's record.
+out-of-memory killer), ``timeout`` or ``failed``, with a reason from its log or from a failed rank's record; one
+that wrote what it measured as training ended (:data:`~lightning_dos.bench.measure.TRAINED`) and then died keeps those
+figures, ``ok``, its reason saying how it ended.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_dos.bench import ranks
+from lightning_dos.bench.measure import TRAINED
 from lightning_dos.bench.results import read_json
 from lightning_dos.bench.settings import ROOT
 from lightning_dos.telemetry.callbacks import host_in_use_gib
@@ -133,6 +136,7 @@ def launch(payload: dict[str, Any], run_dir: Path, timeout_s: float) -> dict[str
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path, result_path, log_path = run_dir / "config.json", run_dir / "result.json", run_dir / "worker.log"
     result_path.unlink(missing_ok=True)
+    (run_dir / TRAINED).unlink(missing_ok=True)
     ranks.clear_failures(run_dir)
     config_path.write_text(json.dumps(payload, indent=2), encoding="utf-8")
     command = [sys.executable, "-m", WORKER_MODULE, str(config_path), str(result_path)]
@@ -155,7 +159,11 @@ def launch(payload: dict[str, Any], run_dir: Path, timeout_s: float) -> dict[str
     result: dict[str, Any] | None = None if timed_out else read_json(result_path)
     if result is None:
         failed_rank = rank_failure(ranks.read_failures(run_dir))  # a failed rank explains a hang of the others too
-        result = {**payload["run"], **(failed_rank or classify_exit(proc.returncode, timed_out, timeout_s, log_path))}
+        ended = failed_rank or classify_exit(proc.returncode, timed_out, timeout_s, log_path)
+        trained = read_json(run_dir / TRAINED)  # its steps all ran: their figures stand, and the reason says the rest
+        result = ({**payload["run"], **ended} if trained is None else
+                  {**trained, "reason": f"trained its {trained['steps']} steps, then ended: {ended['reason']}"})
+    (run_dir / TRAINED).unlink(missing_ok=True)  # the result holds it now
     in_use = None if peak is None or before is None else max(0.0, peak - before)
     result.update(returncode=proc.returncode, elapsed_s=elapsed, log=str(log_path), host_in_use_gib=in_use,
                   host_in_use_before_gib=before)

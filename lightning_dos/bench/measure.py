@@ -11,8 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from lightning_dos.bench import ranks
+from lightning_dos.bench.results import write_json
 from lightning_dos.bench.settings import Run
 
+#: Where a worker writes its measurements as training ends, beside its result (:func:`fit_and_measure`).
+TRAINED = "trained.json"
 #: Longest failure reason kept in a result (the full traceback is in the worker's log).
 MAX_REASON_CHARS = 400
 OOM_MARKERS = ("out of memory", "cudaerrormemoryallocation", "cuda_error_out_of_memory")
@@ -98,12 +101,17 @@ def fit_and_measure(
     on_strategy: Callable[[Any], None] | None = None,
     timeline: bool = False,
     phase_memory: bool = False,
+    trained_to: Path | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """Build what ``payload``'s ``lightning-dos fit`` builds, with a :class:`~lightning_dos.bench.timing.PhaseTimer`
     and ``callbacks`` added, train it and return the trainer and the raw measurements. ``on_strategy`` sees the
     strategy first (to report from it should training fail); ``timeline`` adds the last synchronised iteration's;
-    ``phase_memory`` each synchronised phase's GPU peak (it resets the allocator's peaks: nothing else may read them).
+    ``phase_memory`` each synchronised phase's GPU peak (it resets the allocator's peaks: nothing else may read them);
+    ``trained_to`` gets the measurements (DOS's records with them) as training ends, before Lightning's teardown, which
+    the kernel may yet kill the process in (the launcher then reports them, :data:`TRAINED`).
     """
+    from lightning.pytorch import Callback
+
     from lightning_dos.bench.compose import build
     from lightning_dos.bench.timing import PhaseTimer
     from lightning_dos.telemetry.environment import device_info
@@ -116,7 +124,26 @@ def fit_and_measure(
         # its lines in the worker's log outlive a run the kernel kills; its censuses (a walk of the Python heap) fall in
         # warm-up iterations only, which no figure reads
         census = HostCensusLog(at=tuple(sorted({1, spec.warmup - 1} - {0})) if spec.warmup >= 2 else ())
-        cli = build(payload["fit"]["args"], callbacks=[timer, census, *callbacks])
+
+        def measured(trainer: Any) -> dict[str, Any]:
+            device = trainer.strategy.root_device
+            phases = timer.memory is not None and timer.memory.active
+            return {"status": "ok", "reason": None, **spec.to_dict(), "rank": trainer.global_rank,
+                    "device": device_info(device),
+                    "iterations": {**timer.samples, "end_s": timer.ends, "loss": timer.losses,
+                                   "host_in_use_gib": timer.host_in_use, **timer.host,
+                                   **(timer.memory_samples if phases else {})},
+                    **(timer.memory.process_peaks() if phases else gpu_peaks(device)), **sampler.summary(),
+                    "host_census": census.censuses, "wall_s": time.perf_counter() - started,
+                    **({"iteration_timeline": iteration_timeline(timer, trainer.strategy)} if timeline else {})}
+
+        class Trained(Callback):
+            def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+                done = len(timer.samples["iteration_ms"]) >= spec.steps  # else fit_and_measure raises after fit
+                if trained_to is not None and trainer.global_rank == 0 and done:
+                    write_json(trained_to, {**measured(trainer), "dos": dos_records(trainer.strategy)})
+
+        cli = build(payload["fit"]["args"], callbacks=[timer, census, *callbacks, Trained()])
         trainer = cli.trainer
         if on_strategy is not None:
             on_strategy(trainer.strategy)
@@ -125,29 +152,10 @@ def fit_and_measure(
         trainer.fit(cli.model, datamodule=cli.datamodule)
         fit_s = time.perf_counter() - fit_started
         census.record(trainer, "after fit")
-    device = trainer.strategy.root_device
-    measured_phases = timer.memory is not None and timer.memory.active
-    ran = len(timer.samples["iteration_ms"])
-    if ran < spec.steps:
-        raise RuntimeError(f"only {ran} of {spec.steps} iterations ran; the data ran out or training stopped early")
-    result = {
-        "status": "ok",
-        "reason": None,
-        **spec.to_dict(),
-        "rank": trainer.global_rank,
-        "device": device_info(device),
-        "iterations": {**timer.samples, "end_s": timer.ends, "loss": timer.losses,
-                       "host_in_use_gib": timer.host_in_use, **timer.host,
-                       **(timer.memory_samples if measured_phases else {})},
-        **(timer.memory.process_peaks() if measured_phases else gpu_peaks(device)),
-        **sampler.summary(),
-        "host_census": census.censuses,
-        "fit_s": fit_s,
-        "wall_s": time.perf_counter() - started,
-    }
-    if timeline:
-        result["iteration_timeline"] = iteration_timeline(timer, trainer.strategy)
-    return trainer, result
+    if len(timer.samples["iteration_ms"]) < spec.steps:
+        raise RuntimeError(f"only {len(timer.samples['iteration_ms'])} of {spec.steps} iterations ran; the data ran "
+                           "out or training stopped early")
+    return trainer, {**measured(trainer), "fit_s": fit_s}
 
 
 #: What each rank reports of itself under ``per_rank`` (besides its rank).
@@ -165,7 +173,7 @@ def rank_entry(result: dict[str, Any], trainer: Any) -> dict[str, Any]:
 def run(payload: dict[str, Any], spec: Run, workdir: Path) -> dict[str, Any]:
     """Train the configuration of ``payload`` and return the raw measurements (every rank's under ``per_rank``,
     gathered to each rank: only rank 0's is written)."""
-    trainer, result = fit_and_measure(payload, spec, timeline=True, phase_memory=True)
+    trainer, result = fit_and_measure(payload, spec, timeline=True, phase_memory=True, trained_to=workdir / TRAINED)
     result["dos"] = dos_records(trainer.strategy)
     result["timeline"] = save_timeline(trainer.strategy, workdir) if trainer.global_rank == 0 else None
     result["per_rank"] = ranks.gather_to_rank0(rank_entry(result, trainer))

@@ -207,17 +207,10 @@ def aggregate(spec: Run, runs: Sequence[dict[str, Any]], tokens: int | None,
     reasons = [f"repeat {r.get('repeat', 0) + 1}/{len(runs)}: {r.get('reason')}" if len(runs) > 1 else r.get("reason")
                for r in runs if r.get("status") != "ok"]
     result: dict[str, Any] = {
-        "label": spec.label,
-        "strategy": spec.strategy,
-        "plan": spec.plan,
-        "devices": spec.devices,
-        "status": status,
-        "reason": "; ".join(str(r) for r in reasons) if reasons else None,
-        "repeats": len(runs),
-        "repeats_ok": len(ok),
+        "label": spec.label, "strategy": spec.strategy, "plan": spec.plan, "devices": spec.devices, "status": status,
+        "reason": "; ".join(str(r) for r in reasons) if reasons else None, "repeats": len(runs), "repeats_ok": len(ok),
         "strategy_config": f"configs/strategy/{spec.fragment}.yaml" if spec.fragment else None,
-        "strategy_args": spec.args,
-    }
+        "strategy_args": spec.args}
     tokens = tokens * spec.devices if tokens else None  # every rank's: the figures below are totals
     result["tokens_per_iteration"] = tokens
     # the headline: end to end, unsynchronised
@@ -248,19 +241,12 @@ def aggregate(spec: Run, runs: Sequence[dict[str, Any]], tokens: int | None,
     result["device"] = ok[0].get("device") if ok else None
     result["per_rank"] = per_rank
     result["runs"] = [
-        {
-            "repeat": r.get("repeat", 0),
-            "status": r.get("status"),
-            "reason": r.get("reason"),
-            "returncode": r.get("returncode"),
-            "elapsed_s": r.get("elapsed_s"),
-            "log": r.get("log"),
-            "e2e_iteration_ms": median(e2e_samples(r["iterations"], spec)) if r.get("iterations") else None,
-            "iteration_ms": median(series([r], "iteration_ms", phase_indices)),
-            "final_loss": r["iterations"]["loss"][-1] if r.get("iterations") else None,
-        }
-        for r in runs
-    ]
+        {**{key: r.get(key) for key in ("status", "reason", "returncode", "elapsed_s", "log")},
+         "repeat": r.get("repeat", 0),
+         "e2e_iteration_ms": median(e2e_samples(r["iterations"], spec)) if r.get("iterations") else None,
+         "iteration_ms": median(series([r], "iteration_ms", phase_indices)),
+         "final_loss": r["iterations"]["loss"][-1] if r.get("iterations") else None}
+        for r in runs]
     return result
 
 
