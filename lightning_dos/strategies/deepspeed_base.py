@@ -43,7 +43,8 @@ def state_left_in_place(strategy: Any) -> Iterator[None]:
 def module_left_in_place(module: torch.nn.Module | None) -> Iterator[None]:
     """Lightning's ``Strategy.teardown`` without its move of the module to the CPU: ZeRO-3's parameters are DeepSpeed's
     partitions, freed with the engine. Where DOS keeps the 16-bit parameters whole on the device, the move would copy
-    the whole model to the host while the optimizer state still holds it (18.8 GiB at 10.1B, the host's last room)."""
+    the whole model to the host while the optimizer state still holds it (18.8 GiB at 10.1B, the host's last room).
+    The single-device peers use it too (:mod:`lightning_dos.strategies.peers`)."""
     if module is None:
         yield
         return

@@ -38,7 +38,12 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from lightning_dos.strategies.baselines import ZeRO3OffloadStrategy
-from lightning_dos.strategies.deepspeed_base import DeepSpeedBase, offload_config_problems, state_left_in_place
+from lightning_dos.strategies.deepspeed_base import (
+    DeepSpeedBase,
+    module_left_in_place,
+    offload_config_problems,
+    state_left_in_place,
+)
 
 #: How to install the optional peers (torchao); named by every error about a missing one.
 PEERS_EXTRA = "pip install 'lightning-dos[peers]'"
@@ -88,6 +93,13 @@ class _OneDeviceStrategy(SingleDeviceStrategy):
     @override
     def root_device(self) -> torch.device:
         return self.parallel_devices[0] if self.parallel_devices else self._root_device
+
+    @override
+    def teardown(self) -> None:
+        # Lightning's, less its copy of the whole model to the host at the end (DOS's teardown skips it too): the
+        # fp32 module on top of torchao_offload's host state can exhaust a host that held the training itself
+        with module_left_in_place(self.lightning_module):
+            super().teardown()
 
     def _check_one_device(self) -> None:
         devices = self.parallel_devices or []

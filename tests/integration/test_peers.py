@@ -122,6 +122,19 @@ def test_plain_adamw_is_fused_on_a_gpu_unless_mixed_precision_clips(clip: float 
         plugin.clip_gradients(torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), fused=True), clip_val=1.0)
 
 
+def test_one_device_teardown_leaves_the_module_where_it_lives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning's teardown would copy the whole model to the host after training (torchao_offload was killed there
+    at 6.86B); plain and torchao_offload leave it where it trained, as DOS does. The host stands in for the GPU."""
+    moved: list[torch.nn.Module] = []
+    move = torch.nn.Module.cpu
+    monkeypatch.setattr(torch.nn.Module, "cpu", lambda self: (moved.append(self), move(self))[1])
+    model = TinyLM()
+    _trainer("plain", steps=2).fit(model, train_dataloaders=token_loader(2))
+    assert model not in moved and "cpu" not in vars(model)  # its own cpu is back
+    model.cpu()  # a user's own call still moves it
+    assert moved == [model]
+
+
 @pytest.mark.parametrize(("settings", "match"), [
     ({"devices": 2}, r"^devices: plain trains on one device, got 2 .* set devices: 1"),
     ({"precision": "bf16-true"}, r"^precision: plain keeps fp32 weights, but bf16-true .* set precision: bf16-mixed"),
