@@ -138,7 +138,8 @@ class _SizingCLI(DOSLightningCLI):
 PLAN_HELP = """Print the memory plan of a run without training it: where each subgroup's optimizer state would live, and
 whether the GPU and the host hold the run, before the first step and after it (the activations from the model's own
 estimate). Takes the arguments of `lightning-dos fit` (--config RECIPE, --trainer.devices N, --model.n_layer L, ...)
-and sizes for this machine's GPU and host unless given. Exits 1 when the run does not fit."""
+and sizes for this machine's GPU and host unless given. Exits 1 when the run does not fit, or may not (it fits
+before the first step but not with the estimated peak, an upper one)."""
 
 
 def plan(argv: Sequence[str]) -> int:

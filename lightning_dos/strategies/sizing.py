@@ -59,8 +59,15 @@ class Sizing:
                 f"largest {max(self.sizes):,}; the training's parameters on each device "
                 f"{self.device_params_bytes / GIB:.2f} GiB, "
                 f"activations {acts}")
-        verdict = "fits this box" if self.fits else "does NOT fit this box"
-        return "\n".join([head, self.start.describe(), self.after_first_step.describe(), f"the run {verdict}"])
+        if self.fits:
+            verdict = "the run fits this box"
+        elif self.start.fits:  # the second plan's peak is an upper estimate; the strategy's is measured
+            verdict = ("the run may NOT fit this box: it fits with the most the GPU could hold resident, not with the "
+                       "estimated peak (an upper one); the strategy plans again from the measured peak after the first "
+                       "forward and backward, and stops before its first update if it does not fit")
+        else:
+            verdict = "the run does NOT fit this box"
+        return "\n".join([head, self.start.describe(), self.after_first_step.describe(), verdict])
 
 
 def param_groups_numel(module: torch.nn.Module) -> list[list[int]]:

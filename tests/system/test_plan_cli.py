@@ -31,6 +31,13 @@ def test_a_10b_gpt_on_a_small_host_does_not_fit_and_says_what_to_change() -> Non
     assert "(14 bytes per parameter)" in proc.stdout  # the recipe's bf16-mixed: 16-bit host gradients
 
 
+def test_gpt_12b_may_not_fit_by_the_estimated_peak_and_says_the_strategy_checks_the_measured_one() -> None:
+    proc = _plan("--config", "recipes/gpt-12b.yaml", "--gpu-gib", "79.18", "--host-gib", "125.8")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "12,100,517,888 parameters" in proc.stdout
+    assert "the run may NOT fit this box" in proc.stdout and "stops before its first update" in proc.stdout
+
+
 def test_the_plan_follows_the_recipes_precision() -> None:
     proc = _plan("--model.n_layer", "48", "--model.n_embd", "4096", "--model.n_head", "32", "--gpu-gib", "80",
                  "--host-gib", "64", "--trainer.precision", "32-true")
