@@ -140,10 +140,10 @@ def fit_and_measure(
         class Trained(Callback):
             def on_train_end(self, trainer: Any, pl_module: Any) -> None:
                 done = len(timer.samples["iteration_ms"]) >= spec.steps  # else fit_and_measure raises after fit
-                if trained_to is not None and trainer.global_rank == 0 and done:
+                if trainer.global_rank == 0 and done:
                     write_json(trained_to, {**measured(trainer), "dos": dos_records(trainer.strategy)})
 
-        cli = build(payload["fit"]["args"], callbacks=[timer, census, *callbacks, Trained()])
+        cli = build(payload["fit"]["args"], callbacks=[timer, census, *callbacks, *([Trained()] if trained_to else [])])
         trainer = cli.trainer
         if on_strategy is not None:
             on_strategy(trainer.strategy)
