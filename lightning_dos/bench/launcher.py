@@ -159,10 +159,10 @@ def launch(payload: dict[str, Any], run_dir: Path, timeout_s: float) -> dict[str
     result: dict[str, Any] | None = None if timed_out else read_json(result_path)
     if result is None:
         failed_rank = rank_failure(ranks.read_failures(run_dir))  # a failed rank explains a hang of the others too
-        ended = failed_rank or classify_exit(proc.returncode, timed_out, timeout_s, log_path)
-        trained = read_json(run_dir / TRAINED)  # its steps all ran: their figures stand, and the reason says the rest
-        result = ({**payload["run"], **ended} if trained is None else
-                  {**trained, "reason": f"trained its {trained['steps']} steps, then ended: {ended['reason']}"})
+        result = {**payload["run"], **(failed_rank or classify_exit(proc.returncode, timed_out, timeout_s, log_path))}
+    trained = read_json(run_dir / TRAINED)  # its steps all ran (killed or raised after): their figures stand
+    if trained is not None and result["status"] != "ok":
+        result = {**trained, "reason": f"trained its {trained['steps']} steps, then ended: {result['reason']}"}
     (run_dir / TRAINED).unlink(missing_ok=True)  # the result holds it now
     in_use = None if peak is None or before is None else max(0.0, peak - before)
     result.update(returncode=proc.returncode, elapsed_s=elapsed, log=str(log_path), host_in_use_gib=in_use,

@@ -2,8 +2,8 @@
 CPU, subgroups small enough for several), a row table written for a test, a raw worker result made by hand, and a
 callback that makes a worker fail as a GPU host's would, for a model from a given width up: the worker kills itself as
 the kernel's out-of-memory killer would (``kill``; ``kill-after-training``: once its steps have run, in Lightning's
-teardown), reports CUDA running out of memory (``cuda-oom``), or refuses the run with a clear error before allocating
-(``refuse``)."""
+teardown), raises there (``raise-after-training``), reports CUDA running out of memory (``cuda-oom``), or refuses the
+run with a clear error before allocating (``refuse``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-HOW = ("kill", "kill-after-training", "cuda-oom", "refuse")
+HOW = ("kill", "kill-after-training", "raise-after-training", "cuda-oom", "refuse")
 #: ``--set`` pairs making recipes/gpt-2.7b.yaml a tiny CPU run: 2 blocks of width 64, 4 subgroups, 512 tokens
 TINY = ["trainer.accelerator=cpu", "trainer.precision=32-true", "model.n_layer=2", "model.n_embd=64", "model.n_head=2",
         "data.vocab_size=512", "data.seq_len=32", "data.batch_size=2", "model.learning_rate=0.01",
@@ -57,7 +57,7 @@ class FailFrom(pl.Callback):
         self.n_embd, self.how = n_embd, how
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if pl_module.config.n_embd < self.n_embd or self.how == "kill-after-training":
+        if pl_module.config.n_embd < self.n_embd or self.how.endswith("after-training"):
             return
         if self.how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
@@ -66,5 +66,8 @@ class FailFrom(pl.Callback):
         raise ValueError(f"memory plan: n_embd {pl_module.config.n_embd} does not fit this host; lower the model size")
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if pl_module.config.n_embd >= self.n_embd and self.how == "kill-after-training":
+        if pl_module.config.n_embd < self.n_embd or not self.how.endswith("after-training"):
+            return
+        if self.how == "kill-after-training":
             os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError("teardown: the module could not be moved to the host")

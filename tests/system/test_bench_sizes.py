@@ -1,10 +1,10 @@
 """``lightning-dos bench sizes`` with real worker processes on the CPU (the host stands in for the GPU): growing tiny
-GPTs under six rows, of which one trains every size, one reports CUDA running out of memory and one is killed by a
+GPTs under seven rows, of which one trains every size, one reports CUDA running out of memory and one is killed by a
 signal (as the kernel's out-of-memory killer kills) from the second size up, one is killed after its steps have run
-(its figures kept), one refuses the first size with a clear error, and one cannot run at all. Every failure is a row
-with its reason, a failed strategy is not run again, and the study runs over two invocations as on a GPU host with a
-time limit per call: the second (``--resume``) reuses every run that finished, failures included, and adds the third
-size.
+and one raises there (their figures kept), one refuses the first size with a clear error, and one cannot run at all.
+Every failure is a row with its reason, a failed strategy is not run again, and the study runs over two invocations as
+on a GPU host with a time limit per call: the second (``--resume``) reuses every run that finished, failures included,
+and adds the third size.
 """
 
 from __future__ import annotations
@@ -25,20 +25,21 @@ def test_sizes_until_each_strategy_fails_over_two_invocations(tmp_path: Path,
         "plain": {"fragment": "plain", "set": {"trainer.callbacks+": fault(128, "cuda-oom")}},
         "killed": {"fragment": "plain", "set": {"trainer.callbacks+": fault(128, "kill")}},
         "killed_after": {"fragment": "plain", "set": {"trainer.callbacks+": fault(128, "kill-after-training")}},
+        "raised_after": {"fragment": "plain", "set": {"trainer.callbacks+": fault(128, "raise-after-training")}},
         "refused": {"fragment": "static_split_0.5", "strategy": "static_split",
                     "set": {"trainer.callbacks+": fault(64, "refuse")}},
         "offload_opt_states": {"cannot_run": "needs engine.compile()"}})
     out = tmp_path / "sizes"
     argv = ["sizes", "--set", *TINY, *WINDOWS, "--rows", str(rows), "--head-dim", "32", "--out", str(out)]
     assert main([*argv, "--sizes", "2x64,2x128"]) == 0
-    assert "6/9 runs completed" in capsys.readouterr().out
+    assert "8/11 runs completed" in capsys.readouterr().out
     first = json.loads((out / "sizes.json").read_text())
     assert first["kind"] == "size_sweep" and first["sizes_planned"] == ["2x64", "2x128"]
 
     assert main([*argv, "--sizes", "2x64,2x128,2x256", "--resume"]) == 0
     printed = capsys.readouterr().out
     assert "2x64 (" in printed and "zero3_offload (reused): ok" in printed and "killed (reused): OOM" in printed
-    assert "8/11 runs completed" in printed  # nine reused, the third size's zero3_offload and killed_after runs
+    assert "11/14 runs completed" in printed  # eleven reused; the third size's zero3_offload, *_after
     doc = json.loads((out / "sizes.json").read_text())
     runs = {(e["shape"], e["label"]): e for e in doc["runs"]}
     assert [e["params"] for e in doc["sizes"]] == sorted(e["params"] for e in doc["sizes"])
@@ -56,12 +57,14 @@ def test_sizes_until_each_strategy_fails_over_two_invocations(tmp_path: Path,
     assert killed["status"] == "oom" and killed["reason"].startswith("killed by SIGKILL")
     assert killed["host_in_use_gib"] is not None  # sampled by the parent until the kill
     assert killed["host_in_use_training_gib"] is None  # no iteration's reading came back
-    # killed after its steps ran (in Lightning's teardown, as torchao's module moved to the host): its figures stand
+    # killed or raising after its steps ran (in Lightning's teardown, as torchao's module moved to the host): its
+    # figures stand
     for shape in ("2x128", "2x256"):
-        late = runs[(shape, "killed_after")]
-        assert late["status"] == "ok" and late["tokens_per_s"] > 0 and late["host_in_use_training_gib"] is not None
-        assert late["reason"].startswith(f"trained its {WINDOWS[1]} steps, then ended: killed by SIGKILL")
-    assert runs[("2x64", "killed_after")]["reason"] is None
+        for label, ended in (("killed_after", "killed by SIGKILL"), ("raised_after", "RuntimeError: teardown")):
+            late = runs[(shape, label)]
+            assert late["status"] == "ok" and late["tokens_per_s"] > 0 and late["host_in_use_training_gib"] is not None
+            assert late["reason"].startswith(f"trained its {WINDOWS[1]} steps, then ended: {ended}")
+    assert runs[("2x64", "killed_after")]["reason"] is runs[("2x64", "raised_after")]["reason"] is None
     refused = runs[("2x64", "refused")]
     assert refused["status"] == "failed" and "ValueError: memory plan: n_embd 64 does not fit" in refused["reason"]
     assert runs[("2x64", "offload_opt_states")]["status"] == "skipped"
