@@ -5,8 +5,8 @@ new process group from the invocation's directory (a recipe's relative paths mea
 fit``), its output in ``worker.log``; while it waits it samples the memory in use on the whole host, so a worker the
 kernel kills still has its peak. A worker that wrote no result is ``oom`` (SIGKILL, most often the kernel's
 out-of-memory killer), ``timeout`` or ``failed``, with a reason from its log or from a failed rank's record; one
-that wrote what it measured as training ended (:data:`~lightning_dos.bench.measure.TRAINED`) and then died keeps those
-figures, ``ok``, its reason saying how it ended.
+that wrote what it measured as training ended (:data:`~lightning_dos.bench.measure.TRAINED`) and then died or raised
+keeps those figures, ``ok``, its reason saying how it ended.
 """
 
 from __future__ import annotations
@@ -160,8 +160,8 @@ def launch(payload: dict[str, Any], run_dir: Path, timeout_s: float) -> dict[str
     if result is None:
         failed_rank = rank_failure(ranks.read_failures(run_dir))  # a failed rank explains a hang of the others too
         result = {**payload["run"], **(failed_rank or classify_exit(proc.returncode, timed_out, timeout_s, log_path))}
-    trained = read_json(run_dir / TRAINED)  # its steps all ran (killed or raised after): their figures stand
-    if trained is not None and result["status"] != "ok":
+    trained = None if result["status"] == "ok" else read_json(run_dir / TRAINED)  # its steps all ran: figures stand
+    if trained is not None:
         result = {**trained, "reason": f"trained its {trained['steps']} steps, then ended: {result['reason']}"}
     (run_dir / TRAINED).unlink(missing_ok=True)  # the result holds it now
     in_use = None if peak is None or before is None else max(0.0, peak - before)
