@@ -269,7 +269,7 @@ HOST_ADVICE = ("more of the state on the GPU (a smaller micro-batch, activation 
 
 class DoesNotFit(RuntimeError):
     """The run cannot fit the box: raised before its first update, with the numbers and what to change; nothing is
-    allocated for it beyond the host homes made at start, which it would need in any placement."""
+    allocated for it beyond the host gradients made at start, which it would need in any placement."""
 
 
 @dataclass(frozen=True)
@@ -367,8 +367,8 @@ class MemoryPlan:
         if problems:
             held = self.host.held if self.host is not None else 0
             made = ("nothing was allocated for its optimizer state" if not held else
-                    f"nothing was allocated for its optimizer state beyond the {held / GIB:.2f} GiB of host homes made "
-                    "at start for the subgroups that could never be resident")
+                    f"nothing was allocated for its optimizer state beyond the {held / GIB:.2f} GiB of host gradients "
+                    "made for its first backward")
             raise DoesNotFit(f"deep_optimizer_states: this run cannot fit the box, so it stops before its first "
                              f"update: {made}.\n" + replace(self, problems=problems).describe())
 

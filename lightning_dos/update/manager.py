@@ -98,6 +98,9 @@ class ZeroOptimizer(Protocol):
     def home_bytes(self) -> dict[Home, int]:
         """Bytes of state and gradients held in each home now."""
 
+    def make_host_gradients(self, ids: Sequence[int]) -> None:
+        """Before placement: only the host gradients the first backward writes, for subgroups that will live there."""
+
     def place(self, homes: Sequence[Home | None]) -> None:
         """Make or move each subgroup's state in ``homes[i]`` (None: leave it)."""
 
@@ -422,8 +425,10 @@ class OptimizerStateManager:
         """When the engine is built: the memory plan of the best case the box allows
         (:func:`~lightning_dos.planning.placement.start_plan`). If even that does not fit the host, the run stops here,
         with the numbers, before anything is allocated for its state. The subgroups it keeps resident are the
-        candidates, placed at the first dispatch from the measured peak; the others live on the host, and their homes
-        are made now. With residents set by hand, or nothing to measure, every home is made now."""
+        candidates, placed at the first dispatch from the measured peak; the others live on the host, and only the
+        gradients their first backward writes there are made now: their masters and moments wait for the plan from
+        the measured peak, so a run that does not fit it stops with only those allocated. With residents set by hand,
+        or nothing to measure, every home is made now."""
         plan = start_plan(self.subgroup_sizes, self.host_memory(), self.device_memory(),
                           self.optimizer.device_grad_bytes_per_param() if self.device_gradients else 0,
                           self.memory_budget_bytes, self._resident_bytes, self.optimizer.host_gradient_bytes(),
@@ -435,7 +440,7 @@ class OptimizerStateManager:
             self.optimizer.ensure_placed()
             return
         self.candidates = plan.placement.resident
-        self.optimizer.place([None if i in self.candidates else Home.HOST for i in range(len(self.sizes))])
+        self.optimizer.make_host_gradients([i for i in range(len(self.sizes)) if i not in self.candidates])
         self._plan_gradients()
 
     def choose_homes(self, measured: bool = True) -> tuple[Home, ...]:

@@ -16,6 +16,11 @@ Host homes are ordinary host allocations page-locked in place
 exactly their bytes, where torch's pinned allocator would round each block up to a power of two); device homes are
 allocations of the accelerator (on a machine without one, the host stands in).
 
+A subgroup that will live on the host whatever the first step shows (the plan at start says which) gets one tensor
+before placement: the gradient its first backward writes there (:meth:`StateHomes.make_host_gradients`); placement
+keeps it, with the gradient in it, and makes the master and moments beside it. A run stopped at placement (the box
+cannot hold it) has then allocated only those gradients.
+
 A checkpoint loaded before placement (a resume) is not copied anywhere: each unplaced subgroup's placeholder takes the
 loaded master tensor itself, so DeepSpeed's copy into it reads and writes the same memory and does nothing, and the
 loaded moments stay as torch's optimizer puts them, on the host beside it; placement copies them into their homes. With
@@ -25,7 +30,7 @@ checkpoint file's pages until then, not host memory in use.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -79,8 +84,11 @@ class StateHomes:
         """Bytes of optimizer state and gradients held in each home now (the gradient of a host home included; a
         gradient kept on the device through backward is not state)."""
         out = {Home.DEVICE: 0, Home.HOST: 0}
+        held = self.__dict__.get("_dos_host_grads", {})
         for i, home in enumerate(self.homes()):
-            if home is None:
+            if home is None:  # a host gradient made before placement (make_host_gradients) is held there already
+                early = held.get(i)
+                out[Home.HOST] += early.numel() * early.element_size() if early is not None else 0
                 continue
             master = self.fp32_partitioned_groups_flat[i]
             state = self.optimizer.state.get(master, {})
@@ -121,6 +129,20 @@ class StateHomes:
 
     # ------------------------------------------------------------------ placing and moving
     @torch.no_grad()
+    def make_host_gradients(self, ids: Iterable[int]) -> None:
+        """Before placement, for the unplaced subgroups ``ids``, which will live on the host: only the gradient their
+        first backward writes there (zeros, in :meth:`host_grad_dtype`, page-locked as a host home's). :meth:`place`
+        keeps it and makes their master and moments. Nothing under gradient accumulation: DeepSpeed's whole-partition
+        buffer takes those gradients, and its boundary copy places every subgroup before it writes theirs."""
+        if self.gradient_accumulation_steps > 1:
+            return
+        held = self.__dict__.setdefault("_dos_host_grads", {})
+        for i in ids:
+            if self._dos_homes[i] is None and i not in held:
+                numel = int(self.fp16_partitioned_groups_flat_numel[i])
+                held[i] = self._allocate(numel, Home.HOST, zero=True, dtype=self.host_grad_dtype())
+
+    @torch.no_grad()
     def place(self, homes: Sequence[Home | None]) -> None:
         """Give subgroup ``i`` its home ``homes[i]``: allocate the state of those not placed yet there, move those
         placed elsewhere; None leaves a subgroup as it is. Subgroups going to the device go first: a move there frees
@@ -136,6 +158,10 @@ class StateHomes:
 
     def _move(self, i: int, home: Home) -> None:
         """Subgroup ``i``'s master, moments and gradient made in ``home`` from wherever they are (or begin)."""
+        held = self.__dict__.setdefault("_dos_host_grads", {})
+        unplaced = self._dos_homes[i] is None
+        if unplaced and i in held and home != Home.HOST:
+            raise RuntimeError(f"subgroup {i}: its gradient was made on the host before placement, so it lives there")
         master = self.fp32_partitioned_groups_flat[i]
         numel = int(self.fp16_partitioned_groups_flat_numel[i])
         state = self.optimizer.state.setdefault(master, {})
@@ -147,8 +173,9 @@ class StateHomes:
             for start in range(0, numel, _WIDEN_CHUNK):
                 n = min(_WIDEN_CHUNK, numel - start)
                 new_master.narrow(0, start, n).copy_(source.narrow(0, start, n))
-        held = self.__dict__.setdefault("_dos_host_grads", {})
-        old = [master.data, master.grad, held.pop(i, None)]
+        previous = held.pop(i, None)
+        early = previous if unplaced else None  # made before placement (make_host_gradients), written since: kept
+        old = [master.data, master.grad, None if unplaced else previous]
         master.grad = None  # a gradient must be on its tensor's device: dropped before the data moves
         master.data = new_master
         for key in ("exp_avg", "exp_avg_sq"):
@@ -159,7 +186,7 @@ class StateHomes:
                 old.append(loaded)
             state[key] = moment
         state.setdefault("step", 0)
-        grad = self._gradient_home(numel, home)
+        grad = early if early is not None else self._gradient_home(numel, home)
         if grad is not None and grad.dtype != master.dtype:
             held[i] = grad
         else:

@@ -92,7 +92,9 @@ class _BeforeTheFirstStep(pl.Callback):
             opt = trainer.strategy.model.optimizer
             self.masters = [m.numel() for m in opt.fp32_partitioned_groups_flat]
             self.state = len(opt.optimizer.state)
-            self.grads = [m.grad for m in opt.fp32_partitioned_groups_flat]
+            self.early = [opt.update_grad(i) for i in range(len(self.masters))]
+            self.grads = [None if g is None else g.numel() for g in self.early]
+            self.held = opt.home_bytes()[Home.HOST]
             self.flat = opt.grad_partitions_flat_buffer.numel()
             self.homes = opt.homes()
             self.kept = trainer.strategy.manager.device_grad_subgroups
@@ -102,9 +104,10 @@ class _BeforeTheFirstStep(pl.Callback):
 def test_no_state_exists_where_it_will_not_live_and_each_subgroup_once(sizes: list[int],
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """At start the device could hold the first few subgroups (the candidates): they get nothing until the first
-    dispatch, and their gradients stay on the device through the first backward; the others can never be resident and
-    live on the host from the start. After the first step's peak, the candidates that fit are resident (no host copy,
-    no host gradient), the rest join the host."""
+    dispatch, and their gradients stay on the device through the first backward; the others can never be resident:
+    they get only the host gradient that backward writes. After the first step's peak, the candidates that fit are
+    resident (no host copy, no host gradient), every other subgroup gets its host home, the others keeping the
+    gradient made at start."""
     n = len(sizes)
     candidates, resident = RESIDENT + 1, RESIDENT
     monkeypatch.setattr(OptimizerStateManager, "device_memory",
@@ -112,12 +115,13 @@ def test_no_state_exists_where_it_will_not_live_and_each_subgroup_once(sizes: li
     seen = _BeforeTheFirstStep()
     run = train("host", steps=2, clip=CLIP, strategy=_auto("host"), every_step=seen)
     opt = run.strategy.model.optimizer
-    assert seen.homes == (None,) * candidates + (Home.HOST,) * (n - candidates)
-    assert seen.masters == [0] * candidates + sizes[candidates:]  # a candidate's master is a placeholder
-    assert seen.grads[:candidates] == [None] * candidates and seen.state == n - candidates
+    assert seen.homes == (None,) * n and seen.masters == [0] * n and seen.state == 0  # placeholders, no moments
+    assert seen.grads == [None] * candidates + sizes[candidates:]  # a host gradient for those that live there
+    assert seen.held == 4 * sum(sizes[candidates:])  # all this rank holds on the host (fp32 gradients on this tier)
     assert seen.flat == 0  # no whole-partition host gradient buffer without accumulation
     assert set(range(candidates)) <= seen.kept  # the first backward keeps the candidates' gradients on the device
     assert opt.homes() == (Home.DEVICE,) * resident + (Home.HOST,) * (n - resident)
+    assert all(opt.update_grad(i) is seen.early[i] for i in range(candidates, n))  # placement kept them
     storages: dict[int, int] = {}
     for i in range(n):
         tensors = _state_tensors(opt, i)
@@ -336,11 +340,12 @@ def test_a_run_the_host_cannot_hold_stops_before_its_state_is_allocated(monkeypa
     assert "before the first step" in message and "the host needs" in message and "may take 0.00 GiB" in message
 
 
-def test_the_host_homes_made_at_start_count_as_held_when_the_rest_are_placed(sizes: list[int],
-                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_host_gradients_made_at_start_count_as_held_when_the_rest_are_placed(
+        sizes: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     """A host with room for every subgroup's state and no more: at start the subgroups beyond the candidates get their
-    host homes, which the host then shows in use; at the first dispatch the candidates that do not fit join them. The
-    plan counts what is held as the rank's own, not as missing room, and the run trains."""
+    host gradients, which the host then shows in use; at the first dispatch they get their masters and moments and the
+    candidates that do not fit join them. The plan counts what is held as the rank's own, not as missing room, and the
+    run trains."""
     in_use = [0]
     host_memory = OptimizerStateManager.host_memory
 
@@ -357,7 +362,7 @@ def test_the_host_homes_made_at_start_count_as_held_when_the_rest_are_placed(siz
     run = train("host", steps=3, clip=CLIP, strategy=_auto("host"))
     manager = run.strategy.manager
     start, placed = manager.memory_plans[0], manager.memory_plans[-1]
-    assert start.placement.resident == tuple(range(RESIDENT)) and placed.host.held == 16 * sum(sizes[RESIDENT:])
+    assert start.placement.resident == tuple(range(RESIDENT)) and placed.host.held == 4 * sum(sizes[RESIDENT:])
     assert manager.resident == (0,) and placed.fits
     assert run.strategy.model.optimizer.home_bytes()[Home.HOST] == 16 * sum(sizes[1:])
 
@@ -380,6 +385,37 @@ def test_a_run_that_fits_at_start_but_not_beside_the_measured_peak_stops_before_
     with pytest.raises(DoesNotFit, match="after the first forward and backward"):
         train("host", steps=2, clip=CLIP, strategy=_auto("host"), every_step=Watch())
     assert homes and homes[0].homes() == (None,) * len(sizes)  # nothing was placed
+
+
+def test_a_run_stopped_at_placement_made_only_the_host_gradients_of_its_first_backward(
+        sizes: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """At start the device could hold the first subgroups, and the host all the state the rest need; the first step's
+    peak leaves room for no resident, and the host cannot take every subgroup: the run stops at the first dispatch,
+    where only the gradients of the subgroups that could never be resident exist, and the error says how much."""
+    full = DeviceMemory(total=4 * GIB, peak=4 * GIB, other=0)
+    monkeypatch.setattr(OptimizerStateManager, "device_memory",
+                        _read_as(full, at_start=_reading_for(sizes, RESIDENT, peak=0)))
+    reserve = HostMemory(total=8 * GIB, available=0).reserve
+
+    def host(self: OptimizerStateManager) -> HostMemory:  # one byte short of every subgroup's state
+        held = self.optimizer.home_bytes()[Home.HOST]
+        return HostMemory(total=8 * GIB, available=reserve + 16 * sum(sizes) - 1 - held, held=held)
+
+    monkeypatch.setattr(OptimizerStateManager, "host_memory", host)
+    seen: list[Any] = []
+
+    class Watch(pl.Callback):
+        def on_train_start(self, trainer: pl.Trainer, *_: Any) -> None:
+            seen.append(trainer.strategy.model.optimizer)
+
+    with pytest.raises(DoesNotFit) as caught:
+        train("host", steps=2, clip=CLIP, strategy=_auto("host"), every_step=Watch())
+    opt, grads = seen[0], 4 * sum(sizes[RESIDENT:])
+    assert opt.homes() == (None,) * len(sizes) and not opt.optimizer.state  # no master, no moment
+    assert [m.numel() for m in opt.fp32_partitioned_groups_flat] == [0] * len(sizes)
+    assert opt.home_bytes() == {Home.DEVICE: 0, Home.HOST: grads}
+    assert f"beyond the {grads / GIB:.2f} GiB of host gradients made for its first backward" in str(caught.value)
+    assert "after the first forward and backward" in str(caught.value)
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints

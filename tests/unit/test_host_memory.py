@@ -170,3 +170,34 @@ def test_a_checkpoint_loaded_before_placement_is_what_placement_copies_in(cudart
     # gradients accumulate here: DeepSpeed's boundary copy writes the master's fp32 .grad, which the update reads
     assert master.grad.dtype == torch.float32 and opt.update_grad(0) is master.grad and registry.holds(master.grad)
     registry.release()
+
+
+def test_a_host_gradient_made_before_placement_is_the_one_placement_keeps(cudart: FakeCudart) -> None:
+    """Before placement a subgroup that will live on the host gets only its gradient (16-bit, zeros, locked): it is
+    what the host holds; placement keeps that tensor, with what the backward wrote in it, and adds the master and
+    moments; nothing is made under gradient accumulation; such a subgroup cannot go to the device."""
+    from lightning_dos.planning.placement import Home
+
+    registry = PinnedRegistry()
+    opt = _homes_of([100, 60], registry)
+    opt.make_host_gradients([1])
+    early = opt.update_grad(1)
+    assert early.dtype == torch.bfloat16 and torch.equal(early, torch.zeros(60, dtype=torch.bfloat16))
+    assert opt.homes() == (None, None) and opt.fp32_partitioned_groups_flat[1].numel() == 0
+    assert opt.home_bytes() == {Home.DEVICE: 0, Home.HOST: 2 * 60} and registry.nbytes == 2 * 60
+    early.fill_(3.0)  # as the first backward writes it
+    opt.place([Home.DEVICE, Home.HOST])
+    assert opt.update_grad(1) is early and torch.equal(early, torch.full((60,), 3.0, dtype=torch.bfloat16))
+    assert opt.home_bytes() == {Home.DEVICE: 12 * 100, Home.HOST: 14 * 60} and registry.nbytes == 14 * 60
+    assert len(cudart.registered) == 4  # the gradient locked once, then master and both moments
+    registry.release()
+
+    accumulating = _homes_of([50], PinnedRegistry(), accumulation=2)
+    accumulating.make_host_gradients([0])
+    assert accumulating.update_grad(0) is None and accumulating.home_bytes()[Home.HOST] == 0
+
+    wrong = _homes_of([50], PinnedRegistry())
+    wrong.make_host_gradients([0])
+    with pytest.raises(RuntimeError, match="subgroup 0: its gradient was made on the host before placement"):
+        wrong.place([Home.DEVICE])
+    assert wrong.homes() == (None,) and wrong.update_grad(0) is not None  # refused before anything changed

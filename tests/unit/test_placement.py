@@ -142,16 +142,17 @@ def test_a_plan_the_host_cannot_hold_raises_with_the_numbers_and_what_to_change(
     assert "nothing was allocated for its optimizer state." in message
 
 
-def test_a_refusal_after_the_first_step_names_the_host_homes_it_made_at_start() -> None:
+def test_a_refusal_after_the_first_step_names_the_host_gradients_it_made_at_start() -> None:
     sizes = [GIB // 4] * 8
-    held = HostMemory(total=32 * GIB, available=4 * GIB, held=12 * GIB)  # 3 subgroups' homes made at start
+    held = HostMemory(total=32 * GIB, available=4 * GIB, held=3 * GIB)  # 2 bytes a parameter of 6 subgroups
     plan = memory_plan(sizes, place(sizes, None), held, None, "after the first forward and backward")
     with pytest.raises(DoesNotFit) as caught:
         plan.check()
     message = str(caught.value)
     assert "stops before its first update" in message
-    assert "nothing was allocated for its optimizer state beyond the 12.00 GiB of host homes made at start" in message
-    assert "12.00 held by this rank's state already" in message
+    assert ("nothing was allocated for its optimizer state beyond the 3.00 GiB of host gradients made for its first "
+            "backward") in message
+    assert "3.00 held by this rank's state already" in message
 
 
 def test_the_plan_at_start_is_the_best_case_each_candidate_with_its_gradient() -> None:
