@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
@@ -108,12 +109,31 @@ def test_auto_keeps_the_tiny_model_whole_on_the_device_and_tracks_vanilla(overla
     assert all(r.timings.host_params == r.timings.device_params == 0 for r in manager.records)
 
 
+class _FirstBatch(pl.Callback):
+    """Before the first update: each subgroup's home and the gradient its update will read."""
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *_: object) -> None:
+        if trainer.global_step == 0 and not hasattr(self, "homes"):
+            opt = trainer.strategy.model.optimizer
+            self.homes = opt.homes()
+            self.grads = [opt.update_grad(i) for i in range(len(self.homes))]
+            self.candidates = trainer.strategy.manager.candidates
+
+
 def test_auto_under_a_budget_keeps_what_the_budget_holds_and_tracks_vanilla(gib: float, vanilla: object) -> None:
     """``memory_budget_gib`` covers the residents and the device lane's two slots: a budget of the slots plus the first
-    subgroups' state keeps exactly those resident; the rest run in the lanes the plan gives them, overlapped."""
+    subgroups' state keeps exactly those resident; the rest run in the lanes the plan gives them, overlapped. Before
+    the first update no subgroup has a home; those the budget could never hold have only their host gradient,
+    page-locked, which placement keeps."""
     sizes = train("host", steps=1, clip=CLIP, accelerator="cuda").strategy.manager.subgroup_sizes
     budget = (2 * max(sizes) * 16) / GIB + gib
-    run = train(0.5, steps=STEPS, clip=CLIP, accelerator="cuda",
+    first = _FirstBatch()
+    run = train(0.5, steps=STEPS, clip=CLIP, accelerator="cuda", every_step=first,
                 strategy=make_strategy(0.5, resident_gib="auto", memory_budget_gib=budget, overlap=True))
     _assert_close(run, vanilla, 1e-4)
     assert run.strategy.manager.resident == tuple(range(RESIDENT))
+    never = [i for i in range(len(sizes)) if i not in first.candidates]
+    assert never and first.homes == (None,) * len(sizes)
+    assert all(first.grads[i].is_pinned() and first.grads[i].numel() == sizes[i] for i in never)
+    opt = run.strategy.model.optimizer
+    assert all(opt.homes()[i] == Home.HOST and opt.update_grad(i) is first.grads[i] for i in never)
