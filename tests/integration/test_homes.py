@@ -98,6 +98,7 @@ class _BeforeTheFirstStep(pl.Callback):
             self.flat = opt.grad_partitions_flat_buffer.numel()
             self.homes = opt.homes()
             self.kept = trainer.strategy.manager.device_grad_subgroups
+            self.candidates = trainer.strategy.manager.candidates
 
 
 # ---------------------------------------------------------------------------------------------- one home
@@ -338,6 +339,25 @@ def test_a_run_the_host_cannot_hold_stops_before_its_state_is_allocated(monkeypa
         train("host", steps=2, clip=CLIP)
     message = str(caught.value)
     assert "before the first step" in message and "the host needs" in message and "may take 0.00 GiB" in message
+
+
+def test_under_accumulation_nothing_is_made_before_the_first_boundary_and_the_run_tracks_vanilla(
+        sizes: list[int], vanilla: dict[int, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gradients accumulating over two micro-batches: DeepSpeed's whole-partition buffer takes every gradient, so at
+    start no subgroup gets anything, not even the ones that can never be resident; the first boundary places them all
+    (those on the host with the fp32 gradient its copy writes) and the run tracks vanilla."""
+    monkeypatch.setattr(OptimizerStateManager, "device_memory",
+                        _read_as(_reading_for(sizes, RESIDENT), at_start=_reading_for(sizes, 2, peak=0)))
+    seen = _BeforeTheFirstStep()
+    run = train("host", steps=6, accumulate=2, clip=CLIP, strategy=_auto("host"), every_step=seen)
+    assert 0 < len(seen.candidates) < len(sizes)  # some subgroups could never be resident
+    assert seen.homes == (None,) * len(sizes) and seen.grads == [None] * len(sizes) and seen.held == 0
+    assert seen.flat == sum(sizes)  # the whole-partition buffer, as vanilla's
+    opt, resident = run.strategy.model.optimizer, run.strategy.manager.resident
+    assert resident and set(resident) <= set(seen.candidates)  # residents among the candidates only
+    assert opt.homes() == tuple(Home.DEVICE if i in resident else Home.HOST for i in range(len(sizes)))
+    assert all(opt.update_grad(i).dtype == torch.float32 for i in range(len(sizes)))
+    assert_tracks(run, vanilla[2], TOL)
 
 
 def test_the_host_gradients_made_at_start_count_as_held_when_the_rest_are_placed(
