@@ -139,8 +139,7 @@ class StateHomes:
         held = self.__dict__.setdefault("_dos_host_grads", {})
         for i in ids:
             if self._dos_homes[i] is None and i not in held:
-                numel = int(self.fp16_partitioned_groups_flat_numel[i])
-                held[i] = self._allocate(numel, Home.HOST, zero=True, dtype=self.host_grad_dtype())
+                held[i] = self._gradient_home(int(self.fp16_partitioned_groups_flat_numel[i]), Home.HOST)
 
     @torch.no_grad()
     def place(self, homes: Sequence[Home | None]) -> None:

@@ -387,34 +387,16 @@ def test_the_host_gradients_made_at_start_count_as_held_when_the_rest_are_placed
     assert run.strategy.model.optimizer.home_bytes()[Home.HOST] == 16 * sum(sizes[1:])
 
 
+@pytest.mark.parametrize("candidates", [None, RESIDENT], ids=["all-candidates", "some-never-resident"])
 def test_a_run_that_fits_at_start_but_not_beside_the_measured_peak_stops_before_placing(
-        sizes: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    """At start the device could hold every subgroup, so the host would hold nothing; the first step's peak leaves
-    room for none, and the host cannot take them: the run stops at the first dispatch, before any home is made."""
+        sizes: list[int], candidates: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At start the device could hold every subgroup (the host would hold nothing), or the first few (the host all
+    the state the rest need); the first step's peak leaves room for no resident, and the host cannot take every
+    subgroup: the run stops at the first dispatch, before any home is made, with only the host gradients of the
+    subgroups that could never be resident allocated, and the error says how much."""
     full = DeviceMemory(total=4 * GIB, peak=4 * GIB, other=0)  # after the first step: the peak fills the device
-    monkeypatch.setattr(OptimizerStateManager, "device_memory", _read_as(full))
-    reserve = HostMemory(total=8 * GIB, available=0).reserve
-    monkeypatch.setattr(OptimizerStateManager, "host_memory",
-                        lambda self: HostMemory(total=8 * GIB, available=reserve + 16 * sum(sizes) - 1))
-    homes: list[Any] = []
-
-    class Watch(pl.Callback):
-        def on_train_start(self, trainer: pl.Trainer, *_: Any) -> None:
-            homes.append(trainer.strategy.model.optimizer)
-
-    with pytest.raises(DoesNotFit, match="after the first forward and backward"):
-        train("host", steps=2, clip=CLIP, strategy=_auto("host"), every_step=Watch())
-    assert homes and homes[0].homes() == (None,) * len(sizes)  # nothing was placed
-
-
-def test_a_run_stopped_at_placement_made_only_the_host_gradients_of_its_first_backward(
-        sizes: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    """At start the device could hold the first subgroups, and the host all the state the rest need; the first step's
-    peak leaves room for no resident, and the host cannot take every subgroup: the run stops at the first dispatch,
-    where only the gradients of the subgroups that could never be resident exist, and the error says how much."""
-    full = DeviceMemory(total=4 * GIB, peak=4 * GIB, other=0)
-    monkeypatch.setattr(OptimizerStateManager, "device_memory",
-                        _read_as(full, at_start=_reading_for(sizes, RESIDENT, peak=0)))
+    at_start = HUGE if candidates is None else _reading_for(sizes, candidates, peak=0)
+    monkeypatch.setattr(OptimizerStateManager, "device_memory", _read_as(full, at_start=at_start))
     reserve = HostMemory(total=8 * GIB, available=0).reserve
 
     def host(self: OptimizerStateManager) -> HostMemory:  # one byte short of every subgroup's state
@@ -428,14 +410,15 @@ def test_a_run_stopped_at_placement_made_only_the_host_gradients_of_its_first_ba
         def on_train_start(self, trainer: pl.Trainer, *_: Any) -> None:
             seen.append(trainer.strategy.model.optimizer)
 
-    with pytest.raises(DoesNotFit) as caught:
+    with pytest.raises(DoesNotFit, match="after the first forward and backward") as caught:
         train("host", steps=2, clip=CLIP, strategy=_auto("host"), every_step=Watch())
-    opt, grads = seen[0], 4 * sum(sizes[RESIDENT:])
-    assert opt.homes() == (None,) * len(sizes) and not opt.optimizer.state  # no master, no moment
+    opt, grads = seen[0], 0 if candidates is None else 4 * sum(sizes[candidates:])
+    assert opt.homes() == (None,) * len(sizes) and not opt.optimizer.state  # nothing placed: no master, no moment
     assert [m.numel() for m in opt.fp32_partitioned_groups_flat] == [0] * len(sizes)
     assert opt.home_bytes() == {Home.DEVICE: 0, Home.HOST: grads}
-    assert f"beyond the {grads / GIB:.2f} GiB of host gradients made for its first backward" in str(caught.value)
-    assert "after the first forward and backward" in str(caught.value)
+    made = (f"beyond the {grads / GIB:.2f} GiB of host gradients made for its first backward" if grads else
+            "nothing was allocated for its optimizer state.")
+    assert made in str(caught.value)
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
