@@ -40,7 +40,7 @@ class _BlockingEvent(threading.Event):
 class HoldOneSubgroup(pl.Callback):
     """Runs the host lane with the head's weight subgroup ``k`` last, and holds ``k``'s CPU Adam on the worker until
     the training loop can go on no further without it: a thread waits at one of ``k``'s gates, the loop joins the
-    phase, or (a gate missing) the head's forward has begun. Whatever ran before that ran before ``k``'s update,
+    phase, or (a gate missing) the head's forward has run. Whatever ran before that ran before ``k``'s update,
     whatever the machine's speed.
 
     Per module forward (a pre-hook registered after DeepSpeed's, so it runs after the gate) it records whether the
@@ -108,13 +108,18 @@ class HoldOneSubgroup(pl.Callback):
         for name, module in pl_module.net.named_children():
             holds = any(owner.get(p.ds_id) == self.k for p in module.parameters(recurse=False))
             module.register_forward_pre_hook(partial(self._forward, trainer, name, holds))
+            if holds:
+                module.register_forward_hook(partial(self._forward_done, trainer))
 
     def _forward(self, trainer: pl.Trainer, name: str, holds: bool, module: Any, args: Any) -> None:
         phase = trainer.strategy.model.optimizer.in_flight
         if phase is not None:
             self.forwards.append((name, holds, phase.issued[self.k].is_set()))
-            if holds:
-                self.released.set()  # past the gate (written, or no gate at all): k's update may run now
+
+    def _forward_done(self, trainer: pl.Trainer, module: Any, args: Any, output: Any) -> None:
+        # released only once the head's compute has run: without a gate it read k as it was, never a write racing it
+        if trainer.strategy.model.optimizer.in_flight is not None:
+            self.released.set()  # k's update may run now
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         phase = trainer.strategy.model.optimizer.in_flight
