@@ -6,7 +6,8 @@ fit``), its output in ``worker.log``; while it waits it samples the memory in us
 kernel kills still has its peak. A worker that wrote no result is ``oom`` (SIGKILL, most often the kernel's
 out-of-memory killer), ``timeout`` or ``failed``, with a reason from its log or from a failed rank's record; one
 that wrote what it measured as training ended (:data:`~lightning_dos.bench.measure.TRAINED`) and then died or raised
-keeps those figures, ``ok``, its reason saying how it ended.
+keeps those figures, ``ok``, its reason saying how it ended. Then the worker's whole process group is killed and
+waited for (:func:`end_group`), so the next run's reading of the host's memory before it starts holds none of it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ WORKER_MODULE = "lightning_dos.bench.worker"
 TERMINATE_GRACE_S = 10.0
 #: Seconds between two readings of the host's memory in use while a worker runs.
 HOST_SAMPLE_S = 0.1
+#: Seconds a killed worker's process group gets to be gone (its memory given back) before the next run starts.
+GROUP_EXIT_S = 60.0
 #: Launcher or distributed settings of an enclosing job that would confuse a single-process worker.
 DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
                    "MASTER_ADDR", "MASTER_PORT", "PL_TRAINER_GPUS", "SLURM_NTASKS")
@@ -69,6 +72,28 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def group_members(pgid: int, proc_root: Path = Path("/proc")) -> list[int]:
+    """The live processes of group ``pgid`` (not zombies: their memory is back); empty without ``/proc``."""
+    members = []
+    for stat in proc_root.glob("[0-9]*/stat"):
+        try:  # the fields after the command name, which may hold spaces and brackets
+            state, _, pgrp = stat.read_text().rpartition(")")[2].split()[:3]
+        except (OSError, ValueError):  # exited while we looked
+            continue
+        members += [int(stat.parent.name)] if state not in "ZX" and int(pgrp) == pgid else []
+    return members
+
+
+def end_group(proc: subprocess.Popen, timeout_s: float = GROUP_EXIT_S) -> list[int]:
+    """SIGKILL the worker's group (ranks left in a collective, a peer's optimizer process), wait until none of it
+    lives; those still alive after ``timeout_s``."""
+    _signal_group(proc, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while (alive := group_members(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(HOST_SAMPLE_S)
+    return alive
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
@@ -154,7 +179,8 @@ def launch(payload: dict[str, Any], run_dir: Path, timeout_s: float) -> dict[str
         except BaseException:  # Ctrl-C: take the worker down with the parent
             _stop_group(proc)
             raise
-        _signal_group(proc, signal.SIGKILL)  # ranks left hanging in a collective once rank 0 has exited
+        # the next run's reading of the host's memory in use before it starts holds none of this one's
+        end_group(proc)
     elapsed = time.perf_counter() - started
     result: dict[str, Any] | None = None if timed_out else read_json(result_path)
     if result is None:

@@ -143,6 +143,29 @@ def test_a_worker_past_its_timeout_is_stopped_and_reported(tmp_path: Path) -> No
     assert not _workers_of(tmp_path / "run")
 
 
+def test_a_process_the_worker_leaves_behind_is_gone_when_the_run_returns(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process the worker started (a peer's optimizer process) outlives it: the run returns only once nothing of
+    the worker's process group lives, so the next run's reading of the host's memory before it starts is clean."""
+    import psutil
+
+    inject, left = tmp_path / "inject", tmp_path / "left.pid"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(
+        "import os, subprocess, sys\n"
+        "if not os.environ.get('LEFT_BEHIND'):  # the worker only, not the process it starts\n"
+        "    os.environ['LEFT_BEHIND'] = '1'\n"
+        "    child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"    open({str(left)!r}, 'w').write(str(child.pid))\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(inject), os.environ.get("PYTHONPATH", "")]))
+    sets = [tuple(text.split("=", 1)) for text in TINY]
+    run = make_run(Row("zero3_offload", "zero3_offload", "zero3_offload"), sets, steps=2, warmup=1)
+    result = launch(payload("recipes/gpt-2.7b.yaml", run, tmp_path / "run"), tmp_path / "run", timeout_s=300)
+    assert result["status"] == "ok", result
+    child = int(left.read_text())
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+
 def test_a_failing_rank_is_reported_with_its_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank 1 fails before training (injected at its start-up): Lightning stops rank 0, and the run is reported with
     rank 1's first error line, with no process left behind."""

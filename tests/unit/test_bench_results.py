@@ -1,6 +1,7 @@
 """The bench's figures from hand-made raw results (pure code): statistics, the end-to-end headline, repeats, the
 comparison with vanilla at each device count and the scaling, the phase timer, how a worker that wrote no result is
-classified, the size study's rows, and every study's report and chart drawn from its JSON."""
+classified and how its process group is found and waited for, the size study's rows, and every study's report and
+chart drawn from its JSON."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from typing import Any
 import pytest
 import torch
 
-from lightning_dos.bench import chart, sizes
+from lightning_dos.bench import chart, launcher, sizes
 from lightning_dos.bench.compare import tables
-from lightning_dos.bench.launcher import classify_exit, rank_failure
+from lightning_dos.bench.launcher import classify_exit, group_members, rank_failure
 from lightning_dos.bench.report import Table, count, render
 from lightning_dos.bench.results import aggregate, compare_to_baseline, e2e_samples, scaling
 from lightning_dos.bench.settings import Run, Windows
@@ -197,6 +198,40 @@ def test_a_worker_that_wrote_no_result_is_classified(tmp_path: Path) -> None:
     assert classify_exit(-11, False, 60, log) == {"status": "failed", "reason": "killed by SIGSEGV without a result"}
     assert rank_failure([{"rank": 2, "status": "oom", "reason": "OutOfMemoryError: x"}, {"rank": 3, "reason": "y"}]) \
         == {"status": "oom", "reason": "rank 2: OutOfMemoryError: x (also failed: rank 3)"}
+
+
+def test_a_process_group_s_live_members_are_read_from_proc(tmp_path: Path) -> None:
+    """``/proc/<pid>/stat``: the command name may hold spaces and brackets; a zombie (its memory given back) and a
+    process of another group are not members; a process that exits while it is read is skipped."""
+    def stat(pid: int, comm: str, state: str, pgrp: int) -> None:
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} ({comm}) {state} 1 {pgrp} {pgrp} 0 -1 4194560 0 0\n")
+
+    stat(100, "python", "S", 100)
+    stat(101, "pt_main_thread ) (x", "R", 100)  # a spawned optimizer process, with an awkward name
+    stat(102, "python", "Z", 100)
+    stat(103, "python", "S", 200)
+    (tmp_path / "104").mkdir()  # gone before its stat was read
+    (tmp_path / "self").mkdir()
+    assert sorted(group_members(100, tmp_path)) == [100, 101]
+    assert group_members(300, tmp_path) == []
+
+
+def test_a_killed_worker_s_group_is_waited_for_until_none_of_it_lives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next run's reading of the host's memory before it starts must not count this run's processes: ``end_group``
+    kills the group and returns once it has no live member, or after its time with those still alive."""
+    class Proc:
+        pid = 4242
+
+    signals, readings = [], iter([[4242, 4243], [4243], []])
+    monkeypatch.setattr(launcher, "_signal_group", lambda proc, sig: signals.append(sig))
+    monkeypatch.setattr(launcher, "group_members", lambda pgid: next(readings))
+    monkeypatch.setattr(launcher.time, "sleep", lambda s: None)
+    assert launcher.end_group(Proc(), timeout_s=60) == [] and signals == [signal.SIGKILL]
+    with pytest.raises(StopIteration):  # it read until the group was empty, and no further
+        next(readings)
+    monkeypatch.setattr(launcher, "group_members", lambda pgid: [4243])  # one that does not die
+    assert launcher.end_group(Proc(), timeout_s=0.0) == [4243]
 
 
 def _entry(shape: str, label: str, status: str, tokens: float | None = None,
