@@ -7,7 +7,8 @@ kernel kills still has its peak. A worker that wrote no result is ``oom`` (SIGKI
 out-of-memory killer), ``timeout`` or ``failed``, with a reason from its log or from a failed rank's record; one
 that wrote what it measured as training ended (:data:`~lightning_dos.bench.measure.TRAINED`) and then died or raised
 keeps those figures, ``ok``, its reason saying how it ended. Then the worker's whole process group is killed and
-waited for (:func:`end_group`), so the next run's reading of the host's memory before it starts holds none of it.
+waited for (:func:`end_group`), and the next run reads the host's memory before it starts only once that has stopped
+falling (:func:`settled_host_in_use`): the kernel frees an exited worker's shared memory after its processes are gone.
 """
 
 from __future__ import annotations
@@ -34,8 +35,12 @@ WORKER_MODULE = "lightning_dos.bench.worker"
 TERMINATE_GRACE_S = 10.0
 #: Seconds between two readings of the host's memory in use while a worker runs.
 HOST_SAMPLE_S = 0.1
-#: Seconds a killed worker's process group gets to be gone (its memory given back) before the next run starts.
+#: Seconds a killed worker's process group gets to be gone before the next run starts.
 GROUP_EXIT_S = 60.0
+#: The host's memory in use is settled once it fell by less than this (GiB) over the last second ...
+HOST_SETTLE_GIB = 0.1
+#: ... read for at most this long before a run starts (the kernel frees an exited run's shared memory after it).
+HOST_SETTLE_S = 30.0
 #: Launcher or distributed settings of an enclosing job that would confuse a single-process worker.
 DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
                    "MASTER_ADDR", "MASTER_PORT", "PL_TRAINER_GPUS", "SLURM_NTASKS")
@@ -94,6 +99,18 @@ def end_group(proc: subprocess.Popen, timeout_s: float = GROUP_EXIT_S) -> list[i
     while (alive := group_members(proc.pid)) and time.monotonic() < deadline:
         time.sleep(HOST_SAMPLE_S)
     return alive
+
+
+def settled_host_in_use(timeout_s: float = HOST_SETTLE_S) -> float | None:
+    """The host's memory in use (GiB) once it has stopped falling, or after ``timeout_s``; None where unknown."""
+    readings, window = [host_in_use_gib()], round(1.0 / HOST_SAMPLE_S)
+    deadline = time.monotonic() + timeout_s
+    while readings[-1] is not None and time.monotonic() < deadline:
+        if len(readings) > window and readings[-window - 1] - readings[-1] < HOST_SETTLE_GIB:
+            break
+        time.sleep(HOST_SAMPLE_S)
+        readings.append(host_in_use_gib())
+    return readings[-1]
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
@@ -166,7 +183,7 @@ def launch(payload: dict[str, Any], run_dir: Path, timeout_s: float) -> dict[str
     config_path.write_text(json.dumps(payload, indent=2), encoding="utf-8")
     command = [sys.executable, "-m", WORKER_MODULE, str(config_path), str(result_path)]
     started = time.perf_counter()
-    before = host_in_use_gib()
+    before = settled_host_in_use()  # not what the last run's exit is still giving back
     with open(log_path, "w", encoding="utf-8") as log:
         log.write(f"{payload['fit']['command']}\n")  # what it runs, as a user would type it
         log.flush()

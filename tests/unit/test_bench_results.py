@@ -234,6 +234,23 @@ def test_a_killed_worker_s_group_is_waited_for_until_none_of_it_lives(monkeypatc
     assert launcher.end_group(Proc(), timeout_s=0.0) == [4243]
 
 
+def test_the_reading_before_a_run_waits_until_the_host_s_memory_stops_falling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exited run's shared memory is freed by the kernel after its processes are gone: the next run's reading
+    before it starts is taken once the host's memory in use has fallen by less than 0.1 GiB over a second."""
+    falling = [8.0, 7.5, 5.0, 3.0] + [1.8 - 0.005 * i for i in range(30)]  # then a slow drift
+    readings = iter(falling)
+    monkeypatch.setattr(launcher, "host_in_use_gib", lambda: next(readings))
+    monkeypatch.setattr(launcher.time, "sleep", lambda s: None)
+    settled = launcher.settled_host_in_use(timeout_s=60)
+    window = round(1.0 / launcher.HOST_SAMPLE_S)
+    assert settled == pytest.approx(1.8 - 0.005 * window)  # the first reading a second after the fall ended
+    monkeypatch.setattr(launcher, "host_in_use_gib", lambda: None)  # no /proc/meminfo: nothing to wait for
+    assert launcher.settled_host_in_use(timeout_s=60) is None
+    readings = iter(100.0 - i for i in range(10_000))  # still falling when its time is up
+    monkeypatch.setattr(launcher, "host_in_use_gib", lambda: next(readings))
+    assert launcher.settled_host_in_use(timeout_s=0.0) == 100.0
+
+
 def _entry(shape: str, label: str, status: str, tokens: float | None = None,
            dos: dict[str, Any] | None = None) -> dict[str, Any]:
     size = sizes.parse_size(shape)
