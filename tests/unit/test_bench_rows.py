@@ -34,7 +34,7 @@ def test_the_default_tables_are_the_studies_rows() -> None:
     compare = load_rows(table_path("compare", None))
     assert [row.label for row in compare] == [
         "zero3_offload", "static_split(0.25)", "static_split(0.5)", "static_split(0.75)", "dos(auto)", "no_offload",
-        "plain", "torchao_offload", "superoffload", "zenflow", "fsdp_offload"]  # every peer, one comparison
+        "plain", "torchao_offload", "superoffload", "zenflow", "zenflow(sequential)", "fsdp_offload"]  # every peer
     assert {row.label for row in compare if row.single_device} == {"plain", "torchao_offload"}
     sizes = {row.label: row for row in load_rows(table_path("sizes", None))}
     assert list(sizes) == ["zero3_offload", "static_split_0.5", "deep_optimizer_states", "torchao_offload",
