@@ -198,6 +198,13 @@ def _devices(result: dict[str, Any]) -> int:
     return int(result.get("devices") or 1)
 
 
+def _memory(row: dict[str, Any]) -> str:
+    """A row's memory in a headline: its peak on the GPU, or on a CPU-only host the host's memory it took."""
+    if row.get("peak_gpu_gib") is None:
+        return f"{row['host_in_use_gib']:.2f} GiB of host memory in use"
+    return f"{row['peak_gpu_gib']:.2f} GiB"
+
+
 def comparison_headline(doc: dict[str, Any]) -> str:
     """At each device count: the fastest DOS row, and vanilla's (else the first other row) with its time over DOS's;
     a report without a DOS row: each row."""
@@ -210,10 +217,10 @@ def comparison_headline(doc: dict[str, Any]) -> str:
         dos = [r for r in rows if r["strategy"] == "deep_optimizer_states"]
         others = [r for r in rows if r["strategy"] != "deep_optimizer_states"]
         if not dos:
-            parts += [f"{r['label']} {r[key]:.0f} ms at {r['peak_gpu_gib']:.2f} GiB" for r in others]
+            parts += [f"{r['label']} {r[key]:.0f} ms at {_memory(r)}" for r in others]
             continue
         best = min(dos, key=lambda r: r[key])
-        text = f"{best['label']} {best[key]:.0f} ms at {best['peak_gpu_gib']:.2f} GiB"
+        text = f"{best['label']} {best[key]:.0f} ms at {_memory(best)}"
         ref = next((r for r in others if r["strategy"] == "zero3_offload"), others[0] if others else None)
         if ref is not None:
             text += f", {ref['label']} {ref[key]:.0f} ms ({ref[key] / best[key]:.2f}x DOS's time)"
