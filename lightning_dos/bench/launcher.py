@@ -182,8 +182,8 @@ def launch(payload: dict[str, Any], run_dir: Path, timeout_s: float) -> dict[str
     ranks.clear_failures(run_dir)
     config_path.write_text(json.dumps(payload, indent=2), encoding="utf-8")
     command = [sys.executable, "-m", WORKER_MODULE, str(config_path), str(result_path)]
-    started = time.perf_counter()
     before = settled_host_in_use()  # not what the last run's exit is still giving back
+    started = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:
         log.write(f"{payload['fit']['command']}\n")  # what it runs, as a user would type it
         log.flush()
