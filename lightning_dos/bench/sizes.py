@@ -191,9 +191,17 @@ def tables(doc: dict[str, Any]) -> list[Table]:
                    for e in doc["runs"]], doc["measurement"]["figures"] + ".")]
 
 
+def stop_mark(entries: list[dict[str, Any]]) -> tuple[float, float | None, str] | None:
+    """Where one strategy's line stops: the parameters (billions) of the first size that failed, the host memory in use
+    its worker reached there (the parent samples it, so a run the kernel killed has it too) and its status."""
+    failed = next((e for e in entries if e["status"] in FAILED and e["params"]), None)
+    return None if failed is None else (failed["params"] / 1e9, failed["host_in_use_gib"], failed["status"])
+
+
 def render(doc: dict[str, Any], path: str | Path) -> Path:
     """sizes.png: tokens/s against the parameters, and beside it host in use (solid) and peak GPU memory (dashed), one
-    line per strategy ending where it stopped; an x marks the size that stopped it."""
+    line per strategy ending where it stopped; an x marks the size that stopped it, on the memory side at the host
+    memory in use it reached there, under a dotted line at the host's RAM."""
     fig, (speed, memory) = plt.subplots(1, 2, figsize=(13.0, 5.0))
     for index, label in enumerate(doc["largest"]):
         colour = f"C{index % 10}"
@@ -204,17 +212,25 @@ def render(doc: dict[str, Any], path: str | Path) -> Path:
             points = [(e["params"] / 1e9, e[key]) for e in ok if e[key] is not None]
             ax.plot([x for x, _ in points], [y for _, y in points], marker="o", linestyle=style, color=colour,
                     label=label if key == "tokens_per_s" else None)
-        failed = next((e for e in mine if e["status"] in FAILED), None)
-        if failed is not None:
-            for ax in (speed, memory):
-                ax.scatter([failed["params"] / 1e9], [0], marker="x", s=80, color=colour, zorder=3)
-                ax.annotate(failed["status"], (failed["params"] / 1e9, 0), textcoords="offset points",
-                            xytext=(3, 6 + 9 * index), fontsize="x-small", color=colour)
+        mark = stop_mark(mine)
+        if mark is not None:
+            x, host, status = mark
+            for ax, y, text in ((speed, 0.0, status), (memory, host or 0.0,
+                                                        status if host is None else f"{status}, host {host:.1f} GiB")):
+                ax.scatter([x], [y], marker="x", s=80, color=colour, zorder=3)
+                ax.annotate(text, (x, y), textcoords="offset points", xytext=(3, 6 + 9 * index), fontsize="x-small",
+                            color=colour)
     speed.set(xlabel="parameters (B)", ylabel="tokens/s (end to end)", title="throughput (x: stopped)")
     memory.set(xlabel="parameters (B)", ylabel="GiB", title="host memory in use (solid), peak GPU memory (dashed)")
     for ax in (speed, memory):
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
+    ram = doc["hardware"].get("host_ram_gib")
+    if ram:
+        memory.axhline(ram, linestyle=":", color="grey", linewidth=1)
+        memory.annotate("host RAM", (0, ram), xycoords=("axes fraction", "data"), textcoords="offset points",
+                        xytext=(4, 3), fontsize="x-small", color="grey")
+        memory.set_ylim(top=max(memory.get_ylim()[1], ram * 1.1))
     if doc["runs"]:
         speed.legend(loc="best", fontsize="small")
     fig.suptitle(f"GPT sizes, the blocks of {workload_title(doc)}", wrap=True)

@@ -282,9 +282,14 @@ def test_the_size_study_ladder_entries_and_largest(tmp_path: Path) -> None:
     assert largest["dos"]["shape"] == "40x3200" and largest["dos"]["stopped"] == "failed at 32x4096: failed: x"
     assert largest["dos"]["tokens_per_s"] == 1500.0 and largest["dos"]["host_in_use_gib"] == runs[2]["host_in_use_gib"]
     assert largest["vanilla"]["shape"] == "32x2560" and largest["vanilla"]["stopped"].startswith("oom at 40x3200")
-    doc = {"config": {"model": "gpt", "seq_len": 8, "micro_batch": 1, "precision": "bf16-mixed"}, "hardware": {},
-           "date": "2026-01-01", "runs": runs, "largest": largest, "measurement": {"figures": "how"}}
+    doc = {"config": {"model": "gpt", "seq_len": 8, "micro_batch": 1, "precision": "bf16-mixed"},
+           "hardware": {"host_ram_gib": 23.5}, "date": "2026-01-01", "runs": runs, "largest": largest,
+           "measurement": {"figures": "how"}}
     assert sizes.render(doc, tmp_path / "sizes.png").read_bytes()[:8] == PNG_SIGNATURE
+    # the chart's x: the first size that failed, at the host memory the run reached there (a kill keeps it)
+    vanilla = [e for e in runs if e["label"] == "vanilla"]
+    assert sizes.stop_mark(vanilla) == (runs[3]["params"] / 1e9, runs[3]["host_in_use_gib"], "oom")
+    assert sizes.stop_mark(vanilla[:1]) is None  # a line that never stopped
     every = sizes.tables(doc)[1]
     assert [row[3] for row in every.rows] == ["ok", "ok", "ok", "oom", "failed", "stopped"]
     assert every.header[7] == "state resident on the GPU"
