@@ -141,7 +141,8 @@ def classify_exit(returncode: int | None, timed_out: bool, timeout_s: float, log
     """Status and reason of a worker that wrote no result."""
     detail = log_reason(log_path)
     if timed_out:
-        return {"status": "timeout", "reason": f"no result within {timeout_s:g} s (raise --timeout)"}
+        reason = f"no result within {timeout_s:g} s (raise --timeout)"
+        return {"status": "timeout", "timeout_s": timeout_s, "reason": reason}
     if returncode == -signal.SIGKILL:
         reading = last_reading(_read_log(log_path))  # the last host-memory reading the worker logged
         last = f" (its last reading: {reading[0]}, {reading[1]:.1f} GiB of host memory in use)" if reading else ""

@@ -37,12 +37,16 @@ def _comparable(entry: dict[str, Any]) -> dict[str, Any]:
             "configs": list((fit.get("configs") or {}).values())}
 
 
-def reusable(wanted: dict[str, Any], run_dir: Path, statuses: Sequence[str] = ("ok",)) -> dict[str, Any] | None:
+def reusable(wanted: dict[str, Any], run_dir: Path, statuses: Sequence[str] = ("ok",),
+             timeout_s: float | None = None) -> dict[str, Any] | None:
     """The result an earlier run left in ``run_dir`` if it ended with one of ``statuses`` running exactly the
-    payload ``wanted`` (the same ``lightning-dos fit`` and windows); else None."""
+    payload ``wanted`` (the same ``lightning-dos fit`` and windows); else None. A timeout is reused only under a
+    ``timeout_s`` no longer than the one it ran out of: a longer one runs it again."""
     earlier, result = read_json(run_dir / "config.json"), read_json(run_dir / "result.json")
     finished = earlier and result and result.get("status") in statuses
     if not finished or _comparable(earlier) != _comparable(wanted):
+        return None
+    if result.get("status") == "timeout" and timeout_s is not None and (result.get("timeout_s") or 0) < timeout_s:
         return None
     return {**result, "reused": True, "log": str(run_dir / "worker.log")}
 
@@ -102,7 +106,7 @@ class Runner:
         if spec.skip is not None:
             return skipped(spec, spec.skip)
         wanted = payload(self.settings.recipe, spec, run_dir, self.batches)
-        prior = reusable(wanted, run_dir, reuse) if self.resume else None
+        prior = reusable(wanted, run_dir, reuse, self.settings.timeout_s) if self.resume else None
         if prior is not None:
             result = prior
             self.made += 1

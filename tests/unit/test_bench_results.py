@@ -21,6 +21,7 @@ from lightning_dos.bench.compare import tables
 from lightning_dos.bench.launcher import classify_exit, group_members, rank_failure
 from lightning_dos.bench.report import Table, count, render
 from lightning_dos.bench.results import aggregate, compare_to_baseline, e2e_samples, scaling
+from lightning_dos.bench.runner import FINISHED, reusable
 from lightning_dos.bench.settings import Run, Windows
 from lightning_dos.bench.stats import spread
 from lightning_dos.bench.timing import PhaseTimer
@@ -192,12 +193,30 @@ def test_a_worker_that_wrote_no_result_is_classified(tmp_path: Path) -> None:
                    "use 112.25 GiB (Shmem 0.1, ...)\n")
     assert "(its last reading: at the end of training, 112.2 GiB" in classify_exit(-signal.SIGKILL, False, 60,
                                                                                    log)["reason"]
-    assert classify_exit(None, True, 60, log) == {"status": "timeout",
+    assert classify_exit(None, True, 60, log) == {"status": "timeout", "timeout_s": 60,
                                                   "reason": "no result within 60 s (raise --timeout)"}
     log.write_text("Traceback\nSegmentation fault\n")
     assert classify_exit(-11, False, 60, log) == {"status": "failed", "reason": "killed by SIGSEGV without a result"}
     assert rank_failure([{"rank": 2, "status": "oom", "reason": "OutOfMemoryError: x"}, {"rank": 3, "reason": "y"}]) \
         == {"status": "oom", "reason": "rank 2: OutOfMemoryError: x (also failed: rank 3)"}
+
+
+def test_resume_reuses_a_timeout_only_under_a_timeout_no_longer_than_its_own(tmp_path: Path) -> None:
+    wanted = {"run": {"label": "40x4096/fsdp_offload"}, "fit": {"args": ["fit", "--config", "a.yaml"],
+                                                                 "configs": {"a.yaml": "x: 1"}}}
+    (tmp_path / "config.json").write_text(json.dumps(wanted))
+
+    def reused(result: dict[str, Any], timeout_s: float | None) -> bool:
+        (tmp_path / "result.json").write_text(json.dumps(result))
+        return reusable(wanted, tmp_path, FINISHED, timeout_s) is not None
+
+    timed_out = {"status": "timeout", "timeout_s": 150, "reason": "no result within 150 s (raise --timeout)"}
+    assert reused(timed_out, 150) and reused(timed_out, 60) and reused(timed_out, None)
+    assert not reused(timed_out, 400)  # raised: run again
+    assert not reused({k: v for k, v in timed_out.items() if k != "timeout_s"}, 400)  # its limit unknown
+    assert reused({"status": "oom", "reason": "killed by SIGKILL"}, 400)  # a failure stays whatever the limit
+    assert not reused({"status": "skipped"}, 150)
+    assert reused(timed_out, 150) and reusable({**wanted, "run": {"label": "other"}}, tmp_path, FINISHED, 150) is None
 
 
 def test_a_process_group_s_live_members_are_read_from_proc(tmp_path: Path) -> None:
